@@ -1,0 +1,259 @@
+"""The ``tm`` command line: ``tm script.py [args]``, ``tm [options] -- CMD [args]``, and the subcommands.
+
+Everything up to the script (or up to ``--``) is tm's; everything after belongs to the command, untouched. A wrong
+option or value gets one line naming it and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from trainmeter_core import __version__
+
+USAGE = """usage: tm [options] script.py [args...]
+       tm [options] -- CMD [args...]
+       tm COMMAND [...]
+
+Run a training script or any command under trainmeter, or one of:
+  runs                 the runs under .trainmeter/runs, newest first
+  tail [RUN]           a live run's records (or a finished log) as JSON lines
+  plugins              every plugin loaded, its distribution, version and what it provides
+
+Run options:
+  --name NAME          the run's name (default: the script's name)
+  --runs-dir DIR       where runs go (default: TM_RUNS_DIR, else ./.trainmeter/runs)
+  --no-agent           watch from outside only: no agent inside the Python process
+  -q, --quiet          no start line, only the summary
+  -h, --help           this help; tm COMMAND --help for a command's
+"""
+
+
+class UsageError(Exception):
+    """A command line tm cannot take: one line, exit 2."""
+
+
+def run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tm", add_help=False, exit_on_error=False)
+    parser.add_argument("--name")
+    parser.add_argument("--runs-dir")
+    parser.add_argument("--no-agent", action="store_true")
+    parser.add_argument("-q", "--quiet", action="store_true")
+    return parser
+
+
+def split_run_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str], bool]:
+    """(tm's options, the command, script mode): tm's options end at ``--`` or at the first non-option."""
+    takes_value = {
+        opt for action in parser._actions for opt in action.option_strings if action.nargs != 0 and action.option_strings
+    }
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1 :], False
+        if arg.startswith("-") and arg != "-":
+            i += 2 if arg in takes_value else 1
+            continue
+        return argv[:i], argv[i:], True
+    return argv, [], True
+
+
+def cmd_run(argv: list[str]) -> int:
+    from trainmeter_core.launcher import RunOptions, run
+
+    parser = run_parser()
+    head, command, script_mode = split_run_argv(argv, parser)
+    if not command:
+        raise UsageError("no command to run: tm script.py [args] or tm -- CMD [args] (tm --help)")
+    try:
+        args = parser.parse_args(head)
+    except argparse.ArgumentError as exc:
+        raise UsageError(str(exc)) from None
+    return run(
+        RunOptions(
+            command=command,
+            script_mode=script_mode,
+            name=args.name,
+            runs_dir=args.runs_dir,
+            agent=not args.no_agent,
+            quiet=args.quiet,
+        )
+    )
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"tm {prog}", description=description)
+
+
+def cmd_plugins(argv: list[str]) -> int:
+    from trainmeter_core import plugins as plugins_mod
+
+    parser = _parser("plugins", "Every plugin loaded, its distribution and version, and what it provides.")
+    parser.add_argument("--json", action="store_true", help="one JSON object per plugin")
+    args = parser.parse_args(argv)
+    infos = plugins_mod.load(plugins_mod.GROUP).infos + plugins_mod.load(plugins_mod.AGENT_GROUP).infos
+    out = Output()
+    for info in infos:
+        if args.json:
+            import msgspec
+
+            out.line(msgspec.json.encode(info).decode())
+            continue
+        dist = f"{info.distribution or '?'} {info.version or ''}".strip()
+        if info.error:
+            out.line(f"{info.name:<16} {info.group:<17} {dist:<24} FAILED: {info.error}")
+        else:
+            out.line(f"{info.name:<16} {info.group:<17} {dist:<24} {', '.join(info.provides) or '-'}")
+    return 0
+
+
+def cmd_runs(argv: list[str]) -> int:
+    from trainmeter_core import rundir
+
+    parser = _parser("runs", "The runs under the runs directory, newest first.")
+    parser.add_argument("--runs-dir")
+    args = parser.parse_args(argv)
+    base = rundir.runs_dir(args.runs_dir)
+    out = Output()
+    runs = rundir.list_runs(base)
+    if not runs:
+        out.line(f"no runs under {base}")
+        return 0
+    for path in runs:
+        info = rundir.run_info(path)
+        steps = info.steps
+        if steps is None:
+            steps = count_steps(path)
+        if info.start_wall is None:
+            duration = "?"
+        else:
+            end = info.end_wall or (time.time() if info.state == "running" else last_wall(path))
+            duration = _duration(end - info.start_wall) if end else "?"
+        out.line(f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps")
+    return 0
+
+
+def count_steps(run_dir) -> int | None:
+    from trainmeter_core.logread import read_log
+
+    n = 0
+    for record in read_log(run_dir, kinds={"step"}):
+        if getattr(record, "rank", None) in (None, 0):
+            n += 1
+    return n
+
+
+def last_wall(run_dir) -> float | None:
+    from trainmeter_core.logread import read_log
+
+    wall = None
+    for record in read_log(run_dir):
+        wall = getattr(record, "wall", wall) or wall
+    return wall
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def cmd_tail(argv: list[str]) -> int:
+    from trainmeter_core import records as rec
+    from trainmeter_core import rundir
+    from trainmeter_core.logread import read_log
+
+    parser = _parser("tail", "A live run's records as JSON lines (or a finished run's log).")
+    parser.add_argument("run", nargs="?", help="a run directory, a run name or its unique prefix (default: the latest)")
+    parser.add_argument("--kind", action="append", help="only records of this kind (repeat for several)")
+    parser.add_argument("--runs-dir")
+    args = parser.parse_args(argv)
+    run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
+    kinds = set(args.kind) if args.kind else None
+    out = Output()
+    import msgspec
+
+    encoder = msgspec.json.Encoder()
+
+    def show(record) -> None:
+        out.line(encoder.encode(rec.to_builtins(record)).decode())
+
+    if rundir.is_live(run_dir):
+        from trainmeter_core.bus import subscribe
+
+        for record in subscribe(run_dir, kinds):
+            show(record)
+            if out.broken:
+                return 0
+        return 0
+    reader_stats: dict = {}
+    for record in read_log(run_dir, kinds=kinds, stats=reader_stats):
+        show(record)
+        if out.broken:
+            return 0
+    if reader_stats.get("skipped"):
+        print(f"tm: skipped {reader_stats['skipped']} unreadable lines of the log", file=sys.stderr)
+    return 0
+
+
+class Output:
+    """stdout for tm's own output: a reader that went away (``| head -1``) ends it quietly."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def line(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.broken = True
+            # Stop the interpreter from complaining when it flushes stdout at exit.
+            import os
+
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "plugins": cmd_plugins,
+    "runs": cmd_runs,
+    "tail": cmd_tail,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if not argv or argv[0] in ("-h", "--help", "help"):
+            sys.stdout.write(USAGE)
+            return 0 if argv else 2
+        if argv[0] == "--version":
+            print(f"tm {__version__}")
+            return 0
+        handler = COMMANDS.get(argv[0])
+        if handler is not None:
+            return handler(argv[1:])
+        return cmd_run(argv)
+    except UsageError as exc:
+        print(f"tm: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from trainmeter_core.rundir import RunDirError
+
+        if isinstance(exc, RunDirError):
+            print(f"tm: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
