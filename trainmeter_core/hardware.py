@@ -191,7 +191,9 @@ def _figure(value: object, name: str, origin: str) -> Figure:
         raise SpecError(origin, f"{name} must be an object with value, sources and note")
     unknown = sorted(set(value) - _FIGURE_KEYS)
     if unknown:
-        raise SpecError(origin, f"{name}: unknown key {unknown[0]!r}; a figure has {', '.join(sorted(_FIGURE_KEYS))}")
+        raise SpecError(
+            origin, f"{name}: unknown key {unknown[0]!r}; a figure has {', '.join(sorted(_FIGURE_KEYS))}"
+        )
     if "value" not in value:
         raise SpecError(origin, f"{name}: missing value (write null with a note when no datasheet gives it)")
     raw_sources = value.get("sources", [])
@@ -287,7 +289,9 @@ def _check_derived_clock(figures: Mapping[str, Figure], origin: str) -> None:
         raise SpecError(origin, "tensor_clock_mhz is derived but sm_count or dense_bf16_tflops is null")
     # The formula needs the datasheet for the peak and the whitepaper for the per-SM rate.
     if len(clock.sources) < 2:
-        raise SpecError(origin, "a derived tensor_clock_mhz cites both the datasheet and the architecture whitepaper")
+        raise SpecError(
+            origin, "a derived tensor_clock_mhz cites both the datasheet and the architecture whitepaper"
+        )
     exact_mhz = derived_tensor_clock_mhz(dense, int(sm_count), clock.derived.flop_per_clock_per_sm)
     if abs(clock.value - exact_mhz) > DERIVED_CLOCK_TOLERANCE_MHZ:
         raise SpecError(
@@ -319,7 +323,9 @@ def match_spec(nvml_name: str, specs: Sequence[DeviceSpec]) -> DeviceSpec | None
     for spec in specs:
         if any(_compiled(p).search(nvml_name) for p in spec.exclude):
             continue
-        length = max((len(m.group(0)) for p in spec.match if (m := _compiled(p).search(nvml_name))), default=0)
+        length = max(
+            (len(m.group(0)) for p in spec.match if (m := _compiled(p).search(nvml_name))), default=0
+        )
         if length == 0:
             continue
         if length > best_length:
@@ -341,7 +347,10 @@ def dense_peak_flops(spec: DeviceSpec, slice_sm_count: int | None = None) -> tup
         raise ValueError(f"slice_sm_count must be a positive whole number of SMs, not {slice_sm_count!r}")
     full_sm_count = spec.sm_count.value
     if full_sm_count is None:
-        return None, f"SM count of {spec.display_name} is not on its datasheet, so a MIG slice's share is unknown"
+        return (
+            None,
+            f"SM count of {spec.display_name} is not on its datasheet, so a MIG slice's share is unknown",
+        )
     if slice_sm_count > full_sm_count:
         raise ValueError(
             f"slice_sm_count {slice_sm_count} exceeds the {int(full_sm_count)} SMs of {spec.display_name}"
