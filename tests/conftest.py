@@ -1,0 +1,82 @@
+"""Shared fixtures: every test owns its run directory, its sockets and its environment; nothing is installed here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TM = str(BIN / "tm") if (BIN / "tm").exists() else shutil.which("tm")
+
+
+def require_torch():
+    """torch, or a failure when CI installed it (TM_REQUIRE_TORCH=1), or a skip that says why."""
+    try:
+        import torch
+    except ImportError as exc:
+        if os.environ.get("TM_REQUIRE_TORCH") == "1":
+            pytest.fail(f"torch is required here (TM_REQUIRE_TORCH=1) but does not import: {exc}")
+        pytest.skip(f"torch is not installed ({exc}); .ci/run installs it")
+    return torch
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float = 30.0, what: str = "condition") -> object:
+    """Poll until ``predicate`` returns something truthy; fail with ``what`` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def log_records(run_dir: Path) -> list[dict]:
+    """Every line of a run's log as plain JSON (the raw form a user would grep)."""
+    out = []
+    for seg in sorted(run_dir.glob("events-*.jsonl")):
+        for line in seg.read_text().splitlines():
+            out.append(json.loads(line))
+    return out
+
+
+def only_run(runs: Path) -> Path:
+    dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.fixture
+def tm_env(tmp_path) -> dict[str, str]:
+    """An environment for a `tm` subprocess: its own runs directory, one thread for numerics."""
+    env = dict(os.environ)
+    env["TM_RUNS_DIR"] = str(tmp_path / "runs")
+    env["OMP_NUM_THREADS"] = "1"
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    for name in ("TM_ACTIVE", "LOCAL_RANK", "TM_AGENT_ENDPOINT", "TM_RUN_DIR", "TM_LAUNCHER_PID"):
+        env.pop(name, None)
+    return env
+
+
+@pytest.fixture
+def short_dir():
+    """A short folder for ipc sockets (paths are limited to 107 bytes; tmp_path can be longer)."""
+    path = Path(tempfile.mkdtemp(prefix="tmt", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_tm(args: list[str], env: dict[str, str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([TM, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
