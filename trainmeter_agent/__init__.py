@@ -1,0 +1,45 @@
+"""trainmeter's in-process agent; ``from trainmeter_agent import emit`` is the one API a training loop needs.
+
+Importing this package must stay cheap (no zmq, msgspec or torch), and ``emit`` must never raise into the loop and
+never convert an accelerator tensor: outside tm it is a no-op, inside it queues numbers for the run's bus.
+"""
+
+import os
+
+__all__ = ["emit"]
+
+# Inside a run the launcher sets both; with ``--no-agent`` TM_AGENT is absent or "0" and emit stays a no-op.
+_ENABLED = os.environ.get("TM_AGENT") == "1" and bool(os.environ.get("TM_AGENT_ENDPOINT"))
+#: The process's agent, set by ``_bootstrap.install`` (from sitecustomize, or from the first emit in a process
+#: where sitecustomize stayed dormant or never ran).
+_agent = None
+#: Set once starting the agent failed (and said so on stderr): emit is then a no-op for the rest of the process.
+_disabled = False
+
+
+def emit(**values: object) -> None:
+    """Report numbers from the training loop: ``emit(train_loss=loss.item(), lr=lr)``.
+
+    Values are ints, floats, bools or 0-dim CPU tensors; a tensor on any other device is skipped with one ``tm:``
+    line asking for ``.item()`` (the agent never reads it). ``emit(step=..., tokens=...)`` declares a training step
+    for loops the agent cannot see (no ``torch.optim`` optimizer). Outside ``tm`` this is a no-op; it never raises.
+    """
+    agent = _agent
+    if agent is None:
+        if not _ENABLED or _disabled:
+            return
+        agent = _start_from_emit()
+        if agent is None:
+            return
+    agent.emit(values)
+
+
+def _start_from_emit():
+    global _disabled
+    try:
+        from trainmeter_agent import _bootstrap
+
+        return _bootstrap.install()
+    except Exception:
+        _disabled = True
+        return None
