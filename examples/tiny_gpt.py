@@ -33,7 +33,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.n_embd)
         self.attn = nn.MultiheadAttention(cfg.n_embd, cfg.n_head, batch_first=True)
         self.ln2 = nn.LayerNorm(cfg.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
@@ -60,7 +62,9 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, self.mask[:t, :t])
         logits = self.lm_head(self.ln_f(x))
-        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = (
+            None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        )
         return logits, loss
 
 
@@ -83,7 +87,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to pause per step (to watch it live)")
+    parser.add_argument(
+        "--sleep", type=float, default=0.0, help="seconds to pause per step (to watch it live)"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -102,7 +108,9 @@ def main() -> None:
         return x, y
 
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"tiny GPT: {n_params:,} parameters, {cfg.n_layer} layers, width {cfg.n_embd}, context {cfg.block_size}")
+    print(
+        f"tiny GPT: {n_params:,} parameters, {cfg.n_layer} layers, width {cfg.n_embd}, context {cfg.block_size}"
+    )
     start = time.monotonic()
     for step in range(1, args.steps + 1):
         lr = 3e-3 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
@@ -120,7 +128,10 @@ def main() -> None:
                 val_loss = model(*batch(val))[1].item()
             model.train()
             emit(val_loss=val_loss)
-            print(f"step {step:4d}  train loss {loss.item():.3f}  val loss {val_loss:.3f}  lr {lr:.2e}", flush=True)
+            print(
+                f"step {step:4d}  train loss {loss.item():.3f}  val loss {val_loss:.3f}  lr {lr:.2e}",
+                flush=True,
+            )
         if args.sleep:
             time.sleep(args.sleep)
     print(f"trained {args.steps} steps in {time.monotonic() - start:.1f} s")

@@ -24,7 +24,9 @@ def test_child_exit_status_is_tms_exit_status(tm_env, tmp_path):
 
 
 def test_child_killed_by_sigterm_gives_143(tm_env):
-    result = run_tm(["--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], tm_env)
+    result = run_tm(
+        ["--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], tm_env
+    )
     assert result.returncode == 128 + signal.SIGTERM == 143
 
 
@@ -66,7 +68,9 @@ def test_sigterm_to_tm_reaches_the_child_exactly_once(tm_env, tmp_path):
         sys.exit(7)
         """
     )
-    proc = subprocess.Popen([TM, "--", sys.executable, "-c", child], env=tm_env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [TM, "--", sys.executable, "-c", child], env=tm_env, stderr=subprocess.PIPE, text=True
+    )
     wait_for(ready.exists, what="the child to install its handler")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 7
@@ -126,7 +130,16 @@ def test_unwritable_runs_directory_is_one_line_naming_the_flag(tm_env, tmp_path)
 
 
 def test_secrets_in_the_command_line_are_redacted_in_meta_and_log(tm_env, tmp_path):
-    args = ["--", sys.executable, "-c", "pass", "--api-key", "sk-live-123456789012345678901234", "--max-tokens", "512"]
+    args = [
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+        "--api-key",
+        "sk-live-123456789012345678901234",
+        "--max-tokens",
+        "512",
+    ]
     assert run_tm(args, tm_env).returncode == 0
     run = only_run(tmp_path / "runs")
     for path in [run / "meta.json", *run.glob("events-*.jsonl")]:

@@ -30,7 +30,10 @@ def test_broken_entry_point_is_reported_and_the_rest_loads(tm_env, tmp_path):
     result = run_tm(["plugins", "--json"], env)
     assert result.returncode == 0, result.stderr
     infos = {i["name"]: i for i in map(json.loads, result.stdout.splitlines())}
-    assert "ModuleNotFoundError" in infos["broken"]["error"] and "tm_no_such_module_xyz" in infos["broken"]["error"]
+    assert (
+        "ModuleNotFoundError" in infos["broken"]["error"]
+        and "tm_no_such_module_xyz" in infos["broken"]["error"]
+    )
     assert infos["broken"]["distribution"] == "tm-broken"
     assert infos["good"]["provides"] == ["secret_options"] and infos["good"]["version"] == "0.1"
     assert "components" in infos["sources"]["provides"]  # the built-ins load through the same entry points

@@ -33,7 +33,9 @@ def first_pid(records, process):
 def test_kill_9_of_a_component_process_restarts_it_and_loses_nothing(tm_env, tmp_path, process):
     env = dict(tm_env, TM_HOST_INTERVAL_S="0.2")
     if process == "host":
-        env["TM_OWN_PROCESS"] = "host"  # the host sampler in a process of its own: a placement, not a code change
+        env["TM_OWN_PROCESS"] = (
+            "host"  # the host sampler in a process of its own: a placement, not a code change
+        )
     steps = 80
     proc = subprocess.Popen(
         [TM, "--", sys.executable, LOOP, str(steps), "0.1", str(tmp_path / "done")],
@@ -51,8 +53,16 @@ def test_kill_9_of_a_component_process_restarts_it_and_loses_nothing(tm_env, tmp
 
     def restarted():
         recs = live_log(run)
-        crash = [r for r in recs if r["kind"] == "component" and r["event"] == "crashed" and r["process"] == process]
-        again = [r for r in recs if r["kind"] == "component" and r["event"] == "restarted" and r["process"] == process]
+        crash = [
+            r
+            for r in recs
+            if r["kind"] == "component" and r["event"] == "crashed" and r["process"] == process
+        ]
+        again = [
+            r
+            for r in recs
+            if r["kind"] == "component" and r["event"] == "restarted" and r["process"] == process
+        ]
         if not (crash and again):
             return None
         later = [r for r in recs if r["kind"] == "sample.host" and r["seq"] > again[0]["seq"]]
@@ -85,7 +95,9 @@ def test_kill_9_of_the_launcher_leaves_the_training_running_and_the_run_lost(tm_
     runs = tmp_path / "runs"
     run = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run directory")
     wait_for(lambda: any(r["kind"] == "step" for r in live_log(run)), what="a first step")
-    component_pids = {r["child_pid"] for r in live_log(run) if r["kind"] == "component" and r.get("child_pid")}
+    component_pids = {
+        r["child_pid"] for r in live_log(run) if r["kind"] == "component" and r.get("child_pid")
+    }
     assert component_pids
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -38,7 +38,10 @@ def test_tail_and_the_example_print_step_records_while_the_run_goes(tm_env, tmp_
         [TM, "tail", run.name, "--kind", "step"], env=tm_env, stdout=subprocess.PIPE, text=True
     )
     example = subprocess.Popen(
-        [sys.executable, str(REPO / "examples" / "subscribe.py"), str(run)], env=tm_env, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(REPO / "examples" / "subscribe.py"), str(run)],
+        env=tm_env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         tail_lines = read_lines(tail, 5, "five step records from tm tail")

@@ -47,7 +47,10 @@ def run_parser() -> argparse.ArgumentParser:
 def split_run_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str], bool]:
     """(tm's options, the command, script mode): tm's options end at ``--`` or at the first non-option."""
     takes_value = {
-        opt for action in parser._actions for opt in action.option_strings if action.nargs != 0 and action.option_strings
+        opt
+        for action in parser._actions
+        for opt in action.option_strings
+        if action.nargs != 0 and action.option_strings
     }
     i = 0
     while i < len(argv):
@@ -132,7 +135,9 @@ def cmd_runs(argv: list[str]) -> int:
         else:
             end = info.end_wall or (time.time() if info.state == "running" else last_wall(path))
             duration = _duration(end - info.start_wall) if end else "?"
-        out.line(f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps")
+        out.line(
+            f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps"
+        )
     return 0
 
 
@@ -168,7 +173,9 @@ def cmd_tail(argv: list[str]) -> int:
     from trainmeter_core.logread import read_log
 
     parser = _parser("tail", "A live run's records as JSON lines (or a finished run's log).")
-    parser.add_argument("run", nargs="?", help="a run directory, a run name or its unique prefix (default: the latest)")
+    parser.add_argument(
+        "run", nargs="?", help="a run directory, a run name or its unique prefix (default: the latest)"
+    )
     parser.add_argument("--kind", action="append", help="only records of this kind (repeat for several)")
     parser.add_argument("--runs-dir")
     args = parser.parse_args(argv)

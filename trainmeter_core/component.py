@@ -35,7 +35,9 @@ class Component:
 class ComponentContext:
     """A component's window on the run: publish, read, the run's facts, and the stop signal."""
 
-    def __init__(self, name: str, run_dir: Path, stopping: threading.Event, subscribes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, name: str, run_dir: Path, stopping: threading.Event, subscribes: tuple[str, ...] = ()
+    ) -> None:
         self.name = name
         self.run_dir = Path(run_dir)
         self.stopping = stopping

@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     classes = find_components([n for n in args.components.split(",") if n])
     threads = [
         threading.Thread(
-            target=run_component, args=(cls, args.run_dir, args.process, stopping), name=f"tm-{name}", daemon=True
+            target=run_component,
+            args=(cls, args.run_dir, args.process, stopping),
+            name=f"tm-{name}",
+            daemon=True,
         )
         for name, cls in classes.items()
     ]

@@ -24,7 +24,9 @@ from trainmeter_core.recorder import Recorder
 
 RCVHWM = 1_000_000
 PUBLISH_GROUP_MAX = 1000
-MAX_FRAME_B = 64 * 1024 * 1024  # a bigger frame disconnects its sender rather than eating the launcher's memory
+MAX_FRAME_B = (
+    64 * 1024 * 1024
+)  # a bigger frame disconnects its sender rather than eating the launcher's memory
 
 
 class Hub:
@@ -124,7 +126,9 @@ class Hub:
             now = time.monotonic()
             if now >= next_tick:
                 self.ticks += 1
-                self._own(rec.Tick(n=self.ticks, interval_s=self.tick_s, child_alive=bool(self.child_alive())))
+                self._own(
+                    rec.Tick(n=self.ticks, interval_s=self.tick_s, child_alive=bool(self.child_alive()))
+                )
                 next_tick += self.tick_s
                 if next_tick < now:  # the machine stalled: skip the missed ticks instead of bursting them
                     next_tick = now + self.tick_s
@@ -217,7 +221,9 @@ class Hub:
         else:
             body = b"".join([b"\xdd" + len(out).to_bytes(4, "big"), *out])
         try:
-            self.pub.send_multipart([self._out_kind.encode(), self._out_first_seq.to_bytes(8, "big"), body], zmq.NOBLOCK)
+            self.pub.send_multipart(
+                [self._out_kind.encode(), self._out_first_seq.to_bytes(8, "big"), body], zmq.NOBLOCK
+            )
         except zmq.Again:  # XPUB drops for a slow subscriber instead of blocking; the subscriber sees a gap
             pass
         self._out = []

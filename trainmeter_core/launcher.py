@@ -81,7 +81,9 @@ def resolve_command(opts: RunOptions, say: Say) -> list[str] | int:
     if opts.script_mode:
         script = opts.command[0]
         if not os.path.exists(script):
-            say(f"{script}: no such file (to run a command rather than a script: tm -- CMD ARGS)", always=True)
+            say(
+                f"{script}: no such file (to run a command rather than a script: tm -- CMD ARGS)", always=True
+            )
             return 127
         if os.path.isdir(script) and not os.path.exists(os.path.join(script, "__main__.py")):
             say(f"{script}: is a directory without __main__.py", always=True)
@@ -256,7 +258,10 @@ def run(opts: RunOptions) -> int:
     if os.environ.get("TM_ACTIVE") == "1":
         return exec_untouched(opts)  # tm inside tm: the outer one already watches
     if "LOCAL_RANK" in os.environ:
-        say("this is a torchrun rank (LOCAL_RANK is set): put tm outside, as `tm -- torchrun ...`", always=True)
+        say(
+            "this is a torchrun rank (LOCAL_RANK is set): put tm outside, as `tm -- torchrun ...`",
+            always=True,
+        )
         return exec_untouched(opts)
     argv = resolve_command(opts, say)
     if isinstance(argv, int):
@@ -391,7 +396,9 @@ def _launcher(record: rec.Record) -> rec.Record:
 
 
 def _abandon(hub, recorder, lock, sockets, run_dir, status, reason, start_t) -> int:
-    hub.finish(rec.RunEnd(status=status, reason=reason, elapsed_s=time.monotonic() - start_t, source="launcher"))
+    hub.finish(
+        rec.RunEnd(status=status, reason=reason, elapsed_s=time.monotonic() - start_t, source="launcher")
+    )
     recorder.close()
     write_summary(run_dir, hub, recorder, status, reason, None, None, time.monotonic() - start_t, None)
     lock.release()

@@ -106,7 +106,11 @@ class Plugins:
                 result = impl.function(**kwargs)
             except Exception as exc:
                 self.infos.append(
-                    PluginInfo(name=impl.plugin_name, group=self.group, error=f"{hook_name}: {type(exc).__name__}: {exc}")
+                    PluginInfo(
+                        name=impl.plugin_name,
+                        group=self.group,
+                        error=f"{hook_name}: {type(exc).__name__}: {exc}",
+                    )
                 )
                 continue
             if result is not None:

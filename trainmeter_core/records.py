@@ -425,7 +425,9 @@ class BusStats(Record, tag="bus.stats", kw_only=True):
     log_bytes: int = 0
     log_segments: int = 0
     log_queue_dropped: int = 0  # records the recorder could not take (its queue was full)
-    log_reserve_active: bool = False  # below the free-space reserve: only run.*, step, fact, alert are written
+    log_reserve_active: bool = (
+        False  # below the free-space reserve: only run.*, step, fact, alert are written
+    )
     log_reserve_skipped: int = 0
     final: bool = False
 
@@ -535,7 +537,10 @@ def check(payload: bytes) -> Checked:
     """
     try:
         data = _msgpack_any.decode(payload)
-    except (msgspec.DecodeError, ValueError) as exc:  # ValueError: msgspec raises it for some truncated inputs
+    except (
+        msgspec.DecodeError,
+        ValueError,
+    ) as exc:  # ValueError: msgspec raises it for some truncated inputs
         raise MalformedRecord(f"not MessagePack: {exc}") from None
     if not isinstance(data, dict):
         raise MalformedRecord(f"not a mapping but {type(data).__name__}")
@@ -578,7 +583,9 @@ def to_log_line(data: dict[str, Any]) -> bytes:
             if isinstance(values, dict):
                 for key, value in values.items():
                     if isinstance(value, float) and not math.isfinite(value):
-                        values[key] = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+                        values[key] = (
+                            "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+                        )
     return _json_encoder.encode(data) + b"\n"
 
 

@@ -132,7 +132,13 @@ def run_info(run_dir: Path) -> RunInfo:
     if summary is not None and summary.get("state") == "finished":
         status = summary.get("exit_status")
         return RunInfo(
-            run_dir, run_dir.name, f"finished (exit {status})", start, summary.get("end_wall"), summary.get("steps"), status
+            run_dir,
+            run_dir.name,
+            f"finished (exit {status})",
+            start,
+            summary.get("end_wall"),
+            summary.get("steps"),
+            status,
         )
     if is_live(run_dir):
         return RunInfo(run_dir, run_dir.name, "running", start, None, None, None)
@@ -143,7 +149,9 @@ def list_runs(base: Path) -> list[Path]:
     """Run directories under ``base``, newest first (names start with their UTC start time)."""
     if not base.is_dir():
         return []
-    runs = [p for p in base.iterdir() if p.is_dir() and ((p / "meta.json").exists() or (p / LOCK_NAME).exists())]
+    runs = [
+        p for p in base.iterdir() if p.is_dir() and ((p / "meta.json").exists() or (p / LOCK_NAME).exists())
+    ]
     return sorted(runs, key=lambda p: p.name, reverse=True)
 
 
@@ -177,7 +185,11 @@ def socket_base(environ: os.PathLike | None = None) -> Path:
     """The per-user folder that holds each run's socket folder: short, mode 0700, ours alone."""
     env = os.environ if environ is None else environ
     uid = os.getuid()
-    candidates = [env.get("TM_SOCKET_DIR"), os.path.join(tempfile.gettempdir(), f"tm-{uid}"), f"/tmp/tm-{uid}"]
+    candidates = [
+        env.get("TM_SOCKET_DIR"),
+        os.path.join(tempfile.gettempdir(), f"tm-{uid}"),
+        f"/tmp/tm-{uid}",
+    ]
     for cand in candidates:
         if not cand or len(cand) + 20 > IPC_PATH_MAX:
             continue

@@ -40,7 +40,9 @@ class Placement:
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, placements: list[Placement], publish: Callable[[rec.Record], None]) -> None:
+    def __init__(
+        self, run_dir: Path, placements: list[Placement], publish: Callable[[rec.Record], None]
+    ) -> None:
         self.run_dir = run_dir
         self.placements = placements
         self.publish = publish
@@ -76,7 +78,14 @@ class Supervisor:
                 argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, start_new_session=True
             )
         except OSError as exc:
-            self.publish(rec.Component(name=",".join(placement.components), event="error", process=placement.process, error=str(exc)))
+            self.publish(
+                rec.Component(
+                    name=",".join(placement.components),
+                    event="error",
+                    process=placement.process,
+                    error=str(exc),
+                )
+            )
             placement.gave_up = True
             return
         placement.started_at = time.monotonic()
@@ -125,7 +134,11 @@ class Supervisor:
         if placement.crashes_in_row >= GIVE_UP_AFTER:
             placement.gave_up = True
             for name in placement.components:
-                self.publish(rec.Component(name=name, event="gave_up", process=placement.process, restarts=placement.restarts))
+                self.publish(
+                    rec.Component(
+                        name=name, event="gave_up", process=placement.process, restarts=placement.restarts
+                    )
+                )
             return
         if self._stopping.wait(backoff):
             return
@@ -152,7 +165,12 @@ class Supervisor:
                 _close_stdin(placement.popen)
                 for name in placement.components:
                     self.publish(
-                        rec.Component(name=name, event="stopped", process=placement.process, child_pid=placement.popen.pid)
+                        rec.Component(
+                            name=name,
+                            event="stopped",
+                            process=placement.process,
+                            child_pid=placement.popen.pid,
+                        )
                     )
         self._thread.join(2.0)
 
