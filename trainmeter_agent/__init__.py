@@ -12,7 +12,7 @@ __all__ = ["emit"]
 _ENABLED = os.environ.get("TM_AGENT") == "1" and bool(os.environ.get("TM_AGENT_ENDPOINT"))
 #: The process's agent, set by ``_bootstrap.install`` (from sitecustomize, or from the first emit in a process
 #: where sitecustomize stayed dormant or never ran).
-_agent = None
+_process_agent = None
 #: Set once starting the agent failed (and said so on stderr): emit is then a no-op for the rest of the process.
 _disabled = False
 
@@ -24,7 +24,7 @@ def emit(**values: object) -> None:
     line asking for ``.item()`` (the agent never reads it). ``emit(step=..., tokens=...)`` declares a training step
     for loops the agent cannot see (no ``torch.optim`` optimizer). Outside ``tm`` this is a no-op; it never raises.
     """
-    agent = _agent
+    agent = _process_agent
     if agent is None:
         if not _ENABLED or _disabled:
             return

@@ -1,0 +1,593 @@
+"""The in-process agent: bootstrap, step records, emit, dormancy, and that nothing it does reaches the loop.
+
+End-to-end tests run small scripts (tests/agent_scripts/) as real subprocesses under the launcher's environment,
+against a real Hub and Recorder in this process, and read the run log they leave.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import require_torch, wait_for
+
+from trainmeter_agent._agent import PROBES
+from trainmeter_core import records as rec
+from trainmeter_core.hub import Hub
+from trainmeter_core.recorder import Recorder
+
+REPO = Path(__file__).resolve().parent.parent
+BOOT = REPO / "trainmeter_agent" / "boot"
+SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
+heavy = pytest.mark.xdist_group("heavy")
+
+
+@pytest.fixture
+def torch():
+    torch = require_torch()
+    torch.set_num_threads(1)
+    return torch
+
+
+def plain_env(**extra: str) -> dict[str, str]:
+    """The environment of a run without tm: no TM_* variable, one thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra)
+    return env
+
+
+class Run:
+    """A hub and a recorder as the launcher starts them, and the training processes run under them."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-")  # ipc paths are limited to 107 bytes
+        self.endpoint = f"ipc://{self.socket_dir}/in"
+        self.recorder = Recorder(run_dir, reserve_b=0)
+        self.recorder.start()
+        self.hub = Hub(self.endpoint, f"ipc://{self.socket_dir}/out", self.recorder)
+        self.hub.start()
+        self._records: list[dict] | None = None
+
+    def env(self, pythonpath: list[str] | None = None, **extra: str) -> dict[str, str]:
+        path = [str(BOOT), str(REPO), *(pythonpath or [])]
+        env = plain_env(PYTHONPATH=os.pathsep.join(path))
+        env.update(
+            TM_ACTIVE="1",
+            TM_AGENT="1",
+            TM_AGENT_ENDPOINT=self.endpoint,
+            TM_RUN_DIR=str(self.run_dir),
+            TM_LAUNCHER_PID=str(os.getpid()),
+        )
+        env.update(extra)
+        return env
+
+    def python(self, args: list[str], env: dict[str, str], byes: int = 1) -> subprocess.CompletedProcess:
+        """Run a Python command to its end, then wait (deadline poll) until ``byes`` producers said goodbye."""
+        done = subprocess.run(
+            [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120, cwd=self.run_dir
+        )
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: self.hub.kinds.get("bye", 0) >= byes, what=f"{byes} bye records")
+        return done
+
+    def records(self) -> list[dict]:
+        """The agents' records in the run log, in hub order (the hub's own tick and bus.stats left out)."""
+        if self._records is None:
+            self.hub.finish(rec.RunEnd(status=0, reason="exited", elapsed_s=1.0))
+            self.recorder.close()
+            lines = (self.run_dir / "events-0001.jsonl").read_text().splitlines()
+            self._records = [r for r in map(json.loads, lines) if r.get("source") == "agent"]
+        return self._records
+
+    def close(self) -> None:
+        if self._records is None:
+            self.records()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def run(tmp_path):
+    run = Run(tmp_path)
+    yield run
+    run.close()
+
+
+def kinds(records: list[dict], kind: str) -> list[dict]:
+    return [r for r in records if r["kind"] == kind]
+
+
+def tm_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("tm:")]
+
+
+def train(run: Run, mode: str, **env: str) -> list[str]:
+    done = run.python([str(SCRIPTS / "train_loop.py"), mode], run.env(**env))
+    return json.loads(done.stdout)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Step records from real loops
+
+
+@heavy
+def test_fifty_iterations_give_fifty_steps_numbered_one_to_fifty(run, torch):
+    train(run, "plain")
+    steps = kinds(run.records(), "step")
+    assert [s["step"] for s in steps] == list(range(1, 51))
+    assert not any(s.get("skipped") for s in steps)
+    # The first step has no previous one to time; every later one has a positive step time and one optimizer call.
+    assert steps[0]["absent"]["step_time_s"] == "first step" and "step_time_s" not in steps[0]
+    assert all(s["step_time_s"] > 0 and s["optimizers"] == 1 for s in steps[1:])
+
+
+@heavy
+def test_two_optimizers_stepping_each_iteration_count_once(run, torch):
+    train(run, "two_optimizers")
+    steps = kinds(run.records(), "step")
+    assert [s["step"] for s in steps] == list(range(1, 51))
+    assert {s["optimizers"] for s in steps[1:]} == {2}  # SGD on the weight + AdamW on the bias
+
+
+@heavy
+def test_grad_scaler_skipped_steps_still_count_and_are_marked(run, torch):
+    train(run, "grad_scaler")
+    steps = kinds(run.records(), "step")
+    assert [s["step"] for s in steps] == list(range(1, 51))
+    # An inf goes into a gradient on iterations 10, 20, 30, 40 and 50: five skipped steps.
+    assert [s["step"] for s in steps if s.get("skipped")] == [10, 20, 30, 40, 50]
+
+
+@heavy
+def test_a_second_step_without_backward_is_the_same_iteration(run, torch):
+    train(run, "double_step")
+    steps = kinds(run.records(), "step")
+    assert [s["step"] for s in steps] == list(range(1, 51))
+    assert {s["optimizers"] for s in steps[1:]} == {2}  # both calls seen, one iteration
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# hello, emit
+
+
+def test_hello_comes_first_with_the_protocol_version(run):
+    run.python(["-c", "from trainmeter_agent import emit; emit(loss=1.0)"], run.env())
+    records = run.records()
+    assert [r["kind"] for r in records] == ["hello", "metric", "bye"]
+    # records.Hello omits fields equal to their default, and protocol's default is this version: the typed record
+    # carries it back (a line without "protocol" means the reader's own PROTOCOL_VERSION).
+    hello = rec.from_mapping(records[0])
+    assert isinstance(hello, rec.Hello)
+    assert hello.protocol == rec.PROTOCOL_VERSION and hello.role == "trainer" and hello.agent_version
+    assert records[1]["values"] == {"loss": 1.0}
+    assert records[2]["sent"] == 2  # hello and metric
+
+
+def test_a_process_that_never_reports_says_hello_and_bye_without_importing_torch(run):
+    done = run.python(["-c", "import sys; print('torch' in sys.modules)"], run.env())
+    assert done.stdout.strip() == "False"
+    assert [r["kind"] for r in run.records()] == ["hello", "bye"]
+
+
+def test_emit_outside_tm_is_a_no_op_that_loads_nothing(tmp_path):
+    code = (
+        "import json, sys, time\n"
+        "from trainmeter_agent import emit\n"
+        "start = time.perf_counter()\n"
+        "results = [emit(loss=1.0) for _ in range(100000)]\n"
+        "per_call_us = (time.perf_counter() - start) * 10\n"
+        "heavy = [m for m in ('zmq', 'msgspec', 'torch', 'trainmeter_core', 'trainmeter_agent._agent') if m in sys.modules]\n"
+        "print(json.dumps({'results': sorted(set(map(str, results))), 'heavy': heavy, 'per_call_us': per_call_us}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=plain_env(), capture_output=True, text=True, check=True
+    )
+    seen = json.loads(done.stdout)
+    assert seen["results"] == ["None"]
+    assert seen["heavy"] == []  # nothing but the package itself was imported
+    assert done.stderr == ""
+    print(f"emit outside tm: {seen['per_call_us']:.3f} µs per call")
+
+
+def test_emit_takes_numbers_and_cpu_tensors_and_refuses_other_devices_once(run, torch):
+    done = run.python([str(SCRIPTS / "emit_values.py")], run.env())
+    metrics = kinds(run.records(), "metric")
+    # 2.5 from a 0-dim CPU tensor, 3 -> 3.0, True -> 1.0; the meta and 2-value tensors are skipped, 0.25 kept.
+    assert [m["values"] for m in metrics] == [{"loss": 2.5, "n": 3.0, "flag": 1.0}, {"kept": 0.25}]
+    lines = tm_lines(done.stderr)
+    assert len(lines) == 3, lines  # accelerator (once), vector, label
+    assert "accelerator=value.item()" in lines[0] and "meta" in lines[0]
+
+
+def test_emitted_steps_drive_a_loop_without_torch_optim(run):
+    run.python([str(SCRIPTS / "emit_steps.py")], run.env())
+    records = run.records()
+    steps = kinds(records, "step")
+    assert [(s["step"], s["tokens"], s["tokens_source"]) for s in steps] == [
+        (n, 4096, "emitted") for n in range(1, 6)
+    ]
+    metrics = kinds(records, "metric")
+    assert [(m["step"], sorted(m["values"])) for m in metrics] == [
+        (n, k) for n in range(1, 6) for k in (["loss"], ["lr"])
+    ]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Where the agent stays out
+
+
+def test_an_existing_sitecustomize_still_runs_under_tm(run, tmp_path):
+    other = tmp_path / "other_site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(
+        "import os\nos.environ['OTHER_SITECUSTOMIZE'] = 'ran'\nMARK = 'other'\n"
+    )
+    code = "import os, sitecustomize; print(os.environ.get('OTHER_SITECUSTOMIZE'), sitecustomize.MARK)"
+    done = run.python(["-c", code], run.env(pythonpath=[str(other)]))
+    assert done.stdout.split() == ["ran", "other"]
+    assert [r["kind"] for r in run.records()] == ["hello", "bye"]
+
+
+def test_an_existing_sitecustomize_still_runs_with_no_agent(tmp_path):
+    other = tmp_path / "other_site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("MARK = 'other'\n")
+    env = plain_env(PYTHONPATH=os.pathsep.join([str(BOOT), str(REPO), str(other)]), TM_AGENT="0")
+    code = "import sys, sitecustomize; print(sitecustomize.MARK, 'trainmeter_agent' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["other", "False"]
+
+
+def test_a_failing_sitecustomize_fails_as_it_would_without_tm(tmp_path):
+    other = tmp_path / "other_site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("raise RuntimeError('broken site')\n")
+    code = "print('ran')"
+    outputs = []
+    for path in ([str(other)], [str(BOOT), str(REPO), str(other)]):
+        env = plain_env(PYTHONPATH=os.pathsep.join(path))
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.append((done.stdout, done.stderr))
+    assert outputs[0] == (
+        "ran\n",
+        "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nRuntimeError: broken site\n",
+    )
+    assert outputs[1] == outputs[0]
+
+
+def test_a_multiprocessing_spawn_child_stays_dormant(run):
+    done = run.python([str(SCRIPTS / "spawn_child.py")], run.env())
+    seen = json.loads(done.stdout)
+    assert seen["child"]["agent_modules"] == []
+    hellos = kinds(run.records(), "hello")
+    assert [h["pid"] for h in hellos] == [seen["parent"]]  # neither the child nor the resource tracker
+
+
+@heavy
+def test_fork_children_send_nothing_unless_they_emit(run, torch):
+    done = run.python([str(SCRIPTS / "fork_children.py")], run.env(), byes=2)
+    pids = json.loads(done.stdout)
+    records = run.records()
+    assert not [r for r in records if r["pid"] == pids["quiet"]]
+    child = [r for r in records if r["pid"] == pids["talking"]]
+    assert [r["kind"] for r in child] == ["hello", "metric", "bye"]
+    assert "step" not in child[1]  # the child's iteration count starts from zero
+    parent_metric = [r for r in kinds(records, "metric") if r["pid"] == pids["parent"]]
+    assert parent_metric[0]["step"] == 3
+
+
+BOOT_SPEC = importlib.util.spec_from_file_location("tm_boot_sitecustomize", BOOT / "sitecustomize.py")
+boot = importlib.util.module_from_spec(BOOT_SPEC)
+BOOT_SPEC.loader.exec_module(boot)  # under another name, it defines its functions and runs nothing
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "python",
+            "-c",
+            "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4)",
+            "--multiprocessing-fork",
+        ],
+        ["python", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 4, [])"],
+        ["python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(3)"],
+        [
+            "python",
+            "/venv/lib/python3.11/site-packages/torch/_inductor/compile_worker/__main__.py",
+            "--workers=4",
+        ],
+        ["python", "-m", "torch._inductor.compile_worker", "--workers=4"],
+        ["python", "/venv/bin/torchrun", "--standalone", "--nproc_per_node=2", "train.py"],
+        ["python", "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py"],
+        ["python", "-X", "utf8", "-mtorch.distributed.run", "train.py"],
+    ],
+)
+def test_helper_processes_are_dormant(argv):
+    assert boot.dormant_reason(argv) is not None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "train.py", "--multiprocessing"],
+        ["python", "-u", "-W", "ignore", "train.py"],
+        ["python", "-m", "torch_trainer"],
+        ["python", "-c", "import torch; print(1)"],
+        ["python", "-X", "importtime", "torchrun_notes.py"],
+    ],
+)
+def test_training_commands_are_not_dormant(argv):
+    assert boot.dormant_reason(argv) is None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Invariant 1: nothing reaches the loop
+
+
+@pytest.fixture(scope="module")
+def plain_losses():
+    """The `all` loop's losses without tm: the control for every faulted run."""
+    script = str(SCRIPTS / "train_loop.py")
+    done = subprocess.run([sys.executable, script, "all"], env=plain_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@heavy
+@pytest.mark.parametrize("probe", PROBES)
+def test_an_internal_error_in_a_probe_says_one_line_and_changes_no_loss(run, torch, plain_losses, probe):
+    done = run.python([str(SCRIPTS / "train_loop.py"), "all"], run.env(TM_AGENT_FAULT=probe), byes=0)
+    assert json.loads(done.stdout) == plain_losses  # bit for bit, as float.hex
+    lines = tm_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"tm: agent {probe} stopped: InjectedFault"), done.stderr
+
+
+@heavy
+def test_a_stopped_step_probe_tells_the_run_and_the_rest_goes_on(run, torch):
+    train(run, "all", TM_AGENT_FAULT="steps")
+    records = run.records()
+    assert not kinds(records, "step")
+    notices = kinds(records, "notice")
+    assert [n["topic"] for n in notices] == ["agent.steps"]
+    assert len(kinds(records, "metric")) >= 1 and records[-1]["kind"] == "bye"
+
+
+@heavy
+def test_the_users_own_exceptions_pass_through_unchanged(run, torch):
+    done = run.python([str(SCRIPTS / "user_error.py")], run.env())
+    seen = json.loads(done.stdout)
+    for case, expected in [
+        ("plain", "ValueError"),
+        ("grad_scaler", "ValueError"),
+        ("interrupt", "KeyboardInterrupt"),
+        ("interrupt_grad_scaler", "KeyboardInterrupt"),
+    ]:
+        result = seen["results"][case]
+        assert result == {"type": expected, "same": True, "file": seen["script"], "function": "step"}, case
+    assert tm_lines(done.stderr) == []
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Iteration grouping, by calling the detector's hooks around real optimizers
+
+
+class FakeAgent:
+    """Collects the step records the detector hands over."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict] = []
+        self.stopped: list[str] = []
+        self._faults: set[str] = set()
+        self.activated = True
+
+    def send_step(self, fields: dict) -> None:
+        self.steps.append(fields)
+
+    def stop_probe(self, probe: str, exc: BaseException) -> None:
+        self.stopped.append(probe)
+
+
+@pytest.fixture
+def detector():
+    from trainmeter_agent._iterations import IterationDetector
+
+    return IterationDetector(FakeAgent())
+
+
+def hooked_step(detector, optimizer) -> None:
+    detector.pre_hook(optimizer, (), {})
+    optimizer.step()
+    detector.post_hook(optimizer, (), {})
+
+
+def test_muon_with_adamw_counts_once_per_iteration(detector, torch):
+    model = torch.nn.Linear(3, 3)
+    matrices = torch.optim.SGD([model.weight], lr=0.1)
+    others = torch.optim.AdamW([model.bias], lr=0.1)
+    for _ in range(4):
+        matrices.zero_grad(), others.zero_grad()
+        model(torch.ones(1, 3)).sum().backward()
+        hooked_step(detector, matrices)
+        hooked_step(detector, others)
+    assert [s["step"] for s in detector.agent.steps] == [1, 2, 3, 4]
+
+
+def test_a_gan_counts_once_per_loop_iteration(detector, torch):
+    discriminator, generator = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
+    d_opt = torch.optim.SGD(discriminator.parameters(), lr=0.1)
+    g_opt = torch.optim.SGD(generator.parameters(), lr=0.1)
+    for _ in range(3):
+        d_opt.zero_grad()
+        discriminator(generator(torch.ones(1, 2)).detach()).sum().backward()
+        hooked_step(detector, d_opt)
+        g_opt.zero_grad()
+        discriminator(generator(torch.ones(1, 2))).sum().backward()
+        hooked_step(detector, g_opt)
+    assert [s["step"] for s in detector.agent.steps] == [1, 2, 3]
+    assert [s.get("optimizers") for s in detector.agent.steps] == [None, 2, 2]
+
+
+def test_a_step_after_zero_grad_without_backward_is_not_an_iteration(detector, torch):
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    hooked_step(detector, optimizer)
+    optimizer.zero_grad()  # set_to_none: no gradient left to apply
+    hooked_step(detector, optimizer)
+    assert [s["step"] for s in detector.agent.steps] == [1]
+
+
+def test_gradient_accumulation_into_existing_grads_is_seen_as_a_backward(detector, torch):
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=False)  # the same grad tensors, bumped in place by backward
+        model(torch.ones(1, 2)).sum().backward()
+        hooked_step(detector, optimizer)
+    assert [s["step"] for s in detector.agent.steps] == [1, 2, 3]
+
+
+def test_a_skipped_step_starts_the_next_iteration_marked_skipped(detector, torch):
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    hooked_step(detector, optimizer)
+    model(torch.ones(1, 2)).sum().backward()
+    detector.skipped_step(optimizer)  # what GradScaler's wrapper reports when no step hook fired
+    assert [(s["step"], s.get("skipped", False)) for s in detector.agent.steps] == [(1, False), (2, True)]
+
+
+def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
+    from trainmeter_agent import _agent
+
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    monkeypatch.setenv("TM_LAUNCHER_PID", finished.stdout.strip())
+    assert _agent._launcher_alive() is False
+    monkeypatch.setenv("TM_LAUNCHER_PID", str(os.getpid()))
+    assert _agent._launcher_alive() is True
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The agent's bookkeeping, with a producer that only collects
+
+
+class CollectingProducer:
+    def __init__(self) -> None:
+        self.records: list = []
+        self.closed_with: tuple | None = None
+
+    def send(self, record) -> bool:
+        self.records.append(record)
+        return True
+
+    def send_many(self, records) -> bool:
+        self.records.extend(records)
+        return True
+
+    def close(self, reason: str = "exit", linger_ms: int | None = None) -> None:
+        self.closed_with = (reason, linger_ms)
+
+
+@pytest.fixture
+def agent(monkeypatch):
+    from trainmeter_agent._agent import Agent
+
+    monkeypatch.delenv("TM_AGENT_FAULT", raising=False)
+    agent = Agent("ipc:///nonexistent/in")
+    agent.activated, agent.producer = True, CollectingProducer()  # as if hello had gone out
+    return agent
+
+
+def sent(agent, kind: str) -> list:
+    return [r for r in agent.producer.records if rec.kind_of(r) == kind]
+
+
+def test_a_declared_step_waits_and_an_optimizer_step_makes_the_hooks_the_step_clock(agent):
+    agent.iterations.attached = True  # torch imported, hooks registered
+    agent.emit({"step": 0, "loss": 2.0})  # the loop logs before its first optimizer step
+    assert sent(agent, "step") == []
+    agent.send_step({"step": 1})  # the hooks count iteration 1
+    agent.emit({"step": 10, "tokens": 512, "loss": 1.0})  # now only a label, and tokens for the next step
+    agent.send_step({"step": 2})
+    steps = sent(agent, "step")
+    assert [(s.step, s.tokens) for s in steps] == [(1, None), (2, 512)]
+    assert [m.step for m in sent(agent, "metric")] == [0, 10]
+
+
+def test_two_declared_steps_without_an_optimizer_step_between_are_both_sent(agent):
+    agent.iterations.attached = True  # torch is there, but the loop updates its weights by hand
+    agent.emit({"step": 1, "tokens": 100})
+    agent.emit({"step": 2, "tokens": 100})
+    agent.emit({"step": 3, "tokens": 100})
+    steps = sent(agent, "step")
+    assert [(s.step, s.tokens, s.tokens_source) for s in steps] == [(n, 100, "emitted") for n in (1, 2, 3)]
+    assert steps[0].absent == {"step_time_s": "first step"} and steps[1].step_time_s > 0
+
+
+def test_a_bad_step_value_is_refused_and_emit_goes_on(agent, capsys):
+    agent.emit({"step": float("inf"), "loss": 1.0})
+    agent.emit({"loss": 0.5})
+    agent.flush()
+    assert [m.values for m in sent(agent, "metric")] == [{"loss": 1.0}, {"loss": 0.5}]
+    assert sent(agent, "step") == [] and agent.emit_on
+    assert capsys.readouterr().err.count("tm: emit(step=...) got inf") == 1
+
+
+def test_metrics_leave_in_one_batch_before_the_next_step_record(agent):
+    agent._last_flush_t = float("inf")  # as if just flushed: nothing leaves on time alone
+    for value in (1.0, 2.0, 3.0):
+        agent.emit({"loss": value})
+    assert agent.producer.records == []
+    agent.send_step({"step": 1})
+    assert [rec.kind_of(r) for r in agent.producer.records] == ["metric", "metric", "metric", "step"]
+
+
+def test_at_exit_closes_at_once_when_the_launcher_is_gone(agent, monkeypatch):
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    monkeypatch.setenv("TM_LAUNCHER_PID", finished.stdout.strip())
+    producer = agent.producer
+    agent.at_exit()
+    assert producer.closed_with == ("exit", 0)
+
+
+def test_hello_names_the_rank_and_world_that_torchrun_gives(monkeypatch):
+    from trainmeter_agent._agent import Agent
+    from trainmeter_core import bus
+
+    created: list[CollectingProducer] = []
+
+    def producer(endpoint, source, *, rank=None):
+        created.append(CollectingProducer())
+        created[-1].rank = rank
+        return created[-1]
+
+    monkeypatch.setattr(bus, "Producer", producer)
+    for name, value in {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TM_AGENT_FAULT", raising=False)
+    agent = Agent("ipc:///nonexistent/in")
+    assert agent.activate() is True
+    hello = created[0].records[0]
+    assert created[0].rank == 3
+    assert (hello.local_rank, hello.world_size, hello.local_world_size, hello.node_rank) == (1, 8, 2, 1)

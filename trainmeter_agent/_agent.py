@@ -1,0 +1,384 @@
+"""The agent of one training process: its bus producer, the metrics buffer behind ``emit``, the step records.
+
+Nothing here may raise into the training process, block it, or touch a device: every entry point catches its own
+failure, says so once on stderr (``tm: agent <probe> stopped: ...``) and stops that probe only; zmq and msgspec are
+imported on the first record to send, so a process that never reports pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from trainmeter_agent._iterations import IterationDetector
+
+#: A metrics batch leaves at least this often while the loop keeps emitting ...
+FLUSH_EVERY_S = 0.05
+#: ... or once it holds this many records.
+FLUSH_RECORDS = 1000
+#: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
+PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
+
+
+class InjectedFault(RuntimeError):
+    """The internal error ``TM_AGENT_FAULT`` asks a probe to raise, to prove it cannot reach the training loop."""
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _launcher_alive() -> bool:
+    pid = _env_int("TM_LAUNCHER_PID")
+    if pid is None or pid <= 0:
+        return True  # not told: assume a live hub and let the producer's bounded linger decide
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, under another user
+        return True
+    return True
+
+
+class Agent:
+    """Turns what the probes see into records: ``hello`` on the first record, ``step``, ``metric``, ``bye`` at exit."""
+
+    def __init__(self, endpoint: str, *, role: str = "trainer") -> None:
+        self.endpoint = endpoint
+        self.role = role
+        self.pid = os.getpid()
+        self.forked = False  # a fork child of the process that installed the agent
+        self.activated = False
+        self.producer = None
+        self.stopped: set[str] = set()
+        self.emit_on = True
+        self.bus_on = True
+        self._faults = {name for name in os.environ.get("TM_AGENT_FAULT", "").split(",") if name}
+        self._warned: set[str] = set()
+        self._rec = None  # trainmeter_core.records, once activated
+        self.iterations = IterationDetector(self)
+        self._reset_buffers()
+
+    def _reset_buffers(self) -> None:
+        self._metrics: list[tuple[float, dict[str, float], int | None]] = []
+        self._last_flush_t = 0.0
+        self._step_owner: str | None = None  # "hooks" or "emit": whichever sent the first step record
+        self._last_emitted_step: int | None = None
+        self._last_emitted_step_t: float | None = None
+        self._pending_tokens: int | None = None
+        self._waiting_step: tuple[int, float, int | None] | None = None  # a declared step the hooks may own
+
+    # -- failures --------------------------------------------------------------------------------------------------
+
+    def check_fault(self, probe: str) -> None:
+        """Raise the internal error TM_AGENT_FAULT asked for, once, at the probe's first use."""
+        if probe in self._faults:
+            self._faults.discard(probe)
+            raise InjectedFault(f"injected by TM_AGENT_FAULT={probe}")
+
+    def say(self, message: str, once_key: str | None = None) -> None:
+        """One ``tm:`` line on stderr (once per key). Never raises, even with stderr closed."""
+        if once_key is not None:
+            if once_key in self._warned:
+                return
+            self._warned.add(once_key)
+        try:
+            sys.stderr.write("tm: " + " ".join(message.split())[:400] + "\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+    def stop_probe(self, probe: str, exc: BaseException) -> None:
+        """An internal error in one probe: say it once, switch that probe off, tell the run (unless the bus broke)."""
+        try:
+            self._stop_probe(probe, exc)
+        except Exception:  # nothing may escape from the agent's own error path
+            pass
+
+    def _stop_probe(self, probe: str, exc: BaseException) -> None:
+        if probe in self.stopped:
+            return
+        self.stopped.add(probe)
+        if probe == "emit":
+            self.emit_on = False
+        elif probe in ("steps", "torch_import"):
+            self.iterations.steps_on = False
+        elif probe == "grad_scaler":
+            self.iterations.scaler_on = False
+        elif probe == "bus":
+            self.bus_on = False
+            self.emit_on = False
+            self.iterations.steps_on = False
+        try:
+            detail = f"{type(exc).__name__}: {exc}"
+        except Exception:
+            detail = type(exc).__name__
+        message = f"agent {probe} stopped: {detail}"
+        self.say(message)
+        if probe not in ("bus", "exit"):
+            try:
+                self._send(self._rec_module().Notice(topic=f"agent.{probe}", message=message))
+            except Exception as notice_exc:
+                self.stop_probe("bus", notice_exc)
+
+    # -- the bus ---------------------------------------------------------------------------------------------------
+
+    def _rec_module(self):
+        if self._rec is None:
+            from trainmeter_core import records
+
+            self._rec = records
+        return self._rec
+
+    def activate(self) -> bool:
+        """Send ``hello`` (creating the producer if needed); False when the bus cannot be used (said once)."""
+        if self.activated:
+            return self.bus_on and self.producer is not None
+        self.activated = True
+        try:
+            self.check_fault("bus")
+            rec = self._rec_module()
+            from trainmeter_core import __version__
+            from trainmeter_core.bus import Producer
+            from trainmeter_core.redaction import redact_argv
+
+            if self.producer is None:
+                self.producer = Producer(self.endpoint, "agent", rank=_env_int("RANK"))
+            argv = list(getattr(sys, "orig_argv", None) or sys.argv)
+            hello = rec.Hello(
+                agent_version=__version__,
+                python=sys.version.split()[0],
+                executable=sys.executable,
+                argv=redact_argv(argv),
+                ppid=os.getppid(),
+                role=self.role,
+                local_rank=_env_int("LOCAL_RANK"),
+                world_size=_env_int("WORLD_SIZE"),
+                local_world_size=_env_int("LOCAL_WORLD_SIZE"),
+                node_rank=_env_int("GROUP_RANK") if "GROUP_RANK" in os.environ else _env_int("NODE_RANK"),
+            )
+            self.producer.send(hello)
+            return True
+        except Exception as exc:
+            self.stop_probe("bus", exc)
+            return False
+
+    def _ready(self) -> bool:
+        """Whether records can go out now, activating (hello) on first use."""
+        if not self.activated:
+            self.activate()
+        return self.bus_on and self.producer is not None
+
+    def _send(self, record) -> None:
+        if self._ready():
+            self.producer.send(record)
+
+    def flush(self) -> None:
+        """Send the buffered metrics as one batch (before every step record, every 50 ms of emits, at exit)."""
+        buffered = self._metrics
+        if not buffered:
+            return
+        self._metrics = []
+        self._last_flush_t = time.monotonic()
+        if not self._ready():
+            return
+        metric = self._rec_module().Metric
+        now_t, now_wall = self._last_flush_t, time.time()
+        records = [
+            metric(values=values, step=step, t=t, wall=now_wall - (now_t - t)) for t, values, step in buffered
+        ]
+        self.producer.send_many(records)
+
+    # -- steps -----------------------------------------------------------------------------------------------------
+
+    def send_step(self, fields: dict) -> None:
+        """A step record from the optimizer hooks, sent at once (after the metrics emitted before it)."""
+        if self._step_owner is None:
+            self._step_owner = "hooks"
+            waiting, self._waiting_step = self._waiting_step, None
+            if waiting is not None and waiting[2] is not None:
+                self._pending_tokens = (self._pending_tokens or 0) + waiting[2]
+        elif self._step_owner != "hooks":
+            return  # the loop declares its own steps with emit(step=...): those win over detected ones
+        if self._pending_tokens is not None:
+            fields["tokens"] = self._pending_tokens
+            fields["tokens_source"] = "emitted"
+            self._pending_tokens = None
+        self.flush()
+        self._send(self._rec_module().Step(**fields))
+
+    # -- emit ------------------------------------------------------------------------------------------------------
+
+    def emit(self, values: dict) -> None:
+        """The body of ``trainmeter_agent.emit``: values checked, queued, flushed in batches. Never raises."""
+        if not self.emit_on:
+            return
+        try:
+            if self._faults:
+                self.check_fault("emit")
+            if "step" in values or "tokens" in values:
+                step = self._emit_step(values)
+                if not values:
+                    return
+            else:
+                step = self.current_step()
+            bad = None
+            for key, value in values.items():
+                kind = type(value)
+                if kind is float:
+                    continue
+                if kind is int or kind is bool:
+                    values[key] = float(value)
+                    continue
+                number = self._number(key, value)
+                if number is None:
+                    bad = [key] if bad is None else [*bad, key]
+                else:
+                    values[key] = number
+            if bad is not None:
+                for key in bad:
+                    del values[key]
+                if not values:
+                    return
+            now = time.monotonic()
+            self._metrics.append((now, values, step))
+            if now - self._last_flush_t >= FLUSH_EVERY_S or len(self._metrics) >= FLUSH_RECORDS:
+                self.flush()
+        except Exception as exc:
+            self.stop_probe("emit", exc)
+
+    def _number(self, key: str, value: object) -> float | None:
+        """A float from a value that is not a plain Python number, or None (said once per key) to skip it."""
+        torch = sys.modules.get("torch")
+        tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
+        if tensor_type is not None and isinstance(value, tensor_type):
+            device = value.device.type
+            if device != "cpu":
+                # Reading it would synchronize the device: the loop must choose when to pay for that.
+                self.say(f"emit({key}=...) got a tensor on {device}: pass {key}=value.item()", once_key=key)
+                return None
+            if value.dim() != 0:
+                self.say(f"emit({key}=...) got a tensor of shape {tuple(value.shape)}: pass one number", key)
+                return None
+            return float(value.item())
+        if isinstance(value, (int, float)):  # subclasses: numpy.float64, IntEnum, ...
+            return float(value)
+        if type(value).__module__ == "numpy" and hasattr(value, "item"):
+            item = value.item()
+            if type(item) in (int, float, bool):
+                return float(item)
+        self.say(
+            f"emit({key}=...) got {type(value).__name__}: pass an int, float, bool or 0-dim CPU tensor", key
+        )
+        return None
+
+    def current_step(self) -> int | None:
+        """The step that labels metrics: the loop's own (emit mode) or the agent's iteration count."""
+        if self._step_owner == "emit":
+            return self._last_emitted_step
+        return self.iterations.iteration or None
+
+    def _emit_step(self, values: dict) -> int | None:
+        """``emit(step=..., tokens=...)``: a declared step (loops without torch.optim) or tokens for the next one.
+
+        Returns the step that labels the call's other values. Where the optimizer hooks watch but have not counted
+        an iteration yet, a declared step waits: a second one declared before any optimizer step proves the loop
+        steps without torch.optim (both are then sent); an optimizer step first makes the hooks the step clock.
+        """
+        step = values.pop("step", None)
+        tokens = values.pop("tokens", None)
+        if tokens is not None:
+            tokens = self._count(tokens, "tokens")
+        if step is not None:
+            step = self._count(step, "step")
+        if step is None:
+            if tokens is not None:  # tokens of the iteration the optimizer hooks will count next
+                self._pending_tokens = (self._pending_tokens or 0) + tokens
+            return self.current_step()
+        if self._step_owner == "hooks":
+            if tokens is not None:
+                self._pending_tokens = (self._pending_tokens or 0) + tokens
+            return step  # the loop's own step number labels its metrics
+        now = time.monotonic()
+        if self._step_owner is None and self.iterations.watching and not self.iterations.iteration:
+            waiting = self._waiting_step
+            if waiting is None or waiting[0] == step:
+                if waiting is None:
+                    self._waiting_step = (step, now, tokens)
+                elif tokens is not None:
+                    self._waiting_step = (step, waiting[1], (waiting[2] or 0) + tokens)
+                return step
+            self._waiting_step = None
+            self._step_owner = "emit"
+            self._send_emitted_step(*waiting)
+        self._step_owner = "emit"
+        self._send_emitted_step(step, now, tokens)
+        return step
+
+    def _send_emitted_step(self, step: int, now: float, tokens: int | None) -> None:
+        if step == self._last_emitted_step:
+            return  # several emit calls for one step declare it once
+        fields: dict = {"step": step, "t": now}
+        if self._last_emitted_step_t is None:
+            fields["absent"] = {"step_time_s": "first step"}
+        else:
+            fields["step_time_s"] = now - self._last_emitted_step_t
+        if tokens is not None:
+            fields["tokens"] = tokens
+            fields["tokens_source"] = "emitted"
+        self._last_emitted_step, self._last_emitted_step_t = step, now
+        self.flush()
+        self._send(self._rec_module().Step(**fields))
+
+    def _count(self, value: object, key: str) -> int | None:
+        """An int from ``step=`` or ``tokens=`` (an int, or an integral float or 0-dim CPU tensor), else None."""
+        number = float(value) if type(value) in (int, float) else self._number(key, value)
+        # NaN and infinities fail the range test; the range keeps int() from raising.
+        if number is None or not 0 <= number < 2.0**63 or number != int(number):
+            if number is not None:
+                self.say(f"emit({key}=...) got {value!r}: pass a whole number >= 0", key)
+            return None
+        return int(number)
+
+    # -- process lifetime ------------------------------------------------------------------------------------------
+
+    def after_fork(self) -> None:
+        """In a fork child (a DataLoader worker): start from zero, and send nothing unless the child emits."""
+        try:
+            self.pid = os.getpid()
+            self.forked = True
+            self.role = "worker"  # a DataLoader worker, or another fork of the trainer
+            # The producer stays: it has already given itself a fresh socket and counters for this pid (dropping
+            # it here would let the parent's zmq objects be garbage-collected in the child). A child that emits
+            # says its own hello first.
+            self.activated = False
+            self._reset_buffers()
+            self.iterations.reset()
+        except Exception as exc:
+            self.stop_probe("exit", exc)
+
+    def at_exit(self) -> None:
+        """Flush, and close the producer (``bye``). A process that never reported says hello and bye, cheaply."""
+        try:
+            self.check_fault("exit")
+            if os.getpid() != self.pid:
+                return
+            if not self.activated and self.forked:
+                return  # a fork child that never reported: the parent speaks for it
+            if not self._ready():
+                return
+            waiting, self._waiting_step = self._waiting_step, None
+            if waiting is not None and self._step_owner is None:
+                self._send_emitted_step(
+                    *waiting
+                )  # a loop that declared one step and never stepped an optimizer
+            self.flush()
+            # With the launcher gone nobody will read what is queued: exit at once instead of lingering.
+            self.producer.close("exit", linger_ms=None if _launcher_alive() else 0)
+        except Exception as exc:
+            self.stop_probe("exit", exc)

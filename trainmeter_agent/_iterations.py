@@ -1,0 +1,209 @@
+"""Training iterations, seen through torch's global optimizer step hooks and GradScaler's skipped steps.
+
+An iteration is the first ``Optimizer.step`` after a backward pass; a backward is read from the gradients' identity
+and version counter, never by patching autograd. Nothing here imports torch (it attaches once the user's code has),
+reads a tensor's value, synchronizes a device, or lets an error reach the training loop.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+
+
+def _first_grad(optimizer: object):
+    """The gradient of the optimizer's first parameter that has one, or None."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            grad = param.grad
+            if grad is not None:
+                return grad
+    return None
+
+
+class IterationDetector:
+    """Groups optimizer steps into iterations and hands each new one to the agent as a step record.
+
+    An optimizer stepping with fresh gradients starts a new iteration if it already stepped in the current one,
+    and joins the current one otherwise: Muon with AdamW, or a GAN's D and G, count once per loop iteration. A
+    step GradScaler skipped (inf/NaN gradients) starts or joins an iteration the same way, marked skipped.
+    """
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+        self.steps_on = True
+        self.scaler_on = True
+        self.attached = False
+        self._handles: list[object] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every count (a fork child starts from zero)."""
+        self.iteration = 0
+        self.pre_calls = 0  # optimizer.step entries ever: GradScaler's wrapper compares it around its call
+        # id(optimizer) -> (a weakref to it, a weakref to its first gradient, that gradient's version)
+        self._marks: dict[int, tuple[object, object, int]] = {}
+        self._members: set[int] = set()  # optimizers that stepped in the current iteration
+        self._calls = 0  # optimizer.step calls (skipped ones included) in the current iteration
+        self._iteration_start_t: float | None = None
+        self._agent_s = 0.0  # the agent's own time in the current iteration
+
+    @property
+    def watching(self) -> bool:
+        """Whether the optimizer hooks are attached and counting."""
+        return self.attached and self.steps_on
+
+    # -- the hooks (called by torch inside Optimizer.step) ---------------------------------------------------------
+
+    def pre_hook(self, optimizer: object, args: object, kwargs: object) -> None:
+        self.pre_calls += 1
+        if not self.steps_on:
+            return None  # a hook that returns something replaces the step's arguments: always None
+        started = time.perf_counter()
+        try:
+            agent = self.agent
+            if agent._faults:
+                agent.check_fault("steps")
+            self._calls += 1
+            if self._grads_changed(optimizer):
+                self._count(optimizer, skipped=False, started=started)
+        except Exception as exc:
+            self.agent.stop_probe("steps", exc)
+        self._agent_s += time.perf_counter() - started
+        return None
+
+    def post_hook(self, optimizer: object, args: object, kwargs: object) -> None:
+        if not self.steps_on:
+            return None
+        started = time.perf_counter()
+        try:
+            grad = _first_grad(optimizer)
+            key = id(optimizer)
+            if grad is None:
+                self._marks.pop(key, None)
+            else:
+                mark = self._marks.get(key)
+                optimizer_ref = (
+                    mark[0] if mark is not None and mark[0]() is optimizer else weakref.ref(optimizer)
+                )
+                self._marks[key] = (optimizer_ref, weakref.ref(grad), grad._version)
+        except Exception as exc:
+            self.agent.stop_probe("steps", exc)
+        self._agent_s += time.perf_counter() - started
+        return None
+
+    def skipped_step(self, optimizer: object) -> None:
+        """GradScaler did not call ``optimizer.step`` (inf/NaN gradients): the iteration still counts, skipped."""
+        if not self.steps_on:
+            return
+        started = time.perf_counter()
+        self._calls += 1
+        self._count(optimizer, skipped=True, started=started)
+
+    def _grads_changed(self, optimizer: object) -> bool:
+        """Whether a backward ran since this optimizer's last step: another gradient object, or a bumped version."""
+        grad = _first_grad(optimizer)
+        if grad is None:
+            return False  # nothing to apply: no backward reached this optimizer
+        mark = self._marks.get(id(optimizer))
+        if mark is None or mark[0]() is not optimizer:
+            return True
+        return mark[1]() is not grad or grad._version != mark[2]
+
+    def _count(self, optimizer: object, *, skipped: bool, started: float) -> None:
+        key = id(optimizer)
+        if self.iteration and key not in self._members:
+            self._members.add(key)
+            return
+        # A new iteration; its step record describes the one that just ended.
+        previous_start_t = self._iteration_start_t
+        previous_calls = self._calls - 1
+        previous_agent_s = self._agent_s + (time.perf_counter() - started)
+        self.iteration += 1
+        self._members = {key}
+        self._calls = 1
+        self._agent_s = 0.0
+        if not self.agent.activated:
+            self.agent.activate()  # hello first, also in time: the step's own time is taken after it
+        now = time.monotonic()
+        self._iteration_start_t = now
+        fields: dict[str, object] = {"step": self.iteration, "t": now}
+        if skipped:
+            fields["skipped"] = True
+        if previous_start_t is None:
+            fields["absent"] = {
+                "step_time_s": "first step",
+                "optimizers": "first step",
+                "agent_us": "first step",
+            }
+        else:
+            fields["step_time_s"] = now - previous_start_t
+            fields["optimizers"] = previous_calls
+            fields["agent_us"] = previous_agent_s * 1e6
+        self.agent.send_step(fields)
+
+    # -- attaching to torch ----------------------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        """Register the global optimizer hooks and wrap GradScaler; torch must already be imported by the user."""
+        if self.attached:
+            return
+        optimizer_module = sys.modules.get("torch.optim.optimizer")
+        if optimizer_module is None:
+            import torch.optim.optimizer as optimizer_module  # torch imports it itself; this only looks it up
+        register_pre = getattr(optimizer_module, "register_optimizer_step_pre_hook", None)
+        register_post = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
+        if register_pre is None or register_post is None:
+            raise RuntimeError("this torch has no global optimizer step hooks (torch >= 2.0 needed)")
+        self._handles = [register_pre(self.pre_hook), register_post(self.post_hook)]
+        self.attached = True
+        try:
+            self._wrap_grad_scalers()
+        except Exception as exc:
+            self.agent.stop_probe("grad_scaler", exc)
+
+    def detach(self) -> None:
+        """Remove the optimizer hooks (GradScaler's wrapper stays, idle without them)."""
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+        self.attached = False
+
+    def _wrap_grad_scalers(self) -> None:
+        """Wrap ``GradScaler._maybe_opt_step`` (torch.amp's, and torch.cuda.amp's if it ever defines its own)."""
+        for module_name in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
+            module = sys.modules.get(module_name)
+            scaler_class = getattr(module, "GradScaler", None) if module is not None else None
+            original = scaler_class.__dict__.get("_maybe_opt_step") if scaler_class is not None else None
+            if original is None or getattr(original, "_tm_wrapped", False):
+                continue  # torch.cuda.amp.GradScaler inherits torch.amp's, already wrapped
+            scaler_class._maybe_opt_step = _wrap_maybe_opt_step(original, self)
+
+
+def _wrap_maybe_opt_step(original, detector: IterationDetector):
+    """GradScaler's "step unless inf/NaN" with the agent watching whether the optimizer stepped.
+
+    The scaler has already read ``found_inf``; the agent only sees that no optimizer step hook fired during the call.
+    The user's own exceptions (from their optimizer's step) pass through untouched: there is no try around the call.
+    """
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        steps_before = detector.pre_calls
+        retval = original(self, optimizer, optimizer_state, *args, **kwargs)
+        if detector.scaler_on:
+            try:
+                agent = detector.agent
+                if agent._faults:
+                    agent.check_fault("grad_scaler")
+                if detector.pre_calls == steps_before:
+                    detector.skipped_step(optimizer)
+            except Exception as exc:
+                detector.agent.stop_probe("grad_scaler", exc)
+        return retval
+
+    _maybe_opt_step.__wrapped__ = original
+    _maybe_opt_step.__name__ = getattr(original, "__name__", "_maybe_opt_step")
+    _maybe_opt_step.__qualname__ = getattr(original, "__qualname__", "_maybe_opt_step")
+    _maybe_opt_step._tm_wrapped = True
+    return _maybe_opt_step
