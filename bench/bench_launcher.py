@@ -42,7 +42,9 @@ def fixed_cost(repeat: int, env: dict[str, str]) -> None:
     under = [timed([TM, "--", sys.executable, "-c", "pass"], env) for _ in range(repeat)]
     p, u = statistics.median(plain), statistics.median(under)
     print(f"python -c pass:            median {p * 1000:7.1f} ms over {repeat}")
-    print(f"tm -- python -c pass:      median {u * 1000:7.1f} ms   (tm adds {(u - p) * 1000:.1f} ms; target <= 200 ms)")
+    print(
+        f"tm -- python -c pass:      median {u * 1000:7.1f} ms   (tm adds {(u - p) * 1000:.1f} ms; target <= 200 ms)"
+    )
 
 
 def to_child_start(repeat: int, env: dict[str, str]) -> None:
@@ -54,7 +56,9 @@ def to_child_start(repeat: int, env: dict[str, str]) -> None:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout
         plain.append(float(out) - t0)
         t0 = time.time()
-        out = subprocess.run([TM, "-q", "--", sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [TM, "-q", "--", sys.executable, "-c", code], env=env, capture_output=True, text=True
+        ).stdout
         under.append(float(out.split()[0]) - t0)
     p, u = statistics.median(plain), statistics.median(under)
     print(

@@ -62,7 +62,13 @@ def test_with_the_hub_gone_the_process_stays_small_and_counts_exactly(tm_env, tm
             time.sleep(0.05)
         """
     )
-    env = dict(tm_env, TM_AGENT="1", TM_AGENT_ENDPOINT=endpoint, TM_RUN_DIR=str(tmp_path), TM_LAUNCHER_PID=str(os.getpid()))
+    env = dict(
+        tm_env,
+        TM_AGENT="1",
+        TM_AGENT_ENDPOINT=endpoint,
+        TM_RUN_DIR=str(tmp_path),
+        TM_LAUNCHER_PID=str(os.getpid()),
+    )
     env["PYTHONPATH"] = f"{REPO / 'trainmeter_agent' / 'boot'}{os.pathsep}{REPO}"
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
     grew_line = proc.stdout.readline()

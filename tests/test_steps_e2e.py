@@ -14,7 +14,9 @@ ITERATIONS = 500
 
 
 def plain(variant: str, out, env) -> None:
-    subprocess.run([sys.executable, LOOP, variant, str(ITERATIONS), str(out)], env=env, check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, LOOP, variant, str(ITERATIONS), str(out)], env=env, check=True, timeout=300
+    )
 
 
 @pytest.mark.xdist_group("heavy")

@@ -151,6 +151,7 @@ class Agent:
                 self.producer = Producer(self.endpoint, "agent", rank=_env_int("RANK"))
             argv = list(getattr(sys, "orig_argv", None) or sys.argv)
             hello = rec.Hello(
+                protocol=rec.PROTOCOL_VERSION,
                 agent_version=__version__,
                 python=sys.version.split()[0],
                 executable=sys.executable,
@@ -363,13 +364,17 @@ class Agent:
             self.stop_probe("exit", exc)
 
     def at_exit(self) -> None:
-        """Flush, and close the producer (``bye``). A process that never reported says hello and bye, cheaply."""
+        """Flush, and close the producer (``bye``). A process that never reported stays silent.
+
+        Saying hello at exit would import zmq and msgspec and wait for delivery: about 80 ms added to every short
+        Python process of a run (a helper script, ``python -c``), for a hello that carries nothing.
+        """
         try:
             self.check_fault("exit")
             if os.getpid() != self.pid:
                 return
-            if not self.activated and self.forked:
-                return  # a fork child that never reported: the parent speaks for it
+            if not self.activated:
+                return  # never imported torch, never emitted: nothing to say
             if not self._ready():
                 return
             waiting, self._waiting_step = self._waiting_step, None

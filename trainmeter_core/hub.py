@@ -75,6 +75,9 @@ class Hub:
         self._finish: rec.RunEnd | None = None
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tm-hub", daemon=True)
+        # Other threads wake the hub's poll through a pipe (zmq sockets may only be touched by the hub's thread).
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()
         self.error: str | None = None
 
     # -- control from other launcher threads ----------------------------------------------------------------------
@@ -85,11 +88,22 @@ class Hub:
     def inject(self, record: rec.Record) -> None:
         """Publish and record one of the launcher's own records (thread-safe; in hub order within 50 ms)."""
         self._inbox.append(record)
+        self._wake()
 
     def finish(self, run_end: rec.RunEnd, timeout_s: float = 10.0) -> None:
         """Drain what producers already sent, publish the final ``bus.stats`` and then ``run.end``, and stop."""
         self._finish = run_end
+        self._wake()
         self._finished.wait(timeout_s)
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"w")
+            except OSError:  # the pipe is full: the hub is already awake
+                pass
 
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
@@ -105,18 +119,28 @@ class Hub:
             self.pull.close(0)
             self.pub.close(0)
             self.ctx.term()
+            with self._wake_lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
             self._finished.set()
 
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.pub, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         now = time.monotonic()
         next_tick = now + self.tick_s
         next_stats = now + self.stats_every_s
         while True:
-            timeout_ms = max(0.0, min(next_tick - time.monotonic(), 0.05)) * 1000
+            timeout_ms = max(0.0, min(next_tick - time.monotonic(), next_stats - time.monotonic())) * 1000
             events = dict(poller.poll(timeout_ms))
+            if self._wake_r in events:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
             if self.pub in events:
                 self._drain_subscriptions()
             if self.pull in events:
@@ -205,7 +229,8 @@ class Hub:
     def _publish(self, kind: str, payload) -> None:
         # Consecutive records of one kind leave as one message (a MessagePack array of the producers' bytes, with
         # the first one's sequence number): a send costs ~2 µs, so a burst would otherwise cap the hub near 80k/s.
-        if kind != self._out_kind or len(self._out) >= PUBLISH_GROUP_MAX:
+        # An empty group starts afresh even for the same kind: the last one was flushed with its own first seq.
+        if not self._out or kind != self._out_kind or len(self._out) >= PUBLISH_GROUP_MAX:
             self._flush_publish()
             self._out_kind = kind
             self._out_first_seq = self.seq

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def _lines(path: Path) -> Iterator[bytes]:
     try:
         with opener(path, "rb") as f:
             yield from f
-    except (OSError, EOFError):  # a compressed segment cut short: what was read stands
+    except (OSError, EOFError, zlib.error):  # a compressed segment cut short or corrupt: what was read stands
         return
 
 

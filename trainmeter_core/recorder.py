@@ -157,7 +157,7 @@ class Recorder:
             if stopping and not queue:
                 break
             if not wrote:
-                time.sleep(0.01)
+                self._stop.wait(0.01)
         try:
             self._file.flush()
             os.fsync(self._file.fileno())

@@ -89,7 +89,7 @@ class RunEnd(Record, tag="run.end", kw_only=True):
 class Hello(Record, tag="hello", kw_only=True):
     """The agent's first word from a Python process of the run."""
 
-    protocol: int = PROTOCOL_VERSION
+    protocol: int  # required, so it is always on the wire (a default would be omitted)
     agent_version: str
     python: str
     executable: str
@@ -483,6 +483,8 @@ FIELDS: dict[str, frozenset[str]] = {k: frozenset(c.__struct_fields__) | {"kind"
 #: Kinds whose dict-of-float fields may hold NaN or infinity, which JSON cannot carry as numbers.
 _NONFINITE_FIELDS: dict[str, tuple[str, ...]] = {"metric": ("values",), "alert": ("numbers",)}
 _NONFINITE_TEXT = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: Kinds with fields typed ``Any`` (Fact.value, ExplainInput.value): they may hold map keys JSON cannot carry.
+_ANY_VALUED_KINDS = frozenset({"fact", "snapshot"})
 
 
 class Unknown(msgspec.Struct, kw_only=True):
@@ -500,8 +502,14 @@ class MalformedRecord(ValueError):
 # --------------------------------------------------------------------------------------------------------------------
 # Codecs
 
+
+def _reject_ext(code: int, data: memoryview) -> Any:
+    # No record carries a MessagePack extension, and the JSON log could not hold one.
+    raise ValueError(f"MessagePack extension type {code}")
+
+
 _msgpack_encoder = msgspec.msgpack.Encoder()
-_msgpack_any = msgspec.msgpack.Decoder()
+_msgpack_any = msgspec.msgpack.Decoder(ext_hook=_reject_ext)
 _json_encoder = msgspec.json.Encoder()
 _json_any = msgspec.json.Decoder()
 _typed_msgpack = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in KINDS.items()}
@@ -537,10 +545,8 @@ def check(payload: bytes) -> Checked:
     """
     try:
         data = _msgpack_any.decode(payload)
-    except (
-        msgspec.DecodeError,
-        ValueError,
-    ) as exc:  # ValueError: msgspec raises it for some truncated inputs
+    # ValueError: msgspec raises it for some truncated inputs (and _reject_ext); RecursionError: absurd nesting
+    except (msgspec.DecodeError, ValueError, RecursionError) as exc:
         raise MalformedRecord(f"not MessagePack: {exc}") from None
     if not isinstance(data, dict):
         raise MalformedRecord(f"not a mapping but {type(data).__name__}")
@@ -549,12 +555,25 @@ def check(payload: bytes) -> Checked:
         raise MalformedRecord("no string 'kind'")
     decoder = _typed_msgpack.get(kind)
     if decoder is None:
+        _require_loggable(kind, data)
         return Checked(kind, data, True)
     try:
         decoder.decode(payload)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
         raise MalformedRecord(f"{kind}: {exc}") from None
-    return Checked(kind, data, not FIELDS[kind].issuperset(data))
+    unknown = not FIELDS[kind].issuperset(data)
+    if unknown or kind in _ANY_VALUED_KINDS:
+        _require_loggable(kind, data)
+    return Checked(kind, data, unknown)
+
+
+def _require_loggable(kind: str, data: dict[str, Any]) -> None:
+    # What the schema leaves untyped (unknown kinds and fields, Any) may hold map keys the JSON log cannot: such a
+    # record would stop the recorder, so it is malformed here. Typed fields cannot, so the hot path skips this.
+    try:
+        _json_encoder.encode(data)
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+        raise MalformedRecord(f"{kind}: not loggable: {exc}") from None
 
 
 def decode(payload: bytes) -> Record | Unknown:
@@ -593,7 +612,7 @@ def from_log_line(line: bytes | str) -> Record | Unknown:
     """Decode one line of the run log. Raises MalformedRecord for anything that is not a valid record."""
     try:
         data = _json_any.decode(line)
-    except (msgspec.DecodeError, UnicodeDecodeError, ValueError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedRecord(f"not JSON: {exc}") from None
     return from_mapping(data)
 

@@ -1,0 +1,372 @@
+"""The hub: every frame numbered, recorded and republished in order; garbage counted and dropped; never stopped.
+
+Real zmq sockets on ipc endpoints in a short folder; frames are sent from a plain PUSH so the tests control every
+byte. The fuzz test is the issue's acceptance 7, with fixed seeds printed for replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+
+import msgspec
+import zmq
+from conftest import log_records, wait_for
+
+from trainmeter_core import bus
+from trainmeter_core import records as rec
+from trainmeter_core.hub import PUBLISH_GROUP_MAX, Hub
+from trainmeter_core.recorder import Recorder
+
+END = rec.RunEnd(status=0, reason="exited", elapsed_s=1.0)
+
+
+@contextlib.contextmanager
+def running_hub(short_dir, log_dir, **kw):
+    """A hub with its recorder, bound in ``short_dir``; finished and closed at the end whatever happened."""
+    recorder = Recorder(log_dir)
+    hub = Hub(f"ipc://{short_dir}/in", f"ipc://{short_dir}/out", recorder, **kw)
+    recorder.start()
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.finish(END)
+        recorder.close()
+
+
+@contextlib.contextmanager
+def raw_push(endpoint):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
+
+
+@contextlib.contextmanager
+def raw_sub(endpoint):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def _seqs_strictly_increase(log: list[dict]) -> bool:
+    seqs = [r["seq"] for r in log]
+    return all(a < b for a, b in zip(seqs, seqs[1:], strict=False))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Acceptance 7: fuzzed frames
+
+SEEDS = (20240601, 7, 99991)
+FUZZ_FRAMES = 10_000
+BIG_FRAMES = 3  # 10 MB each
+VALID_EVERY = 10  # one valid step (or batch of steps) between every 10 fuzz frames
+
+_GOOD = rec.Step(step=1, source="agent", host="h", pid=1, tokens=4096, step_time_s=0.25)
+_WRONG_TYPES = [
+    {"kind": "step", "step": "x"},
+    {"kind": "step", "step": 1.5},
+    {"kind": "step", "step": 1, "pid": "one"},
+    {"kind": "step", "step": 1, "tokens_source": "guess"},
+    {"kind": "metric", "values": {"loss": "low"}},
+    {"kind": "metric", "values": [1.0]},
+    {"kind": "tick", "n": None, "interval_s": 1.0},
+    {"kind": "alert", "rule": "r", "state": "maybe", "message": "m"},
+    {"kind": "run.end", "status": 0, "reason": "exited"},  # elapsed_s missing
+    {"kind": "sample.gpu", "index": 0, "util_gpu": "busy"},
+    {"kind": 7},
+    {"kind": None, "step": 1},
+    {"step": 1},
+]
+
+
+def _hub_would_count_malformed(frames: list[bytes]) -> int:
+    """How many malformed records the wire protocol makes of one message (2 frames: topic, body; batch: an array)."""
+    if len(frames) != 2:
+        return 1
+    if frames[0] == bus.BATCH_TOPIC:
+        try:
+            items = rec.split_batch(frames[1])
+        except rec.MalformedRecord:
+            return 1
+    else:
+        items = [frames[1]]
+    bad = 0
+    for item in items:
+        try:
+            rec.check(item)
+        except rec.MalformedRecord:
+            bad += 1
+    return bad if bad == len(items) else -1  # -1: some item is valid, so this is no clean fuzz frame
+
+
+def _fuzz_frame(rng: random.Random) -> list[bytes]:
+    """One message the hub must count as exactly one malformed record."""
+    good = rec.encode(_GOOD)
+    choice = rng.randrange(10)
+    if choice == 0:  # random bytes
+        return [b"step", rng.randbytes(rng.randrange(0, 300))]
+    if choice == 1:  # a valid record cut short
+        return [b"step", good[: rng.randrange(0, len(good))]]
+    if choice == 2:  # a valid record with a field of the wrong type
+        return [b"step", msgspec.msgpack.encode(rng.choice(_WRONG_TYPES))]
+    if choice == 3:  # wrong frame counts: one frame, or a valid record with extra frames
+        return rng.choice([[good], [b"step", good, b""], [b"step", good, good, good]])
+    if choice == 4:  # a batch frame that is not an array
+        return [bus.BATCH_TOPIC, rng.choice([good, msgspec.msgpack.encode(5), b"\x80"])]
+    if choice == 5:  # a batch cut short
+        batch = rec.encode_many([_GOOD, _GOOD, _GOOD])
+        return [bus.BATCH_TOPIC, batch[: rng.randrange(1, len(batch))]]
+    if choice == 6:  # a batch holding one record of the wrong type
+        return [bus.BATCH_TOPIC, msgspec.msgpack.encode([rng.choice(_WRONG_TYPES)])]
+    if choice == 7:  # absurd nesting (once it stopped the hub with a RecursionError)
+        return [b"step", b"\x82\xa4kind\xa2zz\xa1x" + b"\x91" * rng.randrange(2_000, 200_000) + b"\x01"]
+    if choice == 8:  # what the JSON log cannot hold (once it stopped the recorder)
+        return [
+            b"x",
+            msgspec.msgpack.encode({"kind": "zz", "x": rng.choice([{None: 1}, msgspec.msgpack.Ext(3, b"")])}),
+        ]
+    return [b"step", good + rng.randbytes(rng.randrange(1, 8))]  # trailing bytes after a valid record
+
+
+def test_ten_thousand_fuzzed_frames_are_each_counted_malformed_and_the_valid_ones_all_recorded(
+    short_dir, tmp_path
+):
+    expected_steps: list[int] = []
+    sent_fuzz = 0
+    rerolled = 0
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
+        for seed in SEEDS:
+            print(f"seed={seed}")
+        rngs = [random.Random(seed) for seed in SEEDS]
+        big_at = set(random.Random(SEEDS[0]).sample(range(FUZZ_FRAMES), BIG_FRAMES))
+        step = 0
+        for i in range(FUZZ_FRAMES):
+            rng = rngs[i % len(rngs)]
+            if i in big_at:
+                frames = [b"step", rng.randbytes(10 * 1024 * 1024)]
+            else:
+                frames = _fuzz_frame(rng)
+            # A frame that happens to be valid (random bytes can, in principle) is drawn again, so the count is exact.
+            while _hub_would_count_malformed(frames) != 1:
+                rerolled += 1
+                frames = _fuzz_frame(rng)
+            sock.send_multipart(frames)
+            sent_fuzz += 1
+            if i % VALID_EVERY == 0:
+                if rng.random() < 0.5:
+                    step += 1
+                    sock.send_multipart([b"step", rec.encode(rec.Step(step=step, source="fuzz"))])
+                    expected_steps.append(step)
+                else:
+                    batch = [rec.Step(step=step + 1, source="fuzz"), rec.Step(step=step + 2, source="fuzz")]
+                    sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(batch)])
+                    expected_steps += [step + 1, step + 2]
+                    step += 2
+        print(f"fuzz frames={sent_fuzz} rerolled={rerolled} valid steps={len(expected_steps)}")
+        wait_for(
+            lambda: hub.malformed >= sent_fuzz and hub.kinds.get("step", 0) >= len(expected_steps),
+            what="the hub to take every frame",
+        )
+        wait_for(lambda: hub.ticks >= 1, what="a tick")
+        # Nothing a producer sent stopped the hub or the recorder.
+        assert hub._thread.is_alive() and hub.error is None
+        assert hub.recorder._thread.is_alive() and hub.recorder.error is None
+    assert hub.error is None
+    assert hub.malformed == sent_fuzz
+    log = log_records(tmp_path)
+    assert [r["step"] for r in log if r["kind"] == "step"] == expected_steps
+    assert any(r["kind"] == "tick" for r in log)
+    assert log[-1]["kind"] == "run.end"  # the hub was still there to finish the run
+    assert _seqs_strictly_increase(log)
+    final = [r for r in log if r["kind"] == "bus.stats"][-1]
+    assert final["final"] is True and final["malformed"] == sent_fuzz
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Publication
+
+
+def _wait_subscribed(sock, receive) -> None:
+    """A SUB joins late: send notice probes until one comes back."""
+    probe = rec.encode(rec.Notice(topic="probe", message="p"))
+    wait_for(lambda: sock.send_multipart([b"notice", probe]) or receive(), what="the subscription")
+
+
+def test_a_burst_is_published_in_groups_in_order_with_consecutive_seq(short_dir, tmp_path):
+    n = 2500
+    with (
+        running_hub(short_dir, tmp_path) as hub,
+        raw_push(hub.in_endpoint) as sock,
+        raw_sub(hub.out_endpoint) as sub_raw,
+    ):
+        typed = bus.Subscriber(hub.out_endpoint, ["step"])
+        try:
+            poller = zmq.Poller()
+            poller.register(sub_raw, zmq.POLLIN)
+            _wait_subscribed(sock, lambda: poller.poll(50) and sub_raw.recv_multipart())
+            wait_for(
+                lambda: sock.send_multipart([b"step", rec.encode(rec.Step(step=-1))]) or typed.recv(0.05)
+            )
+            # One batch frame is drained in one go, so the steps leave as consecutive groups of at most 1000.
+            sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many([rec.Step(step=i) for i in range(n)])])
+            groups = []  # (first seq, records in the message)
+            while sum(size for _, size in groups) < n:
+                assert poller.poll(30_000), "timed out waiting for the burst"
+                topic, seq, body = sub_raw.recv_multipart()
+                if topic != b"step":
+                    continue
+                items = rec.split_batch(body) if body[:1] == b"\xdd" else [body]
+                if rec.decode(bytes(items[0])).step == -1:
+                    continue  # a probe
+                groups.append((int.from_bytes(seq, "big"), len(items)))
+            typed_steps = []
+            while len(typed_steps) < n:
+                record = typed.recv(30)
+                assert record is not None, "timed out waiting for the typed subscriber"
+                if record.step != -1:
+                    typed_steps.append(record)
+        finally:
+            typed.close()
+    # 2500 records at PUBLISH_GROUP_MAX = 1000 per message: 1000 + 1000 + 500, numbered without a hole.
+    assert PUBLISH_GROUP_MAX == 1000
+    assert [size for _, size in groups] == [1000, 1000, 500]
+    first = groups[0][0]
+    assert [seq for seq, _ in groups] == [first, first + 1000, first + 2000]
+    assert [r.step for r in typed_steps] == list(range(n))
+    assert [r.seq for r in typed_steps] == list(range(first, first + n))
+
+
+def test_records_of_one_kind_published_one_by_one_each_carry_their_own_seq(short_dir, tmp_path):
+    # Each step waits for the one before to arrive, so each leaves the hub alone, as a group of one of the same
+    # kind as the last: it must carry its own seq, not the first seq of an earlier group.
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
+        sub = bus.Subscriber(hub.out_endpoint, ["step"])
+        try:
+            probe = [b"step", rec.encode(rec.Step(step=-1))]
+            wait_for(lambda: sock.send_multipart(probe) or sub.recv(0.05), what="the subscription")
+            got = {}
+            for i in (1, 2, 3):
+                sock.send_multipart([b"step", rec.encode(rec.Step(step=i))])
+                while i not in got:
+                    record = sub.recv(30)
+                    assert record is not None, f"timed out waiting for step {i}"
+                    got[record.step] = record.seq
+        finally:
+            sub.close()
+    logged = {r["step"]: r["seq"] for r in log_records(tmp_path) if r["kind"] == "step"}
+    assert {i: got[i] for i in (1, 2, 3)} == {i: logged[i] for i in (1, 2, 3)}
+
+
+def test_snapshots_are_published_but_never_written_to_the_log(short_dir, tmp_path):
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
+        sub = bus.Subscriber(hub.out_endpoint, ["snapshot"])
+        try:
+            probe = [b"snapshot", rec.encode(rec.Snapshot(tick=-1))]
+            wait_for(lambda: sock.send_multipart(probe) or sub.recv(0.05), what="the subscription")
+            sock.send_multipart([b"step", rec.encode(rec.Step(step=1))])
+            sock.send_multipart([b"snapshot", rec.encode(rec.Snapshot(tick=7, steps=1))])
+            sock.send_multipart([b"step", rec.encode(rec.Step(step=2))])
+            snapshot = None
+            while snapshot is None or snapshot.tick == -1:
+                snapshot = sub.recv(30)
+                assert snapshot is not None, "timed out waiting for the snapshot"
+            wait_for(lambda: hub.kinds.get("step", 0) >= 2, what="the second step")
+        finally:
+            sub.close()
+    assert (snapshot.tick, snapshot.steps) == (7, 1)
+    assert hub.last_snapshot["tick"] == 7
+    log = log_records(tmp_path)
+    assert not [r for r in log if r["kind"] == "snapshot"]
+    steps = {r["step"]: r["seq"] for r in log if r["kind"] == "step"}
+    # The snapshot took the seq between the two steps; the log skips it and stays strictly increasing.
+    assert steps == {1: snapshot.seq - 1, 2: snapshot.seq + 1}
+    assert _seqs_strictly_increase(log)
+
+
+def test_unknown_kinds_and_fields_reach_the_log_verbatim_and_are_counted_unknown(short_dir, tmp_path):
+    newer_kind = {"kind": "gpu.power_cap", "v": 2, "watts": 300.5, "nested": {"a": [1, "b", None]}}
+    newer_field = {"kind": "step", "step": 4, "moe_aux_loss": 0.125}
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
+        sock.send_multipart([b"gpu.power_cap", msgspec.msgpack.encode(newer_kind)])
+        sock.send_multipart([b"step", msgspec.msgpack.encode(newer_field)])
+        wait_for(lambda: hub.kinds.get("step"), what="the step")
+    assert (hub.unknown, hub.malformed) == (2, 0)
+    log = log_records(tmp_path)
+    (kind_line,) = [r for r in log if r["kind"] == "gpu.power_cap"]
+    (field_line,) = [r for r in log if r["kind"] == "step"]
+    assert {k: v for k, v in kind_line.items() if k != "seq"} == newer_kind
+    assert {k: v for k, v in field_line.items() if k != "seq"} == newer_field
+    assert [r for r in log if r["kind"] == "bus.stats"][-1]["unknown"] == 2
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The clock, the counters and the launcher's own records
+
+
+def test_ticks_come_once_a_second_never_early_and_carry_child_alive(short_dir, tmp_path):
+    child = {"alive": True}
+    started_t = time.monotonic()
+    with running_hub(short_dir, tmp_path, child_alive=lambda: child["alive"]) as hub:
+        wait_for(lambda: hub.ticks >= 1, what="the first tick")
+        child["alive"] = False
+        wait_for(lambda: hub.ticks >= 2, what="the second tick")
+    ticks = [r for r in log_records(tmp_path) if r["kind"] == "tick"]
+    assert [t["n"] for t in ticks] == list(range(1, len(ticks) + 1)) and len(ticks) >= 2
+    assert all(t["interval_s"] == 1.0 and t["source"] == "hub" for t in ticks)
+    # Tick n is due n seconds after the hub started and is never sent before that (a late one is fine).
+    assert all(t["t"] >= started_t + t["n"] * 1.0 for t in ticks)
+    assert (
+        ticks[0].get("child_alive", True) is True and ticks[-1]["child_alive"] is False
+    )  # True is the default, left out
+
+
+def test_bus_stats_come_periodically_and_the_final_one_balances_the_books(short_dir, tmp_path):
+    with running_hub(short_dir, tmp_path, stats_every_s=0.2) as hub, raw_push(hub.in_endpoint) as sock:
+        wait_for(lambda: hub.kinds.get("bus.stats"), what="a periodic bus.stats")
+        for i in range(3):
+            sock.send_multipart([b"step", rec.encode(rec.Step(step=i))])
+        sock.send_multipart([b"step", b"\xc1"])  # malformed
+        sock.send_multipart([b"zz", msgspec.msgpack.encode({"kind": "zz"})])  # unknown
+        wait_for(lambda: hub.kinds.get("zz") and hub.malformed, what="the last two frames")
+    log = log_records(tmp_path)
+    assert [r["kind"] for r in log[-2:]] == ["bus.stats", "run.end"]
+    final = log[-2]
+    periodic = [r for r in log[:-2] if r["kind"] == "bus.stats"]
+    assert periodic and not any(r.get("final") for r in periodic)
+    before_final = log[:-2]
+    # Every payload received was either published or malformed; every published one (no snapshots) is in the log.
+    assert final["final"] is True
+    assert (final["malformed"], final["unknown"]) == (1, 1)
+    assert final["published"] == len(before_final)
+    assert final["received"] == final["published"] + final["malformed"]
+    assert final["flushed_seq"] <= before_final[-1]["seq"]
+    assert final["log_segments"] == 1 and final["log_bytes"] > 0
+    assert log[-1]["seq"] == final["seq"] + 1 and log[-1]["status"] == 0
+
+
+def test_injected_records_are_numbered_recorded_and_stamped_as_the_hubs(short_dir, tmp_path):
+    with running_hub(short_dir, tmp_path) as hub:
+        hub.inject(rec.Notice(topic="launcher", message="child started"))
+        hub.inject(rec.Fact(name="gpus", value=0, provenance="detected", origin="launcher"))
+        wait_for(lambda: hub.kinds.get("fact"), what="the injected fact")
+    log = log_records(tmp_path)
+    notice, fact = [r for r in log if r["kind"] in ("notice", "fact")]
+    assert (notice["message"], fact["name"]) == ("child started", "gpus")
+    assert notice["seq"] < fact["seq"]
+    assert notice["source"] == "hub" and notice["pid"] > 0 and notice["t"] > 0
+    assert log[-1]["kind"] == "run.end"

@@ -1,0 +1,122 @@
+"""The recorder: segments rotated at a size and gzipped once closed, a free-space reserve, a fsynced end.
+
+Records are put as the hub puts them (checked mappings carrying their seq); the log is read back with read_log.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+
+from trainmeter_core import records as rec
+from trainmeter_core.logread import read_log
+from trainmeter_core.recorder import Recorder
+
+
+def _data(record: rec.Record, seq: int) -> dict:
+    data = rec.check(rec.encode(record)).data
+    data["seq"] = seq
+    return data
+
+
+def test_segments_rotate_at_the_limit_closed_ones_are_gzipped_and_all_read_back_in_order(tmp_path):
+    recorder = Recorder(tmp_path, segment_limit_b=2000, reserve_b=0)
+    recorder.start()
+    for seq in range(1001, 1301):
+        # '{"kind":"step","source":"agent","step":1001,"seq":1001}\n' is 56 bytes for every 4-digit step and seq.
+        assert recorder.put(_data(rec.Step(step=seq, source="agent"), seq))
+    recorder.close()
+    # 35 lines are 1960 B < 2000, 36 are 2016 B: a segment closes after 36 lines. 300 = 8 × 36 + 12: 8 closed
+    # segments, and the 9th (still plain) holds the last 12 lines.
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [f"events-{n:04d}.jsonl.gz" for n in range(1, 9)] + ["events-0009.jsonl"]
+    assert recorder.segments == 9
+    for n in range(1, 9):
+        assert len(gzip.decompress((tmp_path / f"events-{n:04d}.jsonl.gz").read_bytes())) == 36 * 56
+    assert (tmp_path / "events-0009.jsonl").stat().st_size == 12 * 56
+    assert recorder.bytes_written == 300 * 56
+    stats: dict = {}
+    back = list(read_log(tmp_path, stats=stats))
+    assert [r.step for r in back] == list(range(1001, 1301))
+    assert [r.seq for r in back] == list(range(1001, 1301))
+    assert stats["skipped"] == 0
+
+
+def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_counted(tmp_path):
+    warnings = []
+    # A reserve of 2**62 B (4 EiB) is more than any disk has free: the recorder is below it from the start.
+    recorder = Recorder(tmp_path, reserve_b=2**62, warn=warnings.append)
+    records = [
+        rec.RunStart(
+            run_id="r",
+            name="n",
+            run_dir=str(tmp_path),
+            command=["x"],
+            cwd="/",
+            tm_version="0",
+            python="3",
+            platform="p",
+        ),
+        rec.Hello(protocol=1, agent_version="0", python="3", executable="python", argv=[], ppid=1),
+        rec.Step(step=1),
+        rec.Metric(values={"loss": 1.0}),
+        rec.SampleGpu(index=0),
+        rec.Fact(name="gpus", value=1, provenance="detected", origin="nvml"),
+        rec.Tick(n=1, interval_s=1.0),
+        rec.Alert(rule="stall", state="fired", message="m"),
+        rec.Notice(topic="t", message="m"),
+        rec.RunEnd(status=0, reason="exited", elapsed_s=1.0),
+    ]
+    for seq, record in enumerate(records, start=1):
+        recorder.put(_data(record, seq))
+    recorder.start()
+    recorder.close()
+    kept = [rec.kind_of(r) for r in read_log(tmp_path)]
+    assert kept == ["run.start", "step", "fact", "alert", "run.end"]
+    # hello, metric, sample.gpu, tick and notice: 5 skipped.
+    assert recorder.reserve_skipped == 5
+    assert recorder.reserve_active is True
+    assert len(warnings) == 1 and "free space" in warnings[0]
+    assert recorder.flushed_seq == 10  # the skipped ones count as handled
+
+
+def test_the_end_is_flushed_and_fsynced_and_flushed_seq_is_the_last_seq(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    for seq in range(1, 51):
+        recorder.put(_data(rec.Step(step=seq), seq))
+    recorder.close()
+    assert recorder.flushed_seq == 50
+    assert synced and synced[-1] == str(tmp_path / "events-0001.jsonl")
+    assert len((tmp_path / "events-0001.jsonl").read_bytes().splitlines()) == 50
+
+
+def test_a_full_queue_drops_and_counts_without_blocking(tmp_path):
+    recorder = Recorder(tmp_path, reserve_b=0, queue_limit=5)
+    taken = [recorder.put(_data(rec.Step(step=i), i)) for i in range(1, 9)]
+    # 8 offered to a queue of 5 that nobody drains yet: 5 taken, 3 dropped.
+    assert taken == [True] * 5 + [False] * 3
+    assert recorder.queue_dropped == 3
+    recorder.start()
+    recorder.close()
+    assert [r.step for r in read_log(tmp_path)] == [1, 2, 3, 4, 5]
+
+
+def test_nonfinite_metric_values_are_written_as_text_and_read_back_as_floats(tmp_path):
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    recorder.put(_data(rec.Metric(values={"loss": math.nan, "scale": math.inf}), 1))
+    recorder.close()
+    line = (tmp_path / "events-0001.jsonl").read_text()
+    assert '"values":{"loss":"NaN","scale":"Infinity"}' in line
+    (metric,) = read_log(tmp_path)
+    assert math.isnan(metric.values["loss"]) and metric.values["scale"] == math.inf
