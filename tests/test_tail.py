@@ -29,7 +29,7 @@ def read_lines(proc, n, what):
 def test_tail_and_the_example_print_step_records_while_the_run_goes(tm_env, tmp_path):
     done = tmp_path / "done"
     run_proc = subprocess.Popen(
-        [TM, "--", sys.executable, LOOP, "300", "0.05", str(done)], env=tm_env, stderr=subprocess.DEVNULL
+        [TM, "--", sys.executable, LOOP, "150", "0.05", str(done)], env=tm_env, stderr=subprocess.DEVNULL
     )
     runs = tmp_path / "runs"
     run = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run directory")

@@ -235,6 +235,30 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+def _looks_like_a_script(arg: str) -> bool:
+    import os
+
+    return arg.endswith(".py") or os.sep in arg or os.path.exists(arg)
+
+
+def plugin_command(name: str):
+    """A ``tm`` subcommand provided by a plugin (``trainmeter_commands``), or None."""
+    from trainmeter_core import plugins as plugins_mod
+
+    plugins = plugins_mod.load()
+    for plugin_name, commands in plugins.per_plugin("trainmeter_commands"):
+        for command in commands:
+            if getattr(command, "name", None) == name:
+                if name in COMMANDS:
+                    print(
+                        f"tm: plugin {plugin_name} offers `tm {name}`, which tm itself has: ignored",
+                        file=sys.stderr,
+                    )
+                    return None
+                return command
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -247,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         handler = COMMANDS.get(argv[0])
         if handler is not None:
             return handler(argv[1:])
+        if not argv[0].startswith("-") and not _looks_like_a_script(argv[0]):
+            command = plugin_command(argv[0])
+            if command is not None:
+                parser = argparse.ArgumentParser(prog=f"tm {command.name}", description=command.help)
+                command.add_arguments(parser)
+                return int(command.run(parser.parse_args(argv[1:])) or 0)
         return cmd_run(argv)
     except UsageError as exc:
         print(f"tm: {exc}", file=sys.stderr)
