@@ -21,13 +21,22 @@ Run a training script or any command under trainmeter, or one of:
   runs                 the runs under .trainmeter/runs, newest first
   tail [RUN]           a live run's records (or a finished log) as JSON lines
   plugins              every plugin loaded, its distribution, version and what it provides
+  peak                 measure a device's dense matmul peak on this machine (for MFU with no datasheet figure)
+  attach PID           watch a program already running, from outside only
 
 Run options:
   --name NAME          the run's name (default: the script's name)
   --runs-dir DIR       where runs go (default: TM_RUNS_DIR, else ./.trainmeter/runs)
+  --gpus LIST          the GPUs of the run (indices or UUIDs), when tm cannot tell
   --no-agent           watch from outside only: no agent inside the Python process
+  --no-tap             do not read the trackers the loop uses (wandb, TensorBoard, MLflow)
   -q, --quiet          no start line, only the summary
   -h, --help           this help; tm COMMAND --help for a command's
+
+What only you know (flags, or the same keys in tm.toml next to the script; 20B, 1.5e9, 300M accepted):
+  --budget-tokens --budget-steps --budget-flops --tokens-per-step --flops-per-token --convention NAME
+  --params --embedding-params --layers --d-model --seq-len --dp --plan-mfu --plan-hours
+  --peak-tflops X --peak-source TEXT
 """
 
 
@@ -36,12 +45,32 @@ class UsageError(Exception):
 
 
 def run_parser() -> argparse.ArgumentParser:
+    from trainmeter_core.declared import add_declared_arguments
+
     parser = argparse.ArgumentParser(prog="tm", add_help=False, exit_on_error=False)
     parser.add_argument("--name")
     parser.add_argument("--runs-dir")
+    parser.add_argument("--gpus", help="the GPUs of the run: indices or UUIDs, comma-separated")
     parser.add_argument("--no-agent", action="store_true")
+    parser.add_argument("--no-tap", action="store_true")
     parser.add_argument("-q", "--quiet", action="store_true")
+    add_declared_arguments(parser)
     return parser
+
+
+def declared_inputs(args: argparse.Namespace, command: list[str], script_mode: bool) -> dict:
+    """Declared inputs from the flags and from ``tm.toml`` next to the script (or in the current directory)."""
+    from pathlib import Path
+
+    from trainmeter_core.declared import DeclaredInputError, load_tm_toml, parse_declared
+
+    folder = Path(command[0]).resolve().parent if script_mode else Path.cwd()
+    toml_path = folder / "tm.toml"
+    try:
+        document = load_tm_toml(toml_path) if toml_path.is_file() else {}
+        return parse_declared(vars(args), document, str(toml_path) if document else None)
+    except DeclaredInputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def split_run_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str], bool]:
@@ -75,6 +104,7 @@ def cmd_run(argv: list[str]) -> int:
         args = parser.parse_args(head)
     except argparse.ArgumentError as exc:
         raise UsageError(str(exc)) from None
+    declared = declared_inputs(args, command, script_mode)
     return run(
         RunOptions(
             command=command,
@@ -83,6 +113,9 @@ def cmd_run(argv: list[str]) -> int:
             runs_dir=args.runs_dir,
             agent=not args.no_agent,
             quiet=args.quiet,
+            gpus=args.gpus,
+            tap=not args.no_tap,
+            declared=declared,
         )
     )
 
@@ -228,7 +261,21 @@ class Output:
             os.dup2(devnull, sys.stdout.fileno())
 
 
+def cmd_attach(argv: list[str]) -> int:
+    from trainmeter_core import attach
+
+    return attach.main(argv)
+
+
+def cmd_peak(argv: list[str]) -> int:
+    from trainmeter_core import peak
+
+    return peak.main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "attach": cmd_attach,
+    "peak": cmd_peak,
     "plugins": cmd_plugins,
     "runs": cmd_runs,
     "tail": cmd_tail,

@@ -43,7 +43,9 @@ class RunOptions:
     runs_dir: str | None = None
     agent: bool = True
     quiet: bool = False
-    extra: dict = field(default_factory=dict)
+    gpus: str | None = None
+    tap: bool = True
+    declared: dict = field(default_factory=dict)  # name -> declared.Declared
 
 
 class Say:
@@ -104,8 +106,10 @@ def resolve_command(opts: RunOptions, say: Say) -> list[str] | int:
     return list(opts.command)
 
 
-def child_environment(endpoints: dict, run_dir: Path, agent: bool) -> dict[str, str]:
+def child_environment(endpoints: dict, run_dir: Path, agent: bool, tap: bool = True) -> dict[str, str]:
     env = dict(os.environ)
+    if not tap:
+        env["TM_NO_TAP"] = "1"
     env["TM_ACTIVE"] = "1"
     env["TM_RUN_DIR"] = str(run_dir)
     env["TM_LAUNCHER_PID"] = str(os.getpid())
@@ -285,7 +289,7 @@ def run(opts: RunOptions) -> int:
 
     recorder = Recorder(run_dir, warn=say)
     recorder.start()
-    child = Child(argv, child_environment(endpoints, run_dir, opts.agent))
+    child = Child(argv, child_environment(endpoints, run_dir, opts.agent, opts.tap))
     hub = Hub(endpoints["in"], endpoints["out"], recorder, child_alive=child.alive)
     hub.start()
 
@@ -355,6 +359,11 @@ def run(opts: RunOptions) -> int:
             source="launcher",
         )
     )
+    for fact in declared_facts(opts.declared) + measured_peak_facts(opts.declared):
+        hub.inject(fact)
+    write_agent_plugins(run_dir)
+    if opts.gpus:
+        os.environ["TM_GPUS"] = opts.gpus  # the components inherit it; the child already started without it
     lower_own_priority()
     supervisor = Supervisor(run_dir, plan_placements(plugins), lambda r: hub.inject(_launcher(r)))
     supervisor.start()
@@ -388,6 +397,91 @@ def run(opts: RunOptions) -> int:
     lock.release()
     sockets.remove()
     return tm_status
+
+
+def declared_facts(declared: dict) -> list[rec.Fact]:
+    """One ``fact`` per declared input; ``--peak-tflops`` with ``--peak-source`` becomes one ``peak`` fact."""
+    facts = []
+    for name, item in sorted(declared.items()):
+        if name in ("peak_tflops", "peak_source"):
+            continue
+        facts.append(
+            rec.Fact(
+                name=name,
+                value=item.value,
+                provenance="declared",
+                origin=item.origin,
+                unit=item.unit,
+                source="launcher",
+            )
+        )
+    if "peak_tflops" in declared:
+        peak, source = declared["peak_tflops"], declared["peak_source"]
+        facts.append(
+            rec.Fact(
+                name="peak",
+                value={
+                    "flops": float(peak.value) * 1e12,
+                    "label": "declared",
+                    "source": source.value,
+                    "device_type": None,
+                },
+                provenance="declared",
+                origin=peak.origin,
+                unit="FLOP/s",
+                note=f"declared: {source.value}",
+                source="launcher",
+            )
+        )
+    return facts
+
+
+def measured_peak_facts(declared: dict) -> list[rec.Fact]:
+    """Peaks measured on this machine by ``tm peak``, recorded so a replay elsewhere needs no per-machine file."""
+    if "peak_tflops" in declared:
+        return []  # a declared peak wins; a measured one would only add a conflict to explain
+    from trainmeter_core import peakstore
+
+    facts = []
+    for entry in peakstore.load_for_host(socket.gethostname()):
+        facts.append(
+            rec.Fact(
+                name="peak",
+                value={
+                    "flops": entry["flops"],
+                    "label": "measured",
+                    "source": entry["source"],
+                    "device_type": entry["device_type"],
+                },
+                provenance="detected",
+                origin="tm peak",
+                unit="FLOP/s",
+                device=entry.get("device"),
+                note=entry["source"],
+                source="launcher",
+            )
+        )
+    return facts
+
+
+def write_agent_plugins(run_dir: Path) -> None:
+    """The ``trainmeter.agent`` entry points, resolved once here, so ranks never scan package metadata."""
+    from trainmeter_core import plugins as plugins_mod
+
+    entries = []
+    for ep in plugins_mod._entry_points(plugins_mod.AGENT_GROUP):
+        dist = getattr(ep, "dist", None)
+        entries.append(
+            {
+                "name": ep.name,
+                "value": ep.value,
+                "distribution": dist.metadata["Name"] if dist is not None else None,
+                "version": dist.version if dist is not None else None,
+            }
+        )
+    tmp = run_dir / "agent-plugins.json.tmp"
+    tmp.write_text(json.dumps(entries, indent=1) + "\n")
+    os.replace(tmp, run_dir / "agent-plugins.json")
 
 
 def _launcher(record: rec.Record) -> rec.Record:
