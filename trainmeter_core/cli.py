@@ -30,6 +30,9 @@ Run options:
   --gpus LIST          the GPUs of the run (indices or UUIDs), when tm cannot tell
   --no-agent           watch from outside only: no agent inside the Python process
   --no-tap             do not read the trackers the loop uses (wandb, TensorBoard, MLflow)
+  --no-web             no dashboard
+  --port N             the dashboard's port (default 8765, or the next free one)
+  --host ADDR          the dashboard's address (default 127.0.0.1; any other address requires the printed token)
   -q, --quiet          no start line, only the summary
   -h, --help           this help; tm COMMAND --help for a command's
 
@@ -53,6 +56,9 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", help="the GPUs of the run: indices or UUIDs, comma-separated")
     parser.add_argument("--no-agent", action="store_true")
     parser.add_argument("--no-tap", action="store_true")
+    parser.add_argument("--no-web", action="store_true")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("-q", "--quiet", action="store_true")
     add_declared_arguments(parser)
     return parser
@@ -115,6 +121,9 @@ def cmd_run(argv: list[str]) -> int:
             quiet=args.quiet,
             gpus=args.gpus,
             tap=not args.no_tap,
+            web=not args.no_web,
+            host=args.host,
+            port=args.port,
             declared=declared,
         )
     )

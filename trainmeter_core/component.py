@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 from trainmeter_core import records as rec
 from trainmeter_core.bus import Producer, Subscriber
 
+ALL_KINDS = ("*",)
+
 
 class Component:
     """Base class of every bus component.
@@ -45,7 +47,9 @@ class ComponentContext:
         self.endpoints = endpoints
         self.meta: dict[str, Any] = json.loads((self.run_dir / "meta.json").read_text())
         self._producer = Producer(endpoints["in"], source=name, linger_ms=1000)
-        self._subscriber = Subscriber(endpoints["out"], subscribes) if subscribes else None
+        # ("*",) subscribes to every kind; () to none (a pure producer such as a sampler).
+        kinds = None if tuple(subscribes) == ALL_KINDS else subscribes
+        self._subscriber = Subscriber(endpoints["out"], kinds) if subscribes else None
 
     @property
     def child_pid(self) -> int | None:

@@ -73,6 +73,9 @@ class Hub:
         self._out_kind = ""
         self._out_first_seq = 0
         self._finish: rec.RunEnd | None = None
+        self._ended = threading.Event()
+        self._stop_requested = False
+        self.late = 0  # records that arrived after run.end: published if snapshots, never written
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tm-hub", daemon=True)
         # Other threads wake the hub's poll through a pipe (zmq sockets may only be touched by the hub's thread).
@@ -90,11 +93,26 @@ class Hub:
         self._inbox.append(record)
         self._wake()
 
-    def finish(self, run_end: rec.RunEnd, timeout_s: float = 10.0) -> None:
-        """Drain what producers already sent, publish the final ``bus.stats`` and then ``run.end``, and stop."""
+    def end(self, run_end: rec.RunEnd, timeout_s: float = 10.0) -> None:
+        """Drain what producers already sent, then record and publish the final ``bus.stats`` and ``run.end``.
+
+        After the end nothing more is written to the log (``run.end`` is its last line) and nothing but snapshots is
+        published: the engine's final snapshot, computed from ``run.end``, still reaches the launcher and subscribers.
+        """
         self._finish = run_end
         self._wake()
+        self._ended.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the hub's thread and close its sockets (after ``end``)."""
+        self._stop_requested = True
+        self._wake()
         self._finished.wait(timeout_s)
+
+    def finish(self, run_end: rec.RunEnd, timeout_s: float = 10.0) -> None:
+        """``end`` then ``stop``: for a run with no engine to wait for."""
+        self.end(run_end, timeout_s)
+        self.stop(timeout_s)
 
     def _wake(self) -> None:
         with self._wake_lock:
@@ -123,6 +141,7 @@ class Hub:
                 os.close(self._wake_r)
                 os.close(self._wake_w)
                 self._wake_w = -1
+            self._ended.set()
             self._finished.set()
 
     def _serve(self) -> None:
@@ -148,6 +167,8 @@ class Hub:
             while self._inbox:
                 self._own(self._inbox.popleft())
             now = time.monotonic()
+            if self._ended.is_set():
+                next_tick = next_stats = now + 3600  # the run is over: no more clock, no more stats
             if now >= next_tick:
                 self.ticks += 1
                 self._own(
@@ -159,15 +180,17 @@ class Hub:
             if now >= next_stats:
                 self._own(self.stats())
                 next_stats = now + self.stats_every_s
-            if self._finish is not None:
+            if self._finish is not None and not self._ended.is_set():
                 self._drain_pull(limit=None)
                 while self._inbox:
                     self._own(self._inbox.popleft())
                 self._own(self.stats(final=True))
                 self._own(self._finish)
                 self._flush_publish()
-                return
+                self._ended.set()
             self._flush_publish()
+            if self._stop_requested:
+                return
 
     def _drain_subscriptions(self) -> None:
         while True:
@@ -207,6 +230,9 @@ class Hub:
         self._accept(rec.encode(record))
 
     def _accept(self, payload) -> None:
+        if self._ended.is_set():
+            self._late(payload)
+            return
         self.received += 1
         try:
             checked = rec.check(payload)
@@ -252,6 +278,19 @@ class Hub:
         except zmq.Again:  # XPUB drops for a slow subscriber instead of blocking; the subscriber sees a gap
             pass
         self._out = []
+
+    def _late(self, payload) -> None:
+        try:
+            checked = rec.check(payload)
+        except rec.MalformedRecord:
+            return
+        if checked.kind != "snapshot":
+            self.late += 1
+            return
+        self.seq += 1
+        self.last_snapshot = checked.data
+        checked.data["seq"] = self.seq
+        self._publish("snapshot", payload)
 
     def _observe(self, kind: str, data: dict[str, Any]) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1

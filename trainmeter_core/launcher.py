@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmeter_core import __version__, rundir
+from trainmeter_core import __version__, rundir, webport
 from trainmeter_core import records as rec
 from trainmeter_core.hub import Hub
 from trainmeter_core.recorder import Recorder
@@ -32,6 +32,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "SLURM_", "HF_", "WANDB_", "TM_")
 ENV_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NVIDIA_VISIBLE_DEVICES")
 AGENT_BYE_WAIT_S = 3.0
+ENGINE_FINAL_WAIT_S = 10.0
 AGENT_BOOT_DIR = Path(__file__).resolve().parent.parent / "trainmeter_agent" / "boot"
 
 
@@ -45,6 +46,9 @@ class RunOptions:
     quiet: bool = False
     gpus: str | None = None
     tap: bool = True
+    web: bool = True
+    host: str = "127.0.0.1"
+    port: int | None = None
     declared: dict = field(default_factory=dict)  # name -> declared.Declared
 
 
@@ -365,8 +369,26 @@ def run(opts: RunOptions) -> int:
     if opts.gpus:
         os.environ["TM_GPUS"] = opts.gpus  # the components inherit it; the child already started without it
     lower_own_priority()
-    supervisor = Supervisor(run_dir, plan_placements(plugins), lambda r: hub.inject(_launcher(r)))
+    placements = plan_placements(plugins)
+    web = None
+    if opts.web and any("web" in p.components for p in placements):
+        try:
+            web = webport.bind(opts.host, opts.port)
+        except webport.WebPortError as exc:
+            say(str(exc), always=True)
+        else:
+            os.environ["TM_WEB_FD"] = str(web.sock.fileno())
+            if web.token:
+                os.environ["TM_WEB_TOKEN"] = web.token
+    else:
+        placements = [p for p in placements if "web" not in p.components]
+    supervisor = Supervisor(
+        run_dir, placements, lambda r: hub.inject(_launcher(r)), pass_fds=(web.sock.fileno(),) if web else ()
+    )
     supervisor.start()
+    if web is not None:
+        for line in web.startup_lines():
+            say(line, always=True)
     say(f"run {run_dir.name} in {run_dir.parent}")
 
     status = child.wait()
@@ -375,9 +397,8 @@ def run(opts: RunOptions) -> int:
     deadline = time.monotonic() + AGENT_BYE_WAIT_S
     while hub.open_producers and time.monotonic() < deadline:
         time.sleep(0.02)
-    supervisor.stop()
     elapsed_s = time.monotonic() - start_t
-    hub.finish(
+    hub.end(
         rec.RunEnd(
             status=tm_status,
             reason=reason,  # type: ignore[arg-type]
@@ -389,6 +410,13 @@ def run(opts: RunOptions) -> int:
             source="launcher",
         )
     )
+    # The engine's last snapshot is computed from run.end: give it a moment to arrive, never long.
+    if any("engine" in p.components for p in supervisor.placements):
+        deadline = time.monotonic() + ENGINE_FINAL_WAIT_S
+        while not (hub.last_snapshot or {}).get("final") and time.monotonic() < deadline:
+            time.sleep(0.02)
+    supervisor.stop()
+    hub.stop()
     recorder.close()
     for signum, handler in previous.items():
         signal.signal(signum, handler)

@@ -41,8 +41,15 @@ class Placement:
 
 class Supervisor:
     def __init__(
-        self, run_dir: Path, placements: list[Placement], publish: Callable[[rec.Record], None]
+        self,
+        run_dir: Path,
+        placements: list[Placement],
+        publish: Callable[[rec.Record], None],
+        pass_fds: tuple[int, ...] = (),
     ) -> None:
+        self.pass_fds = (
+            pass_fds  # sockets the launcher bound once, handed to every incarnation (the web's port)
+        )
         self.run_dir = run_dir
         self.placements = placements
         self.publish = publish
@@ -75,7 +82,12 @@ class Supervisor:
         env["TM_AGENT"] = "0"  # tm's own processes never carry the agent
         try:
             placement.popen = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, start_new_session=True
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                pass_fds=self.pass_fds,
             )
         except OSError as exc:
             self.publish(
