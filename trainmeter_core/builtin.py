@@ -1,8 +1,15 @@
-"""The core's own plugin: what tm itself declares through the hooks every plugin uses."""
+"""The core's own plugin: what tm itself provides through the hooks every plugin uses."""
 
 from __future__ import annotations
 
 from trainmeter_core import hookimpl
+
+
+@hookimpl
+def trainmeter_components():
+    from trainmeter_core.engine_component import EngineComponent
+
+    return [EngineComponent]
 
 
 @hookimpl

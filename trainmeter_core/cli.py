@@ -20,6 +20,8 @@ USAGE = """usage: tm [options] script.py [args...]
 Run a training script or any command under trainmeter, or one of:
   runs                 the runs under .trainmeter/runs, newest first
   tail [RUN]           a live run's records (or a finished log) as JSON lines
+  view [RUN]           a run in the dashboard, rebuilt from its log (--json: its final snapshot)
+  passport [RUN]       the run passport for a model card
   plugins              every plugin loaded, its distribution, version and what it provides
   peak                 measure a device's dense matmul peak on this machine (for MFU with no datasheet figure)
   attach PID           watch a program already running, from outside only
@@ -270,6 +272,59 @@ class Output:
             os.dup2(devnull, sys.stdout.fileno())
 
 
+def cmd_view(argv: list[str]) -> int:
+    from trainmeter_core import records as rec
+    from trainmeter_core import replay, rundir
+
+    parser = _parser("view", "A run in the dashboard, rebuilt from its log (or its final snapshot as JSON).")
+    parser.add_argument(
+        "run", nargs="?", help="a run directory, a run name or its unique prefix (default: the latest)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the run's final snapshot as JSON and exit")
+    parser.add_argument("--runs-dir")
+    args, rest = parser.parse_known_args(argv)
+    if not args.json:
+        command = plugin_command("view", builtin_ok=True)
+        if command is None:
+            raise UsageError("the dashboard is not installed (trainmeter_web): use tm view --json RUN")
+        sub = argparse.ArgumentParser(prog="tm view", description=command.help)
+        command.add_arguments(sub)
+        return int(command.run(sub.parse_args(argv)) or 0)
+    run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
+    stats: dict = {}
+    snapshot = replay.final_snapshot(run_dir, stats)
+    if stats.get("skipped"):
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted(stats["reasons"].items()))
+        print(f"tm: skipped {stats['skipped']} unreadable lines of the log ({reasons})", file=sys.stderr)
+    if snapshot is None:
+        raise UsageError(f"{run_dir.name} has no records to replay")
+    import msgspec
+
+    Output().line(msgspec.json.encode(rec.to_builtins(snapshot)).decode())
+    return 0
+
+
+def cmd_passport(argv: list[str]) -> int:
+    from trainmeter_core import passport, replay, rundir
+
+    parser = _parser("passport", "The run passport (passport.md, passport.json) for a model card.")
+    parser.add_argument(
+        "run", nargs="?", help="a run directory, a run name or its unique prefix (default: the latest)"
+    )
+    parser.add_argument("--json", action="store_true", help="print passport.json instead of passport.md")
+    parser.add_argument("--runs-dir")
+    args = parser.parse_args(argv)
+    run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
+    snapshot = replay.final_snapshot(run_dir)
+    if snapshot is None:
+        raise UsageError(f"{run_dir.name} has no records to make a passport from")
+    data = passport.passport_data(snapshot, rundir.read_json(run_dir / "meta.json") or {})
+    import json
+
+    Output().line(json.dumps(data, indent=1) if args.json else passport.passport_markdown(data))
+    return 0
+
+
 def cmd_attach(argv: list[str]) -> int:
     from trainmeter_core import attach
 
@@ -284,7 +339,9 @@ def cmd_peak(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "attach": cmd_attach,
+    "passport": cmd_passport,
     "peak": cmd_peak,
+    "view": cmd_view,
     "plugins": cmd_plugins,
     "runs": cmd_runs,
     "tail": cmd_tail,
@@ -297,15 +354,18 @@ def _looks_like_a_script(arg: str) -> bool:
     return arg.endswith(".py") or os.sep in arg or os.path.exists(arg)
 
 
-def plugin_command(name: str):
-    """A ``tm`` subcommand provided by a plugin (``trainmeter_commands``), or None."""
+def plugin_command(name: str, builtin_ok: bool = False):
+    """A ``tm`` subcommand provided by a plugin (``trainmeter_commands``), or None.
+
+    ``builtin_ok`` lets a plugin complete a built-in command (the dashboard serves ``tm view``).
+    """
     from trainmeter_core import plugins as plugins_mod
 
     plugins = plugins_mod.load()
     for plugin_name, commands in plugins.per_plugin("trainmeter_commands"):
         for command in commands:
             if getattr(command, "name", None) == name:
-                if name in COMMANDS:
+                if name in COMMANDS and not builtin_ok:
                     print(
                         f"tm: plugin {plugin_name} offers `tm {name}`, which tm itself has: ignored",
                         file=sys.stderr,

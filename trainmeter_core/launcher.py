@@ -420,8 +420,12 @@ def run(opts: RunOptions) -> int:
     recorder.close()
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-    summary = write_summary(run_dir, hub, recorder, tm_status, reason, code, sig, elapsed_s, start_wall)
-    say(summary_line(run_dir, summary), always=not opts.quiet)
+    snapshot = final_snapshot(run_dir, hub, say)
+    summary = write_summary(
+        run_dir, hub, recorder, tm_status, reason, code, sig, elapsed_s, start_wall, snapshot
+    )
+    write_passport(run_dir, snapshot, say)
+    say(summary_line(run_dir, summary, snapshot), always=not opts.quiet)
     lock.release()
     sockets.remove()
     return tm_status
@@ -528,7 +532,51 @@ def _abandon(hub, recorder, lock, sockets, run_dir, status, reason, start_t) -> 
     return status
 
 
-def write_summary(run_dir, hub, recorder, status, reason, code, sig, elapsed_s, start_wall) -> dict:
+def final_snapshot(run_dir: Path, hub: Hub, say: Say) -> rec.Snapshot | None:
+    """The engine's final snapshot as it came over the bus; if the engine could not send it, a replay of the log."""
+    data = hub.last_snapshot
+    if data is not None and data.get("final"):
+        try:
+            snapshot = rec.from_mapping(dict(data))
+            if isinstance(snapshot, rec.Snapshot):
+                return snapshot
+        except rec.MalformedRecord:
+            pass
+    try:
+        from trainmeter_core import replay
+
+        return replay.final_snapshot(run_dir)
+    except Exception as exc:  # the summary must still be written
+        say(f"could not compute the run's final numbers: {type(exc).__name__}: {exc}")
+        return None
+
+
+def write_passport(run_dir: Path, snapshot: rec.Snapshot | None, say: Say) -> None:
+    if snapshot is None:
+        return
+    from trainmeter_core import passport
+
+    try:
+        meta = rundir.read_json(run_dir / "meta.json") or {}
+        data = passport.passport_data(snapshot, meta)
+        (run_dir / "passport.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+        (run_dir / "passport.md").write_text(passport.passport_markdown(data))
+    except Exception as exc:
+        say(f"could not write the passport: {type(exc).__name__}: {exc}")
+
+
+def write_summary(
+    run_dir,
+    hub,
+    recorder,
+    status,
+    reason,
+    code,
+    sig,
+    elapsed_s,
+    start_wall,
+    snapshot: rec.Snapshot | None = None,
+) -> dict:
     """``summary.json``: the last snapshot (once there is an engine) merged with the launcher's own counters."""
     summary = {
         "state": "finished",
@@ -554,7 +602,7 @@ def write_summary(run_dir, hub, recorder, status, reason, code, sig, elapsed_s, 
             "log_segments": recorder.segments,
         },
         "hub_error": hub.error,
-        "snapshot": hub.last_snapshot,
+        "snapshot": None if snapshot is None else rec.to_builtins(snapshot),
     }
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
@@ -562,12 +610,43 @@ def write_summary(run_dir, hub, recorder, status, reason, code, sig, elapsed_s, 
     return summary
 
 
-def summary_line(run_dir: Path, summary: dict) -> str:
+def _number(metric: rec.MetricValue | None, unit: str = "", scale: float = 1.0) -> str | None:
+    if metric is None:
+        return None
+    labels = ", ".join(x for x in (metric.convention, metric.label) if x)
+    suffix = f" ({labels})" if labels else ""
+    if metric.value is not None:
+        return f"{metric.value * scale:.3g}{unit}{suffix}"
+    if metric.low is not None and metric.high is not None:
+        return (
+            f"{metric.low * scale:.3g}-{metric.high * scale:.3g}{unit}{suffix or ' (range over conventions)'}"
+        )
+    return f"n/a ({metric.absent})" if metric.absent else None
+
+
+def summary_line(run_dir: Path, summary: dict, snapshot: rec.Snapshot | None = None) -> str:
     status = summary["exit_status"]
     parts = [f"finished in {summary['elapsed_s']:.1f} s", f"exit {status}", f"{summary['steps']} steps"]
     if summary["skipped_steps"]:
         parts.append(f"{summary['skipped_steps']} skipped")
+    if snapshot is not None:
+        m = snapshot.metrics
+        tokens = _number(m.get("tokens"))
+        flops = _number(m.get("flops_spent"), " FLOP")
+        mfu = _number(m.get("mfu_avg"), "%", 100.0)
+        if tokens:
+            parts.append(f"tokens {tokens}")
+        if flops:
+            parts.append(f"FLOPs {flops}")
+        if mfu:
+            parts.append(f"MFU {mfu}")
+        losses = [
+            f"{k} {p.value:.4g}"
+            for k, p in sorted(snapshot.series.items())
+            if k in ("train_loss", "val_loss")
+        ]
+        parts.extend(losses)
     drops = summary["bus"]["dropped_total"]
     parts.append(f"{drops} records dropped" if drops else "nothing dropped")
-    parts.append(f"see it again: tm tail {run_dir.name}")
+    parts.append(f"see it again: tm view {run_dir.name}")
     return " · ".join(parts)
