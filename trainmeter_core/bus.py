@@ -271,22 +271,28 @@ class Subscriber:
 
 
 def subscribe(
-    run: str | os.PathLike,
+    run: str | os.PathLike | None,
     kinds: Iterable[str] | None = None,
     *,
     idle_check_s: float = 1.0,
 ) -> Iterator[rec.Record | rec.Unknown]:
     """Iterate over a live run's records as they happen, filtered by kind.
 
-    ``run`` is a run directory, or a name/prefix under the runs directory. The iterator ends after the run's
-    ``run.end`` (yielded when asked for), or when the launcher is gone (its lock on the run is free).
+    ``run`` is a run directory, a name or prefix under the runs directory, or None for the latest run. The iterator
+    ends after the run's ``run.end`` (yielded when asked for) — or, when snapshots are wanted, after the final snapshot
+    that follows it — or when the launcher is gone (its lock on the run is free).
     """
     from trainmeter_core import rundir
 
-    run_dir = rundir.resolve_run(str(run))
+    run_dir = rundir.resolve_run(None if run is None else str(run))
     endpoints = read_endpoints(run_dir)
     wanted = None if kinds is None else set(kinds)
-    with Subscriber(endpoints["out"], wanted) as sub:
+    # The engine's final snapshot is computed from run.end, so it comes after it: a subscriber that wants snapshots
+    # waits for it (or for the launcher to be gone).
+    wants_final = wanted is None or "snapshot" in wanted
+    subscribed = None if wanted is None else wanted | ({"snapshot"} if wants_final else set())
+    ended = False
+    with Subscriber(endpoints["out"], subscribed) as sub:
         while True:
             record = sub.recv(idle_check_s)
             if record is None:
@@ -297,4 +303,8 @@ def subscribe(
             if wanted is None or kind in wanted:
                 yield record
             if kind == "run.end":
+                ended = True
+                if not wants_final:
+                    return
+            elif kind == "snapshot" and getattr(record, "final", False) and ended:
                 return

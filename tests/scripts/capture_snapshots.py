@@ -1,0 +1,14 @@
+"""An independent subscriber: writes every live snapshot of a run, as JSON lines, to a file. usage: RUN OUT"""
+
+import sys
+
+import msgspec
+
+from trainmeter_core import records as rec
+from trainmeter_core.bus import subscribe
+
+encoder = msgspec.json.Encoder()
+with open(sys.argv[2], "wb", buffering=0) as out:
+    out.write(b"ready\n")
+    for snapshot in subscribe(sys.argv[1], kinds=["snapshot"]):
+        out.write(encoder.encode(rec.to_builtins(snapshot)) + b"\n")
