@@ -14,9 +14,11 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 torch.set_num_threads(1)
-model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Flatten(), torch.nn.Linear(32 * 16, 64)))
+model = DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Flatten(), torch.nn.Linear(32 * 16, 64))
+)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
-for step in range(steps):
+for _ in range(steps):
     x = torch.randint(0, 64, (8, 16))
     y = x[:, 0]
     loss = torch.nn.functional.cross_entropy(model(x), y)
