@@ -512,6 +512,7 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 _msgpack_any = msgspec.msgpack.Decoder(ext_hook=_reject_ext)
 _json_encoder = msgspec.json.Encoder()
 _json_any = msgspec.json.Decoder()
+_json_typed = msgspec.json.Decoder(AnyRecord)
 _typed_msgpack = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in KINDS.items()}
 
 
@@ -610,6 +611,12 @@ def to_log_line(data: dict[str, Any]) -> bytes:
 
 def from_log_line(line: bytes | str) -> Record | Unknown:
     """Decode one line of the run log. Raises MalformedRecord for anything that is not a valid record."""
+    # Fast path: a typed decode of the union. Anything it refuses (an unknown kind, a non-finite float written as
+    # text, or a line that is really malformed) takes the careful path below, which decides.
+    try:
+        return _json_typed.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError, RecursionError):
+        pass
     try:
         data = _json_any.decode(line)
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
