@@ -66,9 +66,21 @@ def trainmeter_alert_rules() -> Sequence[Any]:
 def trainmeter_platform_adapters() -> dict[str, type]:
     """Platform adapters by name: classes that turn what NVML offers on one kind of machine into the row schema.
 
-    The row schema is :class:`trainmeter_core.records.SampleGpu`: an adapter fills the fields its machine offers and
-    puts every other one in ``absent`` with its reason (``"not on this device"``). A device spec names the adapter it
-    needs (``"adapter": "spark"``); ``server`` is built in and passes NVML through.
+    Return ``{"name": AdapterClass}``. The class derives from :class:`trainmeter_core.platform.PlatformAdapter` and
+    is built with no arguments, once per GPU whose device spec names it (``"adapter": "spark"``); a GPU without a spec
+    gets ``server``, the built-in adapter that passes NVML through. Two attributes make an adapter:
+
+    - ``not_offered``: ``{field: reason}`` for the fields this kind of machine never has (the GB10 has no memory
+      clock, PCIe or NVLink: ``"not on this device"``). The sampler does not ask NVML for them.
+    - ``adapt(reading)``: called after each sample's NVML reads with a
+      :class:`trainmeter_core.platform.GpuReading`; fill a field with ``reading.put(field, value)`` or say why it is
+      missing with ``reading.miss(field, reason)``. It must not raise and must not block (it runs once a second per
+      GPU, in the GPU sampler's own process).
+
+    The row schema is :class:`trainmeter_core.records.SampleGpu` (``trainmeter_core.platform.MEASURED_FIELDS``
+    lists what a sampler measures); every field ends up a value or in ``absent`` with its reason, never a zero
+    standing for "unknown". The first plugin to name an adapter wins; a spec naming an adapter no plugin provides is
+    sampled with ``server`` and ``tm doctor`` says so.
     """
 
 

@@ -78,7 +78,7 @@ class RunEnd(Record, tag="run.end", kw_only=True):
     """Written last by the launcher. ``status`` is tm's own exit status (the child's, or 128+N for signal N)."""
 
     status: int
-    reason: Literal["exited", "signaled", "not_found", "not_executable", "launcher_error"]
+    reason: Literal["exited", "signaled", "not_found", "not_executable", "launcher_error", "detached"]
     exit_code: int | None = None
     signal: int | None = None
     signal_name: str | None = None

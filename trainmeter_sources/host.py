@@ -1,101 +1,134 @@
-"""The host sampler: the run's process tree (CPU cores busy, resident memory, process count) once a second.
+"""The host sampler: the run's process tree (CPU cores busy, resident memory, threads, storage I/O, process count, the
+busiest processes) and the node (``node.NodeReader``), once per ``TM_HOST_INTERVAL_S`` (default 1 s).
 
-It reads /proc only; it never signals, traces or slows a process of the run. The node-wide view (CPU split, memory,
-disks, network, filesystems) completes it in the sources issue.
+It reads /proc only; it never signals, traces or slows a process of the run. Checkpoint folders come from the
+``phase`` records the agent sends, so the disk that must hold the next checkpoint is the one it watches.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 
 from trainmeter_core import records as rec
 from trainmeter_core.component import Component, ComponentContext
+from trainmeter_core.platform import FIRST_SAMPLE
+from trainmeter_sources.node import NodeReader
+from trainmeter_sources.proctree import ProcessTree, ProcStat, read_io_b, read_rss_b
+from trainmeter_sources.settings import interval_from_env
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_B = os.sysconf("SC_PAGE_SIZE")
-
-
-def read_stat(pid: int) -> tuple[str, int, float, int] | None:
-    """(name, ppid, CPU seconds used, threads) of one process, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The name sits in parentheses and may itself contain spaces or parentheses: split at the last ')'.
-    close = data.rfind(b")")
-    name = data[data.find(b"(") + 1 : close].decode(errors="replace")
-    fields = data[close + 2 :].split()
-    ppid = int(fields[1])
-    cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    threads = int(fields[17])
-    return name, ppid, cpu_s, threads
+INTERVAL_ENV = "TM_HOST_INTERVAL_S"
+TOP_PROCESSES = 5
+SHM = "/dev/shm"
 
 
-def read_rss_b(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE_B
-    except (OSError, IndexError, ValueError):
-        return None
+@dataclass
+class TreeSampler:
+    """Turns successive reads of a process tree into ``sample.host`` records (rates over the window between them)."""
+
+    root: int
+    tree: ProcessTree
+    _cpu_s: dict[int, float] = field(default_factory=dict)
+    _io_b: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _t: float | None = None
+
+    @classmethod
+    def for_root(cls, root: int, proc: str = "/proc") -> TreeSampler:
+        return cls(root, ProcessTree(root, proc))
+
+    def sample(self, now_t: float) -> rec.SampleHost | None:
+        """The tree now; None once every process of it is gone."""
+        stats = self.tree.refresh()
+        if not stats:
+            return None
+        proc = self.tree.proc
+        window_s = now_t - self._t if self._t is not None and now_t > self._t else None
+        record = rec.SampleHost(root_pid=self.root, procs=len(stats), t=now_t)
+        absent: dict[str, str] = {}
+        record.threads = sum(s.threads for s in stats.values())
+        rss = {pid: read_rss_b(pid, proc) for pid in stats}
+        record.rss_b = sum(r for r in rss.values() if r is not None)
+        io = {pid: read_io_b(pid, proc) for pid in stats}
+        cores: dict[int, float] = {}
+        if window_s is None:
+            for name in ("cpu_cores", "window_s", "io_read_bps", "io_write_bps"):
+                absent[name] = FIRST_SAMPLE
+        else:
+            record.window_s = window_s
+            # A process born inside the window counts from its birth: its whole CPU time is in the window.
+            cores = {
+                pid: max(0.0, s.cpu_s - self._cpu_s.get(pid, 0.0)) / window_s for pid, s in stats.items()
+            }
+            record.cpu_cores = sum(cores.values())
+            readable = {pid: b for pid, b in io.items() if b is not None}
+            if readable:
+                read_b = sum(max(0, b[0] - self._io_b.get(pid, b)[0]) for pid, b in readable.items())
+                write_b = sum(max(0, b[1] - self._io_b.get(pid, b)[1]) for pid, b in readable.items())
+                record.io_read_bps = read_b / window_s
+                record.io_write_bps = write_b / window_s
+            else:
+                absent["io_read_bps"] = absent["io_write_bps"] = "no permission to read /proc/PID/io"
+        record.top = _top(stats, cores, rss)
+        record.absent = absent
+        self._cpu_s = {pid: s.cpu_s for pid, s in stats.items()}
+        self._io_b = {pid: b for pid, b in io.items() if b is not None}
+        self._t = now_t
+        return record
 
 
-def process_tree(root: int) -> dict[int, tuple[str, int, float, int]]:
-    """Every live process under ``root`` (itself included), by a scan of /proc."""
-    stats: dict[int, tuple[str, int, float, int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = read_stat(int(entry))
-            if stat is not None:
-                stats[int(entry)] = stat
-    children: dict[int, list[int]] = {}
-    for pid, stat in stats.items():
-        children.setdefault(stat[1], []).append(pid)
-    tree: dict[int, tuple[str, int, float, int]] = {}
-    todo = [root] if root in stats else []
-    while todo:
-        pid = todo.pop()
-        tree[pid] = stats[pid]
-        todo.extend(children.get(pid, ()))
-    return tree
+def _top(
+    stats: dict[int, ProcStat], cores: dict[int, float], rss: dict[int, int | None]
+) -> list[rec.ProcessStat]:
+    ranked = sorted(stats, key=lambda pid: (-(cores.get(pid) or 0.0), -(rss.get(pid) or 0), pid))
+    return [
+        rec.ProcessStat(pid=pid, name=stats[pid].name, cpu_cores=cores.get(pid), rss_b=rss.get(pid))
+        for pid in ranked[:TOP_PROCESSES]
+    ]
 
 
 class HostSampler(Component):
-    """Samples the training command's process tree at 1 Hz (``TM_HOST_INTERVAL_S`` changes it)."""
+    """Samples the training command's process tree and the node (``TM_HOST_INTERVAL_S`` changes the 1 s)."""
 
     name = "host"
     shared = True
+    subscribes = ("phase",)  # checkpoint paths, so their filesystem is watched
 
     def run(self, ctx: ComponentContext) -> None:
-        interval_s = float(os.environ.get("TM_HOST_INTERVAL_S", "1.0"))
+        interval_s, note = interval_from_env(INTERVAL_ENV, 1.0)
+        if note:
+            ctx.publish(rec.Notice(level="warning", topic="host", message=note))
         root = ctx.child_pid
-        if root is None:
-            return
-        previous_cpu: dict[int, float] = {}
-        previous_t: float | None = None
-        while not ctx.stopping.wait(interval_s if previous_t is not None else 0):
-            now = time.monotonic()
-            tree = process_tree(root)
-            if not tree:
-                previous_t = now
-                continue
-            window_s = None if previous_t is None else now - previous_t
-            cpu_cores = None
-            if window_s:
-                used = sum(max(0.0, stat[2] - previous_cpu.get(pid, stat[2])) for pid, stat in tree.items())
-                cpu_cores = used / window_s
-            rss = [read_rss_b(pid) for pid in tree]
-            record = rec.SampleHost(
-                root_pid=root,
-                procs=len(tree),
-                cpu_cores=cpu_cores,
-                rss_b=sum(r for r in rss if r is not None),
-                threads=sum(stat[3] for stat in tree.values()),
-                window_s=window_s,
+        tree = TreeSampler.for_root(root) if root else None
+        node = NodeReader()
+        paths: dict[str, list[str]] = {"run": [str(ctx.run_dir)], "checkpoints": [], "shm": [SHM]}
+        next_t = time.monotonic()
+        while not ctx.stopping.is_set():
+            now_t = time.monotonic()
+            if tree is not None:
+                record = tree.sample(now_t)
+                if record is not None:
+                    ctx.publish(record)
+            sample = node.read(
+                now_t, paths, cgroup_pid=root if root and os.path.exists(f"/proc/{root}") else "self"
             )
-            if cpu_cores is None:
-                record.absent = {"cpu_cores": "first sample: no window yet"}
-            ctx.publish(record)
-            previous_cpu = {pid: stat[2] for pid, stat in tree.items()}
-            previous_t = now
+            sample.t = now_t
+            ctx.publish(sample)
+            next_t += interval_s
+            if next_t < time.monotonic():
+                next_t = time.monotonic() + interval_s
+            self._wait(ctx, next_t, paths)
+
+    @staticmethod
+    def _wait(ctx: ComponentContext, until_t: float, paths: dict[str, list[str]]) -> None:
+        """Wait for the next beat, noting the folders of checkpoints the run writes meanwhile."""
+        while not ctx.stopping.is_set():
+            left_s = until_t - time.monotonic()
+            if left_s <= 0:
+                return
+            record = ctx.recv(left_s)
+            if isinstance(record, rec.Phase) and record.phase == "checkpoint":
+                for path in record.paths:
+                    folder = os.path.dirname(os.path.abspath(path)) if not os.path.isdir(path) else path
+                    if folder not in paths["checkpoints"]:
+                        paths["checkpoints"].append(folder)

@@ -1,18 +1,14 @@
-"""A stand-in for nvidia-ml-py's `pynvml`, driven by scriptable fake GPUs, so the real NVML backend runs here.
-Same function names, constant values, `NVMLError_*` classes and return types as pynvml 13.x; it must never pass
-for real hardware: `IS_FAKE` is True and the sampler labels every device from this module "fake".
+"""A stand-in for nvidia-ml-py's `pynvml`, driven by the scriptable fake GPUs of `fake_gpus`, so the real NVML
+backend runs here. Same function names, constant values, `NVMLError_*` classes and return types as pynvml 13.x; it
+must never pass for real hardware: `IS_FAKE` is True and the sampler labels every device from this module "fake".
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
-import re
-import threading
 import time
-import uuid
 from ctypes import (
     POINTER,
     Structure,
@@ -29,7 +25,20 @@ from ctypes import (
     c_ulonglong,
     c_ushort,
 )
-from dataclasses import dataclass
+
+# The scriptable machine lives in fake_gpus; its names are re-exported here for tests and demos.
+from trainmeter_sources.gpu.fake_gpus import GPM_MODES as GPM_MODES
+from trainmeter_sources.gpu.fake_gpus import GPU_MODELS as GPU_MODELS
+from trainmeter_sources.gpu.fake_gpus import MIB_B as MIB_B
+from trainmeter_sources.gpu.fake_gpus import THROTTLE_REASONS as THROTTLE_REASONS
+from trainmeter_sources.gpu.fake_gpus import EventSet
+from trainmeter_sources.gpu.fake_gpus import FakeGpu as FakeGpu
+from trainmeter_sources.gpu.fake_gpus import FakeMachine as FakeMachine
+from trainmeter_sources.gpu.fake_gpus import FakeMigDevice as FakeMigDevice
+from trainmeter_sources.gpu.fake_gpus import GpuModel as GpuModel
+from trainmeter_sources.gpu.fake_gpus import events_changed as _events_changed
+from trainmeter_sources.gpu.fake_gpus import lock as _lock
+from trainmeter_sources.gpu.fake_gpus import parse_spec as parse_spec
 
 IS_FAKE = True
 # Tests replace this to move time by hand; every counter and timestamp reads it at call time.
@@ -381,53 +390,6 @@ class nvmlFriendlyObject:
         return str(self.__dict__)
 
 
-# ---- the fake machine: GPU models, scriptable readings, counters that move with `clock` ----------------------
-MIB_B = 1 << 20
-
-
-@dataclass(frozen=True)
-class GpuModel:
-    """One kind of GPU as NVML shows it; a None reading is one NVML answers with Not Supported."""
-
-    key: str
-    name: str
-    arch: int
-    cuda_capability: tuple[int, int]
-    sm_count: int
-    memory_total_b: int | None
-    power_limit_w: float | None
-    idle_power_w: float
-    sm_max_mhz: int
-    memory_max_mhz: int
-    pci_device_id: int
-    mig_capable: bool
-    nvlink_links: int
-    ecc: bool
-
-
-# Names are the strings nvmlDeviceGetName returns. SM counts and power limits are datasheet figures: H100 SXM
-# 132 SMs / 700 W and H200 700 W (NVIDIA H100/H200 datasheets, "Hopper Architecture In-Depth"), A100 SXM4 108 SMs
-# / 400 W (A100 whitepaper), L4 72 W and 7,424 CUDA cores = 58 SMs (L4 datasheet), GB10 6,144 CUDA cores = 48
-# SMs (DGX Spark). GB10 memory and power limit are Not Supported, as NVIDIA's DGX Spark known-issues page and
-# nvidia-smi on it show. Memory totals as nvidia-smi prints them, clocks, PCI ids and idle powers are
-# illustrative readings, not datasheet values.
-GPU_MODELS = {
-    model.key: model
-    for model in (
-        GpuModel("H100", "NVIDIA H100 80GB HBM3", NVML_DEVICE_ARCH_HOPPER, (9, 0), 132, 81559 * MIB_B, 700.0,
-                 70.0, 1980, 2619, 0x233010DE, True, 18, True),
-        GpuModel("H200", "NVIDIA H200", NVML_DEVICE_ARCH_HOPPER, (9, 0), 132, 143771 * MIB_B, 700.0,
-                 75.0, 1980, 3201, 0x233510DE, True, 18, True),
-        GpuModel("A100", "NVIDIA A100-SXM4-80GB", NVML_DEVICE_ARCH_AMPERE, (8, 0), 108, 81920 * MIB_B, 400.0,
-                 60.0, 1410, 1593, 0x20B210DE, True, 12, True),
-        GpuModel("L4", "NVIDIA L4", NVML_DEVICE_ARCH_ADA, (8, 9), 58, 23034 * MIB_B, 72.0,
-                 16.0, 2040, 6251, 0x27B810DE, False, 0, True),
-        GpuModel("GB10", "NVIDIA GB10", NVML_DEVICE_ARCH_BLACKWELL, (12, 1), 48, None, None,
-                 4.0, 2418, 4266, 0x2E1210DE, False, 0, False),
-    )
-}  # fmt: skip
-
-GPM_MODES = ("supported", "unsupported", "blocked", "held")
 # GPM answers per mode on nvmlGpmSampleGet: blocked is what some clouds do, held is a profiler owning it.
 _GPM_MODE_ERRORS = {
     "unsupported": NVML_ERROR_NOT_SUPPORTED,
@@ -463,257 +425,12 @@ _NVLINK_FIELDS = {
     NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX: "nvlink_tx_bps",
     NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX: "nvlink_rx_bps",
 }
-# Integrated over time: busy-seconds for fractions, bytes for rates, joules for power.
-_INTEGRATED = (*_GPM_FRACTIONS.values(), *_GPM_RATES.values(), "power_w")
-THROTTLE_REASONS = {
-    "none": nvmlClocksEventReasonNone,
-    "idle": nvmlClocksEventReasonGpuIdle,
-    "power_cap": nvmlClocksEventReasonSwPowerCap,
-    "thermal": nvmlClocksEventReasonSwThermalSlowdown,
-    "hw_slowdown": nvmlClocksEventReasonHwSlowdown,
-}
-_UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "trainmeter/fake-gpu")
-_SPEC_ITEM = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9]+)\s*$")
-_SPEC_HELP = f"expected COUNTxMODEL[,COUNTxMODEL...] with MODEL one of {', '.join(GPU_MODELS)}, e.g. 8xH100"
-
-_lock = threading.RLock()
-_events_changed = threading.Condition(_lock)
-
-
-def parse_spec(spec: str) -> list[GpuModel]:
-    """'2xA100,1xL4' -> [A100, A100, L4]; a bare model name means one of it."""
-    models: list[GpuModel] = []
-    for item in spec.split(","):
-        match = _SPEC_ITEM.match(item)
-        model = GPU_MODELS.get(match.group(2).upper()) if match else None
-        count = int(match.group(1) or 1) if match else 0
-        if model is None or count < 1:
-            raise ValueError(f"TM_FAKE_GPUS={spec!r}: {_SPEC_HELP}")
-        models.extend([model] * count)
-    return models
-
-
-def _error_code(name, where: str) -> int:
-    code = (
-        NVML_SUCCESS if str(name).lower() == "success" else globals().get(f"NVML_ERROR_{str(name).upper()}")
-    )
-    if not isinstance(code, int):
-        raise ValueError(
-            f"{where}: unknown NVML error {name!r}; use a name like 'not_supported' or 'no_permission'"
-        )
-    return code
-
-
-class FakeGpu:
-    """One fake GPU: readings a script sets, counters that integrate them over `clock`, and failure switches."""
-
-    def __init__(self, machine: FakeMachine, model: GpuModel, index: int):
-        self.machine, self.model, self.index = machine, model, index
-        self.uuid = f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{machine.spec}/{index}')}"
-        bus_slot = 0x18 + 0x10 * index  # an HGX-like layout; numbers only need to be distinct and well formed
-        self.pci_domain, self.pci_bus = (
-            (0xF, 0x01 + index) if model.key == "GB10" else (bus_slot >> 8, bus_slot & 0xFF)
-        )
-        self.gpm = "supported" if model.arch >= NVML_DEVICE_ARCH_HOPPER else "unsupported"
-        self.failures: dict[str, int] = {}
-        self.lost, self.lost_after_s = False, None
-        self.clocks_event_reasons = nvmlClocksEventReasonNone
-        self.processes: list[tuple[int, int]] = []
-        self.base_memory_used_b = 0
-        self.ecc_corrected = self.ecc_uncorrected = 0
-        self.mig_devices: list[FakeMigDevice] = []
-        self.mig_enabled = False
-        self.pending_xids: list[tuple[float, int]] = []
-        self.readings = {name: 0.0 for name in _INTEGRATED}
-        self.readings.update(
-            gpu_busy=0.0,
-            memory_busy=0.0,
-            power_w=model.idle_power_w,
-            temperature_c=35.0,
-            sm_clock_mhz=float(model.sm_max_mhz),
-            memory_clock_mhz=float(model.memory_max_mhz),
-        )
-        self.counters = {name: 0.0 for name in _INTEGRATED}
-        self.last_advance_s = clock()
-        self.handle_struct = machine.register(self, struct_c_nvmlDevice_t)
-
-    def advance(self) -> None:
-        """Integrates the readings up to now and delivers scheduled Xids that are due."""
-        with _lock:
-            now_s = clock()
-            elapsed_s = now_s - self.last_advance_s
-            if elapsed_s > 0:
-                for name in _INTEGRATED:
-                    self.counters[name] += self.readings[name] * elapsed_s
-            self.last_advance_s = now_s
-            since_start_s = now_s - self.machine.start_s
-            due = [xid for at_s, xid in self.pending_xids if since_start_s >= at_s]
-            self.pending_xids = [(at_s, xid) for at_s, xid in self.pending_xids if since_start_s < at_s]
-            for xid in due:
-                self.inject_xid(xid)
-
-    def set(self, **readings: float) -> None:
-        """Changes readings from now on: fractions 0..1, *_bps in bytes/s, power_w, temperature_c, *_mhz."""
-        with _lock:
-            self.advance()  # what happened before now keeps the old rates
-            for name, value in readings.items():
-                if name not in self.readings:
-                    raise ValueError(
-                        f"unknown reading {name!r}; accepted: {', '.join(sorted(self.readings))}"
-                    )
-                self.readings[name] = float(value)
-
-    def throttle(self, reason: str) -> None:
-        """Switches a clock event reason on ('power_cap', 'thermal', ...) or off ('none')."""
-        if reason not in THROTTLE_REASONS:
-            raise ValueError(f"unknown throttle {reason!r}; accepted: {', '.join(THROTTLE_REASONS)}")
-        with _lock:
-            self.clocks_event_reasons = THROTTLE_REASONS[reason]
-            if reason == "power_cap" and self.model.power_limit_w is not None:
-                self.set(power_w=self.model.power_limit_w)  # a power-capped GPU sits at its limit
-
-    def inject_xid(self, xid: int, at_s: float | None = None) -> None:
-        """Raises Xid `xid` now, or `at_s` seconds after the machine was built, in every event set watching."""
-        with _lock:
-            if at_s is not None:
-                self.pending_xids.append((at_s, xid))
-                return
-            for event_set in self.machine.event_sets():
-                if event_set.registered.get(self, 0) & nvmlEventTypeXidCriticalError:
-                    event_set.queue.append((self, nvmlEventTypeXidCriticalError, xid))
-            _events_changed.notify_all()
-
-    def lose(self) -> None:
-        """The GPU falls off the bus: every call on it raises NVMLError_GpuIsLost from now on."""
-        with _lock:
-            self.lost = True
-            _events_changed.notify_all()
-
-    def is_lost(self) -> bool:
-        return self.lost or (
-            self.lost_after_s is not None and clock() - self.machine.start_s >= self.lost_after_s
-        )
-
-    def add_ecc_errors(self, corrected: int = 0, uncorrected: int = 0) -> None:
-        with _lock:
-            self.ecc_corrected += corrected
-            self.ecc_uncorrected += uncorrected
-
-    def enable_mig(self, sm_counts: list[int]) -> None:
-        """Turns MIG mode on with one MIG device per entry, each with that many SMs."""
-        if not self.model.mig_capable:
-            raise ValueError(f"{self.model.name} has no MIG mode; MIG GPUs here: H100, H200, A100")
-        with _lock:
-            self.mig_enabled = True
-            self.mig_devices = [FakeMigDevice(self, i, sm_count) for i, sm_count in enumerate(sm_counts)]
-
-    def memory_used_b(self) -> int:
-        return self.base_memory_used_b + sum(used_b for _, used_b in self.processes)
-
-    def apply_settings(self, settings: dict, where: str) -> None:
-        """Applies one GPU's entry of a TM_FAKE_GPUS_SCRIPT file; keys are documented in docs/nvml-errors.md."""
-        if not isinstance(settings, dict):
-            raise ValueError(f"{where}: expected a JSON object of settings")
-        for key, value in settings.items():
-            if key == "gpm" and value in GPM_MODES:
-                self.gpm = value
-            elif key == "lost_after_s":
-                self.lost_after_s = float(value)
-            elif key == "fail" and isinstance(value, dict):
-                for call, error in value.items():
-                    if not callable(globals().get(call)) or not call.startswith("nvml"):
-                        raise ValueError(f"{where}: 'fail' names {call!r}, which is no pynvml function")
-                    self.failures[globals()[call].__name__] = _error_code(error, where)
-            elif key == "throttle":
-                self.throttle(value)
-            elif key == "xids":
-                for at_s, xid in value:
-                    self.inject_xid(int(xid), at_s=float(at_s))
-            elif key == "processes":
-                self.processes = [(int(pid), int(used_b)) for pid, used_b in value]
-            elif key == "mig":
-                self.enable_mig([int(sm_count) for sm_count in value])
-            elif key in self.readings:
-                self.set(**{key: value})
-            else:
-                accepted = [
-                    "gpm",
-                    "lost_after_s",
-                    "fail",
-                    "throttle",
-                    "xids",
-                    "processes",
-                    "mig",
-                    *self.readings,
-                ]
-                raise ValueError(
-                    f"{where}: bad setting {key}={value!r}; accepted keys: {', '.join(accepted)}, "
-                    f"with gpm one of {', '.join(GPM_MODES)}"
-                )
-
-
-class FakeMigDevice:
-    """A MIG device of a fake GPU; GPM on it reads its parent's counters."""
-
-    def __init__(self, parent: FakeGpu, index: int, sm_count: int):
-        self.parent, self.index, self.sm_count = parent, index, sm_count
-        self.gpu_instance_id, self.compute_instance_id = index + 1, 0
-        self.memory_total_b = (parent.model.memory_total_b or 0) * sm_count // parent.model.sm_count
-        slices = max(1, round(7 * sm_count / parent.model.sm_count))
-        self.name = f"{parent.model.name} MIG {slices}g.{round(self.memory_total_b / 1e9)}gb"
-        self.slices = slices
-        self.uuid = f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{parent.uuid}/{index}')}"
-        self.handle_struct = parent.machine.register(self, struct_c_nvmlDevice_t)
 
 
 class _GpmSampleBuffer:
     def __init__(self, machine: FakeMachine):
         self.snapshot: tuple[object, float, dict[str, float]] | None = None
         self.struct = machine.register(self, struct_c_nvmlGpmSample_t)
-
-
-class _EventSet:
-    def __init__(self, machine: FakeMachine):
-        self.registered: dict[FakeGpu, int] = {}
-        self.queue: list[tuple[FakeGpu, int, int]] = []
-        self.struct = machine.register(self, struct_c_nvmlEventSet_t)
-
-
-class FakeMachine:
-    """The GPUs this module pretends to drive, built from a spec such as '8xH100' or '2xA100,1xL4'."""
-
-    def __init__(self, spec: str, init_error: int = NVML_SUCCESS):
-        self.spec, self.init_error = spec, init_error
-        self.start_s = clock()
-        self.driver_version, self.cuda_driver_version = "580.95.05", 13000  # plausible, not a real install
-        self.objects: dict[int, object] = {}
-        self._keys = itertools.count(1)
-        self.gpus = [FakeGpu(self, model, index) for index, model in enumerate(parse_spec(spec))]
-
-    def register(self, obj: object, struct_type: type) -> Structure:
-        """Gives `obj` a handle struct; a handle is a pointer to it, as NVML's are pointers to opaque structs."""
-        with _lock:
-            key = next(self._keys)
-            self.objects[key] = obj
-            return struct_type(fake_key=key)
-
-    def event_sets(self) -> list[_EventSet]:
-        return [obj for obj in self.objects.values() if isinstance(obj, _EventSet)]
-
-    def apply_script(self, script: dict, source: str = "script") -> None:
-        """{"machine": {"init_error": "library_not_found"}, "0": {"gpm": "blocked"}, "1": {"lost_after_s": 5}}"""
-        if not isinstance(script, dict):
-            raise ValueError(f"{source}: expected a JSON object keyed by GPU index or 'machine'")
-        for key, settings in script.items():
-            if key == "machine" and isinstance(settings, dict) and set(settings) <= {"init_error"}:
-                self.init_error = _error_code(settings.get("init_error", "success"), f"{source}: machine")
-            elif key.isdigit() and int(key) < len(self.gpus):
-                self.gpus[int(key)].apply_settings(settings, f"{source}: GPU {key}")
-            else:
-                raise ValueError(
-                    f"{source}: key {key!r} must be 'machine' (with 'init_error') or a GPU index "
-                    f"0..{len(self.gpus) - 1}"
-                )
 
 
 _machine: FakeMachine | None = None
@@ -727,6 +444,11 @@ def install(machine: FakeMachine | None) -> FakeMachine | None:
     with _lock:
         _machine, _init_refcount, _library_loaded = machine, 0, False
     return machine
+
+
+def installed_machine() -> FakeMachine | None:
+    """The machine this module drives now; None until one is installed or read from TM_FAKE_GPUS."""
+    return _machine
 
 
 def configure_from_env(environ) -> FakeMachine | None:
@@ -1156,7 +878,7 @@ def _supported_event_types(gpu):
 
 @_nvml_call
 def nvmlEventSetCreate():
-    return c_nvmlEventSet_t(_EventSet(_machine).struct)
+    return c_nvmlEventSet_t(EventSet(_machine).struct)
 
 
 @_device_call()
@@ -1166,7 +888,7 @@ def nvmlDeviceGetSupportedEventTypes(gpu):
 
 @_device_call()
 def nvmlDeviceRegisterEvents(gpu, eventTypes, eventSet):
-    event_set = _lookup(eventSet, _EventSet)
+    event_set = _lookup(eventSet, EventSet)
     if eventTypes & ~_supported_event_types(gpu):
         _raise(NVML_ERROR_NOT_SUPPORTED)
     event_set.registered[gpu] = event_set.registered.get(gpu, 0) | eventTypes
@@ -1175,7 +897,7 @@ def nvmlDeviceRegisterEvents(gpu, eventTypes, eventSet):
 @_nvml_call
 def nvmlEventSetWait(eventSet, timeoutms):
     """The next event, waiting up to `timeoutms` of real time (the condition wakes on an injected Xid)."""
-    event_set = _lookup(eventSet, _EventSet)
+    event_set = _lookup(eventSet, EventSet)
     for attempt in range(2):
         for gpu in event_set.registered:
             gpu.advance()  # delivers scheduled Xids that are due
@@ -1200,7 +922,7 @@ nvmlEventSetWait_v2 = nvmlEventSetWait
 
 @_nvml_call
 def nvmlEventSetFree(eventSet):
-    _machine.objects.pop(_lookup(eventSet, _EventSet).struct.fake_key)
+    _machine.objects.pop(_lookup(eventSet, EventSet).struct.fake_key)
 
 
 # ---- GPM (Hopper and newer) ------------------------------------------------------------------------------------
