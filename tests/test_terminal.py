@@ -51,8 +51,8 @@ def test_the_command_owns_the_terminal_and_tm_takes_it_back(tm_env):
 def test_ctrl_c_at_the_terminal_interrupts_the_command_as_without_tm(tm_env):
     code = (
         "import time\n"
-        "print('READY', flush=True)\n"
-        "try:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('INTERRUPTED', flush=True)\n    raise SystemExit(130)\n"
+        "try:\n    print('READY', flush=True)\n    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n    print('INTERRUPTED', flush=True)\n    raise SystemExit(130)\n"
     )
     status, out = run_in_pty([TM, "--", sys.executable, "-c", code], tm_env, send=b"\x03", after=b"READY")
     assert "INTERRUPTED" in out, out
