@@ -60,6 +60,31 @@ def feed_log(engine: Engine, run_dir: Path, after_seq: int, before_seq: int | No
     return last
 
 
+def catch_up_to_the_end(engine: Engine, run_dir: Path, after_seq: int) -> list[rec.Snapshot]:
+    """Feed a finished run's log quietly, but ``run.end`` itself aloud: its final snapshot, as it was live."""
+    final: list[rec.Snapshot] = []
+    for record in read_log(run_dir):
+        if record.seq is None or record.seq <= after_seq or rec.kind_of(record) == "snapshot":
+            continue
+        if rec.kind_of(record) == "run.end":
+            final = engine.feed(record)
+        else:
+            engine.feed(record, snapshots=False)
+    return final
+
+
+def log_has_run_end(run_dir: Path) -> bool:
+    return any(True for _ in read_log(run_dir, kinds={"run.end"}))
+
+
+def last_seq(run_dir: Path) -> int:
+    last = 0
+    for record in read_log(run_dir):
+        if record.seq is not None:
+            last = max(last, record.seq)
+    return last
+
+
 def log_reaches(run_dir: Path, seq: int) -> bool:
     """True once the run log holds a record with this sequence number or a later one (the recorder writes in order)."""
     for record in read_log(run_dir):
@@ -81,6 +106,12 @@ class EngineComponent(Component):
         while first_live is None and not ctx.stopping.is_set():
             record = ctx.recv(0.5)
             if record is None:
+                if log_has_run_end(ctx.run_dir):
+                    # Started (or restarted) after the run ended: the log is all there is. Say the final word.
+                    for snapshot in catch_up_to_the_end(engine, ctx.run_dir, through_seq):
+                        ctx.publish(snapshot)
+                    save_checkpoint(ctx.run_dir, engine, last_seq(ctx.run_dir))
+                    return
                 continue
             pending.append(record)
             if rec.kind_of(record) != "snapshot" and record.seq is not None:

@@ -32,7 +32,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "SLURM_", "HF_", "WANDB_", "TM_")
 ENV_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NVIDIA_VISIBLE_DEVICES")
 AGENT_BYE_WAIT_S = 3.0
-ENGINE_FINAL_WAIT_S = 10.0
+LOCAL_REPLAY_MAX_B = 8 * 1024 * 1024
+ENGINE_FINAL_WAIT_S = 3.0  # then the launcher replays from the engine's checkpoint itself
 AGENT_BOOT_DIR = Path(__file__).resolve().parent.parent / "trainmeter_agent" / "boot"
 
 
@@ -411,7 +412,11 @@ def run(opts: RunOptions) -> int:
         )
     )
     # The engine's last snapshot is computed from run.end: give it a moment to arrive, never long.
-    if any("engine" in p.components for p in supervisor.placements):
+    # A small log is replayed here in less time than the engine's final snapshot takes to come back: only a long run
+    # waits for it (and falls back to a replay from the engine's checkpoint if it does not come).
+    if recorder.bytes_written > LOCAL_REPLAY_MAX_B and any(
+        "engine" in p.components for p in supervisor.placements
+    ):
         deadline = time.monotonic() + ENGINE_FINAL_WAIT_S
         while not (hub.last_snapshot or {}).get("final") and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -621,7 +626,8 @@ def _number(metric: rec.MetricValue | None, unit: str = "", scale: float = 1.0) 
         return (
             f"{metric.low * scale:.3g}-{metric.high * scale:.3g}{unit}{suffix or ' (range over conventions)'}"
         )
-    return f"n/a ({metric.absent})" if metric.absent else None
+    # The first missing input is enough for one line; `tm view` and the dashboard name them all.
+    return f"n/a ({metric.absent.split('; ')[0]})" if metric.absent else None
 
 
 def summary_line(run_dir: Path, summary: dict, snapshot: rec.Snapshot | None = None) -> str:
@@ -629,7 +635,7 @@ def summary_line(run_dir: Path, summary: dict, snapshot: rec.Snapshot | None = N
     parts = [f"finished in {summary['elapsed_s']:.1f} s", f"exit {status}", f"{summary['steps']} steps"]
     if summary["skipped_steps"]:
         parts.append(f"{summary['skipped_steps']} skipped")
-    if snapshot is not None:
+    if snapshot is not None and snapshot.steps:
         m = snapshot.metrics
         tokens = _number(m.get("tokens"))
         flops = _number(m.get("flops_spent"), " FLOP")
