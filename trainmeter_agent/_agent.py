@@ -12,6 +12,7 @@ import sys
 import time
 
 from trainmeter_agent._iterations import IterationDetector
+from trainmeter_agent._watch import ModuleWatcher
 
 #: A metrics batch leaves at least this often while the loop keeps emitting ...
 FLUSH_EVERY_S = 0.05
@@ -19,6 +20,10 @@ FLUSH_EVERY_S = 0.05
 FLUSH_RECORDS = 1000
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
 PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
+#: The probes that see inside a model's loop (tests/agent_scripts/gpt_loop.py uses every one).
+MODEL_PROBES = ("model", "eval", "data_wait", "checkpoint", "compile", "flops")
+#: The overhead fact goes out after this many steps, then every OVERHEAD_EVERY steps.
+OVERHEAD_FIRST, OVERHEAD_EVERY = 10, 200
 
 
 class InjectedFault(RuntimeError):
@@ -45,6 +50,16 @@ def _launcher_alive() -> bool:
     return True
 
 
+def _tracker_names() -> list[str]:
+    """The taps this process may attach: the launcher's list and the built-in ones (none with ``--no-tap``)."""
+    if os.environ.get("TM_NO_TAP") == "1":
+        return []
+    from trainmeter_agent._bootstrap import listed_names
+    from trainmeter_agent.taps import BUILTIN
+
+    return list(dict.fromkeys([*listed_names(), *BUILTIN]))
+
+
 class Agent:
     """Turns what the probes see into records: ``hello`` on the first record, ``step``, ``metric``, ``bye`` at exit."""
 
@@ -62,10 +77,25 @@ class Agent:
         self._warned: set[str] = set()
         self._rec = None  # trainmeter_core.records, once activated
         self.iterations = IterationDetector(self)
+        self.watcher = ModuleWatcher(self.stop_probe)
+        # The probes that hang off torch are built when the user's code imports it, the taps when a tracker is
+        # imported: a Python process that does neither pays nothing for them.
+        self.model = None
+        self.flops = None
+        self.phases = None
+        self.taps = None
+        self.watched_trackers: set[str] = set()  # module names whose import loads the tracker taps
+        # torch.compile calls on functions: what runs inside them is hidden from the probes.
+        self.compiled_functions = 0
+        self._probe_states: dict[str, str] = {}
+        self._held: list = []  # facts and phases found before hello: they go out right after it
         self._reset_buffers()
 
     def _reset_buffers(self) -> None:
-        self._metrics: list[tuple[float, dict[str, float], int | None]] = []
+        self._metrics: list[tuple[float, dict[str, float], int | None, str]] = []
+        self._records: list = []  # phases, batched with the metrics
+        self._overhead_s = 0.0
+        self._overhead_steps = 0
         self._last_flush_t = 0.0
         self._step_owner: str | None = None  # "hooks" or "emit": whichever sent the first step record
         self._last_emitted_step: int | None = None
@@ -114,12 +144,18 @@ class Agent:
             self.bus_on = False
             self.emit_on = False
             self.iterations.steps_on = False
+        elif probe == "model" and self.model is not None:
+            self.model.detach()
+        elif probe == "flops" and self.flops is not None:
+            self.flops.done = True
         try:
             detail = f"{type(exc).__name__}: {exc}"
         except Exception:
             detail = type(exc).__name__
         message = f"agent {probe} stopped: {detail}"
         self.say(message)
+        if probe in MODEL_PROBES or probe.startswith("tap."):
+            self.probe_state(probe, "not attached: stopped after an internal error")
         if probe not in ("bus", "exit"):
             try:
                 self._send(self._rec_module().Notice(topic=f"agent.{probe}", message=message))
@@ -162,8 +198,14 @@ class Agent:
                 world_size=_env_int("WORLD_SIZE"),
                 local_world_size=_env_int("LOCAL_WORLD_SIZE"),
                 node_rank=_env_int("GROUP_RANK") if "GROUP_RANK" in os.environ else _env_int("NODE_RANK"),
+                trackers=_tracker_names(),
             )
             self.producer.send(hello)
+            held, self._held = self._held, []
+            for name, state in self._probe_states.items():
+                held.append(self._probe_fact(name, state))
+            if held:
+                self.producer.send_many(held)
             return True
         except Exception as exc:
             self.stop_probe("bus", exc)
@@ -179,20 +221,34 @@ class Agent:
         if self._ready():
             self.producer.send(record)
 
-    def flush(self) -> None:
-        """Send the buffered metrics as one batch (before every step record, every 50 ms of emits, at exit)."""
+    def flush(self, then=None) -> None:
+        """Send the buffered metrics and phases as one batch (every 50 ms, at exit), or with a step record ``then``.
+
+        A step goes out at once, in the same message as the metrics emitted before it (so they stay before it and
+        the loop pays for one send per step); phases wait for the 50 ms clock.
+        """
         buffered = self._metrics
-        if not buffered:
+        if not buffered and (then is not None or not self._records):
+            if then is not None:
+                self._send(then)
             return
         self._metrics = []
-        self._last_flush_t = time.monotonic()
+        phases: list = []
+        if then is None:
+            phases, self._records = self._records, []
+        now_t, now_wall = time.monotonic(), time.time()
+        if then is None:
+            self._last_flush_t = now_t  # a step's own send leaves the 50 ms clock to the phases
         if not self._ready():
-            return
+            return  # the bus is gone: what was buffered is dropped, never kept to grow
         metric = self._rec_module().Metric
-        now_t, now_wall = self._last_flush_t, time.time()
         records = [
-            metric(values=values, step=step, t=t, wall=now_wall - (now_t - t)) for t, values, step in buffered
+            metric(values=values, step=step, t=t, wall=now_wall - (now_t - t), origin=origin)
+            for t, values, step, origin in buffered
         ]
+        records.extend(phases)
+        if then is not None:
+            records.append(then)
         self.producer.send_many(records)
 
     # -- steps -----------------------------------------------------------------------------------------------------
@@ -206,12 +262,93 @@ class Agent:
                 self._pending_tokens = (self._pending_tokens or 0) + waiting[2]
         elif self._step_owner != "hooks":
             return  # the loop declares its own steps with emit(step=...): those win over detected ones
+        if self.model is not None and "model" not in self.stopped:
+            try:
+                self.model.end_iteration(fields)
+                if not self.flops.done:
+                    self.flops.end_iteration(fields, self.model)
+            except Exception as exc:
+                self.stop_probe("model", exc)
         if self._pending_tokens is not None:
             fields["tokens"] = self._pending_tokens
             fields["tokens_source"] = "emitted"
             self._pending_tokens = None
-        self.flush()
-        self._send(self._rec_module().Step(**fields))
+            absent = fields.get("absent")
+            if absent and "tokens" in absent:
+                fields["absent"] = {k: v for k, v in absent.items() if k != "tokens"}
+        if fields.get("tokens") is not None and fields.get("dp") is not None:
+            fields["tokens_global"] = fields["tokens"] * fields["dp"]
+        self.flush(then=self._rec_module().Step(**fields))
+        self._count_overhead(fields)
+
+    def _count_overhead(self, fields: dict) -> None:
+        """Now and then, the agent's own cost per step as a fact (with the drops so far) for the dashboard."""
+        agent_us = fields.get("agent_us")
+        if agent_us is None or fields.get("profiled"):
+            return  # a counted step holds the FLOP counter's one-off cost, not the agent's steady one
+        self._overhead_s += agent_us
+        self._overhead_steps += 1
+        step = fields["step"]
+        if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
+            mean_us = self._overhead_s / self._overhead_steps
+            dropped = getattr(self.producer, "dropped", 0)
+            note = f"mean over {self._overhead_steps} steps up to {step}; records dropped so far: {dropped}"
+            self.fact("agent_overhead_us", mean_us, "steps", unit="us/step", note=note)
+            self._overhead_s, self._overhead_steps = 0.0, 0
+
+    # -- facts, phases, taps ---------------------------------------------------------------------------------------
+
+    def _fact_record(self, name: str, value: object, probe: str, **extra):
+        return self._rec_module().Fact(
+            name=name, value=value, provenance="detected", origin=f"agent:{probe}", **extra
+        )
+
+    def _probe_fact(self, name: str, state: str):
+        return self._fact_record(f"probe.{name}", state, "probes")
+
+    def fact(self, name: str, value: object, probe: str, **extra) -> None:
+        """A detected fact, sent at once (or right after hello, if the process has not said it yet)."""
+        try:
+            record = self._fact_record(name, value, probe, **extra)
+            if self.activated:
+                self._send(record)
+            else:
+                self._held.append(record)
+        except Exception as exc:
+            self.stop_probe("bus", exc)
+
+    def probe_state(self, name: str, state: str) -> None:
+        """``probe.<name>``: "attached" or "not attached: <reason>", sent when it changes."""
+        if self._probe_states.get(name) == state:
+            return
+        self._probe_states[name] = state
+        if self.activated:
+            try:
+                self._send(self._probe_fact(name, state))
+            except Exception as exc:
+                self.stop_probe("bus", exc)
+
+    def phase(self, name: str, start_t: float, end_t: float, *, probe: str, **extra) -> None:
+        """A span outside plain compute; batched with the metrics (held until hello)."""
+        record = self._rec_module().Phase(
+            phase=name, start_t=start_t, end_t=end_t, step=self.current_step(), probe=probe, t=end_t, **extra
+        )
+        if not self.activated:
+            if (
+                len(self._held) < FLUSH_RECORDS
+            ):  # a process that never says hello never sends them: keep a few
+                self._held.append(record)
+            return
+        self._records.append(record)
+        if end_t - self._last_flush_t >= FLUSH_EVERY_S or len(self._records) >= FLUSH_RECORDS:
+            self.flush()
+
+    def tapped(self, origin: str, values: dict, step: int | None) -> None:
+        """Numbers a tracker tap read, as a metric under the tracker's name."""
+        now = time.monotonic()
+        self._metrics.append((now, values, step if step is not None else self.current_step(), origin))
+        if now - self._last_flush_t >= FLUSH_EVERY_S or len(self._metrics) >= FLUSH_RECORDS:
+            self.flush()
 
     # -- emit ------------------------------------------------------------------------------------------------------
 
@@ -247,7 +384,7 @@ class Agent:
                 if not values:
                     return
             now = time.monotonic()
-            self._metrics.append((now, values, step))
+            self._metrics.append((now, values, step, "emit"))
             if now - self._last_flush_t >= FLUSH_EVERY_S or len(self._metrics) >= FLUSH_RECORDS:
                 self.flush()
         except Exception as exc:
@@ -358,8 +495,14 @@ class Agent:
             # it here would let the parent's zmq objects be garbage-collected in the child). A child that emits
             # says its own hello first.
             self.activated = False
+            self._held = []
+            self._probe_states = {}
             self._reset_buffers()
             self.iterations.reset()
+            if self.model is not None:
+                self.model.reset_iteration()
+            if self.flops is not None:
+                self.flops.done = True  # the trainer counts; a fork child never does
         except Exception as exc:
             self.stop_probe("exit", exc)
 

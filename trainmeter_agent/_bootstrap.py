@@ -1,5 +1,5 @@
-"""Installs the agent in a process: waits for the user's ``import torch``, and arranges the goodbye at exit and a
-fresh start in fork children.
+"""Installs the agent in a process: waits for the user's ``import torch`` (and trackers), and arranges the goodbye at
+exit and a fresh start in fork children.
 
 It is called from sitecustomize before the user's code runs, so it must be cheap (no zmq, msgspec or torch
 imported here) and never raise; torch is never imported by tm, only watched for.
@@ -13,6 +13,28 @@ import sys
 
 import trainmeter_agent
 from trainmeter_agent._agent import Agent
+
+#: Tracker modules whose import loads the tracker taps (the plugins the launcher lists may add their own names).
+TRACKER_MODULES = ("wandb", "tensorboardX", "torch.utils.tensorboard", "mlflow")
+#: The launcher's list of the ``trainmeter.agent`` entry points, in the run directory.
+PLUGIN_LIST = "agent-plugins.json"
+
+
+def listed_names() -> list[str]:
+    """The entry point names in the launcher's plugin list for this run (reading the small file, loading nothing)."""
+    run_dir = os.environ.get("TM_RUN_DIR")
+    if not run_dir or os.environ.get("TM_NO_TAP") == "1":
+        return []
+    path = os.path.join(run_dir, PLUGIN_LIST)
+    if not os.path.exists(path):
+        return []
+    try:
+        import json
+
+        with open(path, encoding="utf-8") as listing:
+            return [str(e["name"]) for e in json.load(listing) if isinstance(e, dict) and "name" in e]
+    except Exception:
+        return []
 
 
 def _role() -> str:
@@ -47,80 +69,67 @@ def install() -> Agent | None:
 
 
 def watch_torch(agent: Agent) -> None:
-    """Attach the step probe now if torch is imported, else once the user's ``import torch`` has finished."""
+    """Attach the probes now if torch is imported, else once the user's ``import torch`` has finished; watch for the
+    trackers the same way."""
     try:
         agent.check_fault("torch_import")
-        torch = sys.modules.get("torch")
-        spec = getattr(torch, "__spec__", None)
-        if torch is not None and not getattr(spec, "_initializing", False):
-            agent.iterations.attach()
-            return
-        sys.meta_path.insert(0, TorchImportWatcher(agent))
+        agent.watcher.watch("torch", "torch_import", lambda torch: attach_torch_probes(agent, torch))
     except Exception as exc:
         agent.stop_probe("torch_import", exc)
+    try:
+        watch_trackers(agent)
+    except Exception as exc:
+        agent.stop_probe("taps", exc)
 
 
-class TorchImportWatcher:
-    """A ``sys.meta_path`` finder that lets the other finders find torch and wraps the loader it gets.
+def watch_trackers(agent: Agent) -> None:
+    """Watch the tracker modules; the taps load when the loop imports one (never with ``--no-tap``)."""
+    if os.environ.get("TM_NO_TAP") == "1":
+        return
+    # A third-party tap named after its library (``aim``, ``comet_ml``) loads when that library is imported.
+    listed = [name for name in listed_names() if name.isidentifier()]
 
-    The wrapped ``exec_module`` runs torch's own first, untouched (its errors are the user's), then attaches the
-    step probe. The watcher leaves ``sys.meta_path`` as soon as torch is found.
-    """
+    def tracker_imported(module) -> None:
+        if agent.taps is None:
+            from trainmeter_agent._taps import TapLoader
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self._searching = False
+            agent.taps = TapLoader(agent, agent.watcher)
+        agent.taps.tracker_imported(module)
 
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch" or self._searching:
-            return None
+    for name in dict.fromkeys([*TRACKER_MODULES, *listed]):
+        if name not in agent.watched_trackers:
+            agent.watched_trackers.add(name)
+            agent.watcher.watch(name, "taps", tracker_imported)
+
+
+def attach_torch_probes(agent: Agent, torch) -> None:
+    """The user's code has imported torch: the step hooks, then every probe that hangs off torch."""
+    from trainmeter_agent._flops import FlopCount
+    from trainmeter_agent._model import ModelProbe
+    from trainmeter_agent._phases import Phases
+
+    agent.model = ModelProbe(agent)
+    agent.flops = FlopCount(agent)
+    agent.phases = Phases(agent)
+    agent.iterations.attach()
+    phases = agent.phases
+    for probe, attach in (
+        ("model", agent.model.attach),
+        ("data_wait", phases.attach_data_wait),
+        ("checkpoint", phases.attach_torch_save),
+        ("compile", phases.attach_compile),
+    ):
         try:
-            self._searching = True
-            try:
-                spec = None
-                for finder in list(sys.meta_path):
-                    find = getattr(finder, "find_spec", None)
-                    if finder is self or find is None:
-                        continue
-                    spec = find(fullname, path, target)
-                    if spec is not None:
-                        break
-            finally:
-                self._searching = False
-            if spec is None:
-                return None  # not installed: the import fails as it would without tm
-            self._leave()
-            loader = spec.loader
-            original = getattr(loader, "exec_module", None)
-            if original is None:
-                return None
-            loader.exec_module = self._wrap(loader, original)
-            return spec
+            attach(torch)
         except Exception as exc:
-            self._leave()
-            self.agent.stop_probe("torch_import", exc)
-            return None
-
-    def _leave(self) -> None:
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-
-    def _wrap(self, loader, original):
-        agent = self.agent
-
-        def exec_module(module):
-            if getattr(module, "__name__", None) != "torch":
-                return original(module)
-            try:
-                del loader.exec_module  # back to the loader's own method: a reload is not watched again
-            except AttributeError:
-                pass
-            original(module)
-            try:
-                agent.iterations.attach()
-            except Exception as exc:
-                agent.stop_probe("torch_import", exc)
-
-        return exec_module
+            agent.stop_probe(probe, exc)
+    agent.probe_state("eval", "not attached: the model was not seen yet")
+    agent.probe_state("flops", "attached")
+    watch = agent.watcher.watch
+    watch("safetensors.torch", "checkpoint", phases.attach_safetensors)
+    watch("torch.distributed.checkpoint", "checkpoint", phases.attach_dcp)
+    watch("transformers.trainer", "eval", phases.attach_hf_trainer)
+    watch("lightning.pytorch.loops.evaluation_loop", "eval", phases.attach_lightning)
+    watch("pytorch_lightning.loops.evaluation_loop", "eval", phases.attach_lightning)
+    # The launcher writes its plugin list right after the child starts: by now a listed library can be watched too.
+    watch_trackers(agent)

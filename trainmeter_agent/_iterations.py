@@ -45,6 +45,7 @@ class IterationDetector:
         # id(optimizer) -> (a weakref to it, a weakref to its first gradient, that gradient's version)
         self._marks: dict[int, tuple[object, object, int]] = {}
         self._members: set[int] = set()  # optimizers that stepped in the current iteration
+        self._closure_steps: set[int] = set()  # optimizers inside a step(closure) call
         self._calls = 0  # optimizer.step calls (skipped ones included) in the current iteration
         self._iteration_start_t: float | None = None
         self._agent_s = 0.0  # the agent's own time in the current iteration
@@ -66,7 +67,11 @@ class IterationDetector:
             if agent._faults:
                 agent.check_fault("steps")
             self._calls += 1
-            if self._grads_changed(optimizer):
+            closure = args[1] if len(args) > 1 else (kwargs.get("closure") if kwargs else None)
+            if closure is not None:
+                # step(closure): forward and backward run inside the step, so the post-hook counts it (Lightning).
+                self._closure_steps.add(id(optimizer))
+            elif self._grads_changed(optimizer):
                 self._count(optimizer, skipped=False, started=started)
         except Exception as exc:
             self.agent.stop_probe("steps", exc)
@@ -78,8 +83,12 @@ class IterationDetector:
             return None
         started = time.perf_counter()
         try:
-            grad = _first_grad(optimizer)
             key = id(optimizer)
+            if key in self._closure_steps:
+                self._closure_steps.discard(key)
+                if self._grads_changed(optimizer):
+                    self._count(optimizer, skipped=False, started=started)
+            grad = _first_grad(optimizer)
             if grad is None:
                 self._marks.pop(key, None)
             else:

@@ -1,0 +1,346 @@
+"""The model probe: finds the module the loop trains, counts its micro-batches and tokens, reports its shape, device
+and data-parallel degree, and times its eval passes (``eval()`` to ``train()``).
+
+The model is the first module called outermost with gradients on while training: until then ``nn.Module.__call__``
+is briefly wrapped (no global module hook, which would make torch.compile warn); afterwards one forward pre-hook on
+that module alone reads its inputs' shapes. It never reads an accelerator tensor's values, never synchronizes a
+device, never runs inside torch.compile's tracing (every hook is a no-op there) and never raises into the loop.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Mapping
+
+from trainmeter_agent import _shape
+
+NO_TOKENS = "no integer id tensor seen in the model's inputs: pass --tokens-per-step"
+_ID_KEYWORDS = ("input_ids", "idx", "tokens", "token_ids")
+
+
+class ModelProbe:
+    """What the agent knows of the trained model, and the per-iteration counts it hands to each step record."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+        self.on = True
+        self.root_ref = None
+        self.why_no_root = "no training forward of a module seen yet"
+        self._torch = None
+        self._original_call = None
+        self._outer_depth = 0
+        self._handles: list[object] = []
+        self._int_dtypes: tuple = ()
+        self._is_compiling = lambda: False
+        self._profiler_on = lambda: False
+        self.dp: int | None = None
+        self.dp_reason = "the model was not seen yet"
+        self._eval_start_t: float | None = None
+        self.framework_eval = 0  # >0 inside an HF Trainer or Lightning eval loop (their phase wins)
+        self.seq_len_sent = False
+        # shape -> the CPU attention mask the DataLoader last yielded (for a mask that is on an accelerator now)
+        self.cpu_masks: dict[tuple, object] = {}
+        self.reset_iteration()
+
+    def reset_iteration(self) -> None:
+        self.micro_batches = 0
+        self.tokens = 0
+        self.tokens_source: str | None = None
+        self.tokens_missing = False
+        self.profiled = False
+
+    # -- attaching ------------------------------------------------------------------------------------------------
+
+    def attach(self, torch) -> None:
+        """Wrap ``nn.Module.__call__`` until the trained model shows itself."""
+        self._torch = torch
+        self._int_dtypes = (torch.int64, torch.int32)
+        compiler = getattr(torch, "compiler", None)
+        self._is_compiling = getattr(compiler, "is_compiling", self._is_compiling)
+        autograd = getattr(torch._C, "_autograd", None)
+        self._profiler_on = getattr(autograd, "_profiler_enabled", self._profiler_on)
+        self._install_discovery()
+        self.agent.probe_state("model", "not attached: no training forward of a module seen yet")
+
+    def _install_discovery(self) -> None:
+        module_class = self._torch.nn.Module
+        original = module_class.__call__
+        if getattr(original, "_tm_wrapped", False):
+            return
+        probe = self
+
+        def __call__(self, *args, **kwargs):
+            if probe._outer_depth or probe._is_compiling():
+                return original(self, *args, **kwargs)
+            if probe.root_ref is None and probe._adoptable(self):
+                probe._adopt(self)
+                return original(self, *args, **kwargs)
+            probe._outer_depth += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                probe._outer_depth -= 1
+
+        __call__.__wrapped__ = original
+        __call__._tm_wrapped = True
+        self._original_call = original
+        module_class.__call__ = __call__
+
+    def pause_discovery(self) -> bool:
+        """Before torch.compile(module): it must capture torch's own ``__call__``. True if discovery was on."""
+        if self._original_call is None:
+            return False
+        self.stop_discovery()
+        return True
+
+    def resume_discovery(self) -> None:
+        """After torch.compile(module) returned, while the model is still unknown (blocks compiled one by one)."""
+        if self.on and self.root_ref is None and "model" not in self.agent.stopped:
+            self._install_discovery()
+
+    def stop_discovery(self, reason: str | None = None) -> None:
+        """Give ``nn.Module.__call__`` back (the model was found, the probe stopped, or torch.compile hides it)."""
+        original, self._original_call = self._original_call, None
+        torch = self._torch
+        if original is not None and torch is not None:
+            if getattr(torch.nn.Module.__call__, "_tm_wrapped", False):
+                torch.nn.Module.__call__ = original
+        if reason is not None and self.root_ref is None:
+            self.why_no_root = reason
+            self.agent.probe_state("model", f"not attached: {reason}")
+
+    def detach(self) -> None:
+        """Remove every hook (the probe failed): the loop runs as without tm."""
+        self.on = False
+        self.stop_discovery()
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+
+    def _adoptable(self, module) -> bool:
+        try:
+            if not module.training or not self._torch.is_grad_enabled():
+                return False
+            return any(param.requires_grad for param in module.parameters())
+        except Exception:
+            return False
+
+    def _adopt(self, module) -> None:
+        """Make ``module`` the model: one pre-hook on it, facts about it; discovery ends."""
+        try:
+            self.stop_discovery()
+            if not self.on:
+                return
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                # model.compile() traces the module's own hooks: they would be no-ops inside the compiled code.
+                self.why_no_root = "model.compile() hides the model's inputs: use torch.compile(model)"
+                self.agent.probe_state("model", f"not attached: {self.why_no_root}")
+                return
+            self.root_ref = weakref.ref(module)
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            self._watch_train_mode(type(module))
+            self.agent.probe_state("model", "attached")
+            self.agent.probe_state("eval", "attached")
+            self._send_model_facts(module)
+        except Exception as exc:
+            self.agent.stop_probe("model", exc)
+
+    def adopt_compiled(self, compiled) -> bool:
+        """torch.compile(model) returned ``compiled``: if it wraps the model, the loop will call it from now on."""
+        current = self.root()
+        if current is None or "model" in self.agent.stopped:
+            return False
+        if not any(inner is current for inner in _shape.unwrap(compiled)):
+            return True  # a block compiled inside the model already found (TorchTitan style): the model stays
+        self.detach_root_hooks()
+        self._adopt(compiled)
+        return True
+
+    def detach_root_hooks(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+        self.root_ref = None
+
+    def root(self):
+        ref = self.root_ref
+        return ref() if ref is not None else None
+
+    # -- the model's facts ----------------------------------------------------------------------------------------
+
+    def _send_model_facts(self, module) -> None:
+        agent = self.agent
+        for name, value, extra in _shape.shape_facts(module):
+            if name == "seq_len":
+                continue  # the inputs' own length is sent with the first micro-batch; the config's is a fallback
+            agent.fact(name, value, "model", **extra)
+        self._config_seq = None
+        config = _shape.find_config(module)
+        if config is not None:
+            self._config_seq = _shape.config_int(config, _shape.SEQ_KEYS)
+        device = _shape.device_of(module)
+        if device is not None:
+            agent.fact("device", device, "model", note="the device of the model's parameters")
+        self.dp, self.dp_reason = _shape.data_parallel_degree(module)
+        agent.fact("dp", self.dp, "model", note=self.dp_reason)
+        size = _shape.world_size()
+        agent.fact("world_size", size if size is not None else 1, "model", note="WORLD_SIZE, or one process")
+
+    def _send_seq_len(self, ids) -> None:
+        self.seq_len_sent = True
+        if ids is not None and ids.dim() >= 2:
+            self.agent.fact(
+                "seq_len", int(ids.shape[-1]), "model", note="the last dimension of the input ids"
+            )
+        elif getattr(self, "_config_seq", None) is not None:
+            key, value = self._config_seq
+            self.agent.fact("seq_len", value, "model", note=f"model config {key}")
+
+    # -- micro-batches and tokens ---------------------------------------------------------------------------------
+
+    def _pre_hook(self, module, args, kwargs):
+        if not self.on or self._is_compiling():
+            return None  # a hook that returns something replaces the module's inputs: always None
+        started = time.perf_counter()
+        try:
+            agent = self.agent
+            if agent._faults:
+                agent.check_fault("model")
+            if self._profiler_on():
+                self.profiled = True
+            if module.training and self._torch.is_grad_enabled():
+                self._micro_batch(args, kwargs)
+        except Exception as exc:
+            self.agent.stop_probe("model", exc)
+        self.agent.iterations._agent_s += time.perf_counter() - started
+        return None
+
+    def _micro_batch(self, args, kwargs) -> None:
+        ids, mask = self._find_ids(args, kwargs)
+        first = self.micro_batches == 0
+        self.micro_batches += 1
+        if ids is None:
+            self.tokens_missing = True
+        else:
+            tokens, source = self._count(ids, mask)
+            self.tokens += tokens
+            self.tokens_source = source if self.tokens_source in (None, source) else "input_ids"
+        if not self.seq_len_sent:
+            self._send_seq_len(ids)
+        if first:
+            self.agent.flops.micro_batch(self, args, kwargs)
+
+    def _find_ids(self, args, kwargs, meta: bool = False):
+        """The integer id tensor of a forward's inputs and its attention mask (or None): keywords first.
+
+        Ids on the meta device are someone's shape-only run, not training (``meta`` accepts them: the FLOPs count).
+        """
+        tensor_type = self._torch.Tensor
+        mapping = kwargs
+        ids = None
+        if kwargs:
+            for key in _ID_KEYWORDS:
+                value = kwargs.get(key)
+                if isinstance(value, tensor_type):
+                    ids = value
+                    break
+        if ids is None and args:
+            first = args[0]
+            if isinstance(first, tensor_type):
+                ids = first  # only the first positional input: a later integer tensor is usually labels
+            elif isinstance(first, Mapping):
+                mapping = first
+                value = first.get("input_ids")
+                ids = value if isinstance(value, tensor_type) else None
+        if ids is None or ids.dtype not in self._int_dtypes or (ids.device.type == "meta" and not meta):
+            return None, None
+        mask = mapping.get("attention_mask") if mapping else None
+        return ids, mask if isinstance(mask, tensor_type) else None
+
+    def _count(self, ids, mask) -> tuple[int, str]:
+        """Tokens of one micro-batch: real tokens from a CPU attention mask, else every position of the ids."""
+        if mask is not None and tuple(mask.shape) == tuple(ids.shape):
+            if mask.device.type != "cpu":
+                # Reading it would synchronize the device: use the same batch's mask as the DataLoader yielded it.
+                mask = self.cpu_masks.get(tuple(mask.shape))
+            if mask is not None:
+                return int(mask.count_nonzero()), "attention_mask"
+        return ids.numel(), "input_ids"
+
+    def remember_cpu_mask(self, batch) -> None:
+        """A DataLoader batch (a mapping) with a CPU attention mask: kept until the next, for an accelerator run."""
+        mask = batch.get("attention_mask")
+        if isinstance(mask, self._torch.Tensor) and mask.device.type == "cpu":
+            self.cpu_masks = {tuple(mask.shape): mask}
+
+    def end_iteration(self, fields: dict) -> None:
+        """Add this iteration's micro-batches, tokens, dp and profiler flag to its step record, then start over."""
+        absent = dict(fields.get("absent") or {})
+        if self._profiler_on():
+            self.profiled = True
+        if self.profiled:
+            fields["profiled"] = True
+        if self.root_ref is None or self.micro_batches == 0:
+            reason = (
+                self.why_no_root if self.root_ref is None else "the model's forward was not seen in this step"
+            )
+            absent["micro_batches"] = reason
+            absent["tokens"] = NO_TOKENS
+        else:
+            fields["micro_batches"] = self.micro_batches
+            if self.tokens_missing:
+                absent["tokens"] = NO_TOKENS
+            else:
+                fields["tokens"] = self.tokens
+                fields["tokens_source"] = self.tokens_source
+        if self.dp is not None:
+            fields["dp"] = self.dp
+        else:
+            absent["dp"] = self.dp_reason
+        if absent:
+            fields["absent"] = absent
+        self.reset_iteration()
+
+    # -- eval passes ----------------------------------------------------------------------------------------------
+
+    def _watch_train_mode(self, module_class) -> None:
+        """Wrap ``train`` on the model's class: ``eval()`` to ``train()`` on the model itself is an eval phase."""
+        original = module_class.train
+        if getattr(original, "_tm_wrapped", False):
+            return
+        probe = self
+
+        def train(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if probe.on and probe.root_ref is not None and probe.root_ref() is self:
+                mode = args[0] if args else kwargs.get("mode", True)
+                probe._train_mode(bool(mode))
+            return result
+
+        train.__wrapped__ = original
+        train._tm_wrapped = True
+        train.__name__ = getattr(original, "__name__", "train")
+        train.__qualname__ = getattr(original, "__qualname__", "train")
+        module_class.train = train
+
+    def _train_mode(self, training: bool) -> None:
+        try:
+            agent = self.agent
+            if agent._faults:
+                agent.check_fault("eval")
+            if "eval" in agent.stopped:
+                return
+            now = time.monotonic()
+            if not training:
+                if self._eval_start_t is None:
+                    self._eval_start_t = now
+            elif self._eval_start_t is not None:
+                start, self._eval_start_t = self._eval_start_t, None
+                if not self.framework_eval:
+                    agent.phase("eval", start, now, probe="model.eval")
+        except Exception as exc:
+            self.agent.stop_probe("eval", exc)
