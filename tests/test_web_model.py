@@ -1,0 +1,194 @@
+"""The dashboard's model of a run: the engine fed in hub order, plus alerts, the run's identity and tm's overhead."""
+
+from __future__ import annotations
+
+import msgspec
+
+from trainmeter_core import records as rec
+from trainmeter_web.model import RunModel, encode, series_group
+
+WALL0 = 1_700_000_000.0
+
+
+class Feed:
+    """Records with hub sequence numbers and a clock that moves as the test says."""
+
+    def __init__(self, model: RunModel) -> None:
+        self.model = model
+        self.seq = 0
+        self.t = 100.0
+
+    def __call__(self, record: rec.Record) -> bool:
+        self.seq += 1
+        record.seq = self.seq
+        if not record.t:
+            record.t = self.t
+            record.wall = WALL0 + self.t
+        return self.model.feed(record)
+
+
+def declared(name: str, value) -> rec.Fact:
+    return rec.Fact(name=name, value=value, provenance="declared", origin=f"--{name.replace('_', '-')}")
+
+
+def test_a_snapshot_comes_on_each_tick_and_the_document_version_moves_with_it():
+    model = RunModel()
+    feed = Feed(model)
+    assert not feed(rec.Step(step=1, tokens_global=1000))
+    version = model.version
+    assert feed(rec.Tick(n=1, interval_s=1.0))
+    assert model.version == version + 1
+    assert model.snapshot is not None and model.snapshot.tick == 1
+
+
+def test_the_engine_components_own_snapshots_are_ignored():
+    model = RunModel()
+    assert not model.feed(rec.Snapshot(tick=9, seq=5))
+    assert model.snapshot is None and model.through_seq == 0
+
+
+def test_an_alert_that_fires_then_clears_is_one_entry_with_both_times():
+    model = RunModel()
+    feed = Feed(model)
+    fired = rec.Alert(rule="hung", state="fired", message="no step for 60 s", numbers={"idle_s": 60.0})
+    fired.t, fired.wall = 10.0, WALL0 + 10
+    cleared = rec.Alert(rule="hung", state="cleared", message="steps again")
+    cleared.t, cleared.wall = 20.0, WALL0 + 20
+    assert feed(fired)
+    assert feed(cleared)
+    assert len(model.alerts) == 1
+    entry = model.alerts[0]
+    assert entry["state"] == "cleared"
+    assert entry["fired_wall"] == WALL0 + 10
+    assert entry["cleared_wall"] == WALL0 + 20
+    assert entry["message"] == "no step for 60 s"
+
+
+def test_a_second_episode_of_the_same_rule_is_a_second_entry():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.Alert(rule="hung", state="fired", message="a", episode=1))
+    feed(rec.Alert(rule="hung", state="fired", message="b", episode=2))
+    assert [a["message"] for a in model.alerts] == ["a", "b"]
+
+
+def test_the_agents_overhead_is_its_mean_microseconds_per_step_and_drops_come_from_bus_stats():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.Step(step=1, agent_us=10.0))
+    feed(rec.Step(step=2, agent_us=30.0))
+    feed(rec.Step(step=3))  # a step without the agent's own time is not counted as zero
+    feed(rec.BusStats(received=10, published=10, malformed=0, unknown=0, dropped_total=7))
+    overhead = model.overhead_doc()
+    assert overhead["agent_us_per_step"] == 20.0  # (10 + 30) / 2
+    assert overhead["agent_steps"] == 2
+    assert overhead["dropped_total"] == 7
+
+
+def test_without_agent_times_or_bus_stats_the_overhead_says_why_instead_of_zero():
+    overhead = RunModel().overhead_doc()
+    assert "agent_us_per_step" not in overhead and overhead["agent_absent"]
+    assert "dropped_total" not in overhead and overhead["drops_absent"]
+
+
+def test_a_crashed_component_is_counted():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.Component(name="web", event="crashed", process="web", signal=9))
+    feed(rec.Component(name="web", event="restarted", process="web", restarts=1))
+    assert model.overhead_doc()["component_crashes"] == {"web": 1}
+
+
+def test_the_run_document_takes_the_redacted_command_from_meta_and_the_facts_with_provenance():
+    meta = {"run_id": "r1", "name": "demo", "command": ["train.py", "--token", "***"], "start_wall": WALL0}
+    model = RunModel(meta=meta)
+    feed = Feed(model)
+    feed(declared("budget_tokens", 1000))
+    feed(rec.Tick(n=1, interval_s=1.0))
+    doc = model.run_doc()
+    assert doc["command"] == ["train.py", "--token", "***"]
+    assert doc["status"] == {"state": "starting"}
+    (fact,) = [f for f in doc["facts"] if f["name"] == "budget_tokens"]
+    assert fact["provenance"] == "declared" and fact["origin"] == "--budget-tokens" and fact["value"] == 1000
+
+
+def test_the_run_ends_finished_with_its_exit_status():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.RunEnd(status=3, reason="exited", exit_code=3, elapsed_s=5.0))
+    assert model.run_doc()["status"]["state"] == "finished"
+    assert model.run_doc()["status"]["exit_status"] == 3
+    assert model.snapshot is not None and model.snapshot.final
+
+
+def test_a_metric_window_is_also_given_in_wall_time():
+    model = RunModel()
+    feed = Feed(model)
+    feed.t = 105.0
+    feed(rec.SampleHost(root_pid=1, procs=1, cpu_cores=1.5))
+    feed.t = 110.0
+    feed(rec.Tick(n=1, interval_s=1.0))
+    metric = model.snapshot_doc()["metrics"]["host_cpu_cores"]
+    # the tick says t 110 is wall WALL0 + 110, so the sample's t 105 is wall WALL0 + 105
+    assert metric["window_end_t"] == 105.0
+    assert metric["window_end_wall"] == WALL0 + 105.0
+    assert "window_end_wall" not in model.live_doc()["snapshot"]["metrics"]["host_cpu_cores"]
+
+
+def test_series_are_filed_by_group_from_the_engines_names():
+    assert series_group("train_loss") == {"group": "loop"}
+    assert series_group("tm:mfu") == {"group": "metric", "metric": "mfu"}
+    assert series_group("tm:mfu.low") == {"group": "metric", "metric": "mfu", "range_end": "low"}
+    assert series_group("tm:gpu:node1/gpu3:sm_active") == {
+        "group": "gpu",
+        "device": "node1/gpu3",
+        "counter": "sm_active",
+    }
+    assert series_group("tm:rank:2:step_time_s") == {"group": "rank", "rank": 2, "counter": "step_time_s"}
+
+
+def test_the_catalog_shows_a_mapped_series_with_its_raw_key_and_counts_its_points():
+    model = RunModel()
+    feed = Feed(model)
+    for step in range(1, 6):
+        feed(rec.Step(step=step, tokens_global=100))
+        feed(rec.Metric(values={"train/loss": 1.0 / step, "<b>odd key</b>": 2.0}, step=step))
+    feed(rec.Tick(n=1, interval_s=1.0))
+    catalog = model.catalog()
+    assert catalog["train_loss"]["raw_key"] == "train/loss"
+    assert catalog["train_loss"]["points"] == 5
+    assert catalog["<b>odd key</b>"]["group"] == "loop"
+    assert "points" not in model.catalog(points=False)["train_loss"]
+
+
+def test_history_is_cached_until_the_series_gains_a_point():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.Step(step=1))
+    feed(rec.Metric(values={"train_loss": 2.0}, step=1))
+    first = model.history("train_loss", "step")
+    assert model.history("train_loss", "step") is first
+    feed(rec.Metric(values={"train_loss": 1.0}, step=2))
+    second = model.history("train_loss", "step")
+    assert second is not first
+    assert [(p.x, p.value) for p in second] == [(1.0, 2.0), (2.0, 1.0)]
+
+
+def test_a_history_point_is_json_x_value_min_max_count_and_nan_is_null():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.Step(step=1))
+    feed(rec.Metric(values={"train_loss": float("nan")}, step=1))
+    points = model.history("train_loss", "step")
+    assert msgspec.json.decode(encode(points)) == [[1.0, None, None, None, 1]]
+
+
+def test_the_live_document_is_built_once_per_version():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.Tick(n=1, interval_s=1.0))
+    doc = model.live_doc()
+    assert model.live_doc() is doc
+    feed(rec.Tick(n=2, interval_s=1.0))
+    assert model.live_doc() is not doc
+    assert set(doc) == {"snapshot", "status", "overhead", "alerts", "catalog"}

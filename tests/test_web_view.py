@@ -1,0 +1,100 @@
+"""``tm view``: a run's final snapshot as JSON, or its dashboard rebuilt from the log."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.request
+from pathlib import Path
+
+import msgspec
+from conftest import wait_for
+
+from trainmeter_core import records as rec
+from trainmeter_core.engine import Engine
+from trainmeter_web import view
+
+WALL0 = 1_700_000_000.0
+
+
+def write_run(run_dir: Path, steps: int, ended: bool) -> list[rec.Record]:
+    recs: list[rec.Record] = []
+    for step in range(1, steps + 1):
+        recs += [rec.Step(step=step, tokens_global=100), rec.Metric(values={"loss": 1.0 / step}, step=step)]
+        recs.append(rec.Tick(n=step, interval_s=1.0))
+    if ended:
+        recs.append(rec.RunEnd(status=0, reason="exited", exit_code=0, elapsed_s=float(steps)))
+    for i, record in enumerate(recs, start=1):
+        record.seq, record.t, record.wall = i, float(i), WALL0 + i
+    run_dir.mkdir(parents=True)
+    (run_dir / "meta.json").write_text(
+        json.dumps({"run_id": run_dir.name, "name": "demo", "command": ["demo.py"]})
+    )
+    (run_dir / "events-0001.jsonl").write_bytes(b"".join(rec.to_log_line(rec.to_builtins(r)) for r in recs))
+    return recs
+
+
+def test_json_prints_the_final_snapshot_of_a_replay(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "20260101T000000Z-host-demo"
+    recs = write_run(run_dir, 4, ended=True)
+    assert view.main(["--json", str(run_dir)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    engine = Engine()
+    expected = [s for r in recs for s in engine.feed(r)][-1]
+    assert printed == json.loads(msgspec.json.encode(rec.to_builtins(expected)))
+    assert printed["final"] is True and printed["state"] == "finished"
+
+
+def test_an_unknown_run_is_one_line_and_status_2(tmp_path, capsys):
+    assert view.main(["--runs-dir", str(tmp_path), "nothing-like-this"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tm: ") and err.count("\n") == 1
+
+
+def serve_in_thread(run_dir: Path, capsys) -> tuple[int, threading.Event, threading.Thread]:
+    stopping = threading.Event()
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(view.serve(run_dir, "127.0.0.1", 0, stopping)))
+    thread.start()
+    seen: list[str] = []
+
+    def url():
+        seen.append(capsys.readouterr().err)
+        return re.search(r"dashboard http://localhost:(\d+)/", "".join(seen))
+
+    port = int(wait_for(url, what="the dashboard's start line").group(1))
+    return port, stopping, thread
+
+
+def get_json(port: int, path: str) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Host": f"localhost:{port}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_a_finished_run_is_served_from_its_log_with_its_exit_status(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "20260101T000000Z-host-demo"
+    write_run(run_dir, 5, ended=True)
+    port, stopping, thread = serve_in_thread(run_dir, capsys)
+    try:
+        run = get_json(port, "/api/run")
+        assert run["status"]["state"] == "finished" and run["status"]["exit_status"] == 0
+        history = get_json(port, "/api/history?series=train_loss&x=step")["series"]["train_loss"]
+        assert [p[0] for p in history] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    finally:
+        stopping.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_run_that_never_ended_and_holds_no_lock_is_lost(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "20260101T000000Z-host-demo"
+    write_run(run_dir, 3, ended=False)
+    port, stopping, thread = serve_in_thread(run_dir, capsys)
+    try:
+        assert get_json(port, "/api/run")["status"] == {"state": "lost"}
+        assert get_json(port, "/api/snapshot")["steps"] == 3
+    finally:
+        stopping.set()
+        thread.join(10)

@@ -1,0 +1,383 @@
+"""What the dashboard knows of one run: the engine fed in hub order (snapshots and history), plus what the page shows
+beside them (the run's identity, alerts, tm's own overhead), as JSON-ready documents.
+
+It owns no socket and no clock; the web component and ``tm view`` feed it. It never changes a number the engine made,
+and every string in it came from the run and is shown by the page as text only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from trainmeter_core import records as rec
+from trainmeter_core.engine import Engine
+from trainmeter_core.history import X_AXES, HistoryPoint
+
+#: Alerts kept for the page (the newest); the run log keeps every one.
+ALERTS_KEPT = 200
+NOTICES_KEPT = 50
+#: History answers cached per (series, axis, since, points) while the series gains no point.
+HISTORY_CACHE_ENTRIES = 512
+_PREFIX_METRIC = "tm:"
+_PREFIX_GPU = "tm:gpu:"
+_PREFIX_RANK = "tm:rank:"
+
+_encoder = msgspec.json.Encoder()
+#: Units of the per-GPU and per-rank series (the others of them are fractions 0..1, which carry no unit).
+_COUNTER_UNITS = {"power_w": "W", "clock_sm_mhz": "MHz", "step_time_s": "s"}
+
+
+def series_group(name: str) -> dict[str, Any]:
+    """How the page files a history series: ``loop`` (what the loop reports), ``metric``, ``gpu`` or ``rank``.
+
+    The engine names its own series ``tm:<metric>``, ``tm:<metric>.low``/``.high`` (a range), ``tm:gpu:<host>/gpu<i>:
+    <counter>`` and ``tm:rank:<r>:step_time_s``; everything else is a loop series under its canonical name.
+    """
+    if name.startswith(_PREFIX_GPU):
+        device, _, counter = name[len(_PREFIX_GPU) :].rpartition(":")
+        return {"group": "gpu", "device": device, "counter": counter}
+    if name.startswith(_PREFIX_RANK):
+        middle, _, counter = name[len(_PREFIX_RANK) :].rpartition(":")
+        try:
+            rank: int | str = int(middle)
+        except ValueError:
+            rank = middle
+        return {"group": "rank", "rank": rank, "counter": counter}
+    if name.startswith(_PREFIX_METRIC):
+        metric = name[len(_PREFIX_METRIC) :]
+        for end in (".low", ".high"):
+            if metric.endswith(end):
+                return {"group": "metric", "metric": metric[: -len(end)], "range_end": end[1:]}
+        return {"group": "metric", "metric": metric}
+    return {"group": "loop"}
+
+
+class RunModel:
+    """One run as the dashboard sees it. Thread-safe: one feeder, any number of readers, one lock."""
+
+    def __init__(
+        self, run_dir: Path | None = None, meta: dict | None = None, engine: Engine | None = None
+    ) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.engine = engine if engine is not None else Engine()
+        self.lock = threading.RLock()
+        self.snapshot: rec.Snapshot | None = None
+        self.run_start: rec.RunStart | None = None
+        self.run_end: rec.RunEnd | None = None
+        self.alerts: list[dict[str, Any]] = []
+        self.notices: list[dict[str, Any]] = []
+        self.bus_stats: rec.BusStats | None = None
+        self.components: dict[str, dict[str, Any]] = {}
+        self.agent_us_total = 0.0
+        self.agent_us_steps = 0
+        self.agent_us_last: float | None = None
+        self.version = 0  # bumped whenever the live document changes
+        self.through_seq = 0
+        self._doc: dict[str, Any] | None = None
+        self._doc_version = -1
+        self._history_cache: OrderedDict[tuple, tuple[list[HistoryPoint], bytes | None]] = OrderedDict()
+        self._encoded: dict[str, tuple[int, bytes]] = {}
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # Feeding
+
+    def feed(self, record: rec.Record | rec.Unknown) -> bool:
+        """Take one record in hub order; True when the live document changed (a snapshot, an alert, the run's end)."""
+        return self._feed(record, engine=True)
+
+    def feed_outside_engine(self, record: rec.Record | rec.Unknown) -> bool:
+        """Take a record the engine already reflects (it is older than the engine's checkpoint)."""
+        return self._feed(record, engine=False)
+
+    def _feed(self, record: rec.Record | rec.Unknown, engine: bool) -> bool:
+        kind = rec.kind_of(record)
+        if kind == "snapshot":
+            return False  # the engine component's; this model computes the same from the same records
+        with self.lock:
+            if record.seq is not None:
+                self.through_seq = record.seq
+            changed = False
+            if kind == "alert":
+                self._on_alert(record)  # type: ignore[arg-type]
+                changed = True
+            elif kind == "step":
+                agent_us = record.agent_us  # type: ignore[union-attr]
+                if agent_us is not None:
+                    self.agent_us_total += agent_us
+                    self.agent_us_steps += 1
+                    self.agent_us_last = agent_us
+            elif kind == "run.start":
+                self.run_start = record  # type: ignore[assignment]
+                changed = True
+            elif kind == "run.end":
+                self.run_end = record  # type: ignore[assignment]
+                changed = True
+            elif kind == "bus.stats":
+                self.bus_stats = record  # type: ignore[assignment]
+            elif kind == "component":
+                self._on_component(record)  # type: ignore[arg-type]
+            elif kind == "notice":
+                self.notices.append(
+                    {
+                        "t": record.t,
+                        "wall": record.wall,
+                        "level": record.level,
+                        "topic": record.topic,  # type: ignore[union-attr]
+                        "message": record.message,
+                        "source": record.source,
+                    }  # type: ignore[union-attr]
+                )
+                del self.notices[:-NOTICES_KEPT]
+            snapshots = self.engine.feed(record) if engine else None
+            if snapshots:
+                self.snapshot = snapshots[-1]
+                changed = True
+            if changed:
+                self.version += 1
+            return changed
+
+    def _on_alert(self, alert: rec.Alert) -> None:
+        key = f"{alert.rule}|{alert.subject or ''}|{alert.episode}"
+        for entry in self.alerts:
+            if entry["id"] == key:
+                entry["state"] = alert.state
+                if alert.state == "cleared":
+                    entry["cleared_wall"] = alert.wall
+                    entry["cleared_message"] = alert.message
+                else:
+                    entry["message"] = alert.message
+                    entry["numbers"] = dict(alert.numbers)
+                return
+        self.alerts.append(
+            {
+                "id": key,
+                "rule": alert.rule,
+                "state": alert.state,
+                "severity": alert.severity,
+                "message": alert.message,
+                "subject": alert.subject,
+                "numbers": {k: v for k, v in alert.numbers.items()},
+                "fired_wall": alert.wall if alert.state == "fired" else None,
+                "cleared_wall": alert.wall if alert.state == "cleared" else None,
+            }
+        )
+        del self.alerts[:-ALERTS_KEPT]
+
+    def _on_component(self, event: rec.Component) -> None:
+        entry = self.components.setdefault(event.name, {"name": event.name, "crashes": 0, "restarts": 0})
+        entry["event"] = event.event
+        entry["wall"] = event.wall
+        if event.event == "crashed":
+            entry["crashes"] += 1
+        entry["restarts"] = max(entry["restarts"], event.restarts)
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # Documents (plain data, ready for JSON)
+
+    def current_snapshot(self) -> rec.Snapshot:
+        with self.lock:
+            return self.snapshot if self.snapshot is not None else self.engine.snapshot()
+
+    def run_doc(self) -> dict[str, Any]:
+        """The run: identity, command (secrets already redacted by the launcher), state, facts with provenance."""
+        with self.lock:
+            meta = self.meta
+            start = self.run_start
+            end = self.run_end
+            snapshot = self.current_snapshot()
+            doc: dict[str, Any] = {
+                "run_id": meta.get("run_id") or (start.run_id if start else None),
+                "name": meta.get("name") or (start.name if start else None),
+                "run_dir": meta.get("run_dir") or (str(self.run_dir) if self.run_dir else None),
+                "command": list(meta.get("command") or (start.command if start else [])),
+                "cwd": meta.get("cwd") or (start.cwd if start else None),
+                "host": meta.get("host") or (start.host if start else None),
+                "start_wall": meta.get("start_wall") or (start.wall if start else None),
+                "tm_version": meta.get("tm_version") or (start.tm_version if start else None),
+                "python": meta.get("python") or (start.python if start else None),
+                "platform": meta.get("platform") or (start.platform if start else None),
+                "agent": meta.get("agent", start.agent if start else None),
+                "env": dict(meta.get("env") or (start.env if start else {})),
+                "plugins": [_plain(p) for p in (meta.get("plugins") or (start.plugins if start else []))],
+                "status": self._status(),
+                "facts": [rec.to_builtins(f) for f in snapshot.facts.values()],
+                "warnings": list(snapshot.warnings),
+                "notices": [dict(n) for n in self.notices],
+            }
+            if end is not None:
+                doc["end"] = rec.to_builtins(end)
+            return doc
+
+    def _status(self) -> dict[str, Any]:
+        """The run's state as the header shows it: running, finished with its exit status, or lost."""
+        end = self.run_end
+        if end is not None:
+            return {
+                "state": "finished",
+                "exit_status": end.status,
+                "reason": end.reason,
+                "signal_name": end.signal_name,
+                "end_wall": end.wall,
+            }
+        if self.meta.get("lost"):
+            return {"state": "lost"}
+        snapshot = self.snapshot
+        return {"state": snapshot.state if snapshot is not None else "starting"}
+
+    def overhead_doc(self) -> dict[str, Any]:
+        """tm's own cost: the agent's µs per step, records dropped on the bus, component crashes."""
+        doc: dict[str, Any] = {}
+        if self.agent_us_steps:
+            doc["agent_us_per_step"] = self.agent_us_total / self.agent_us_steps
+            doc["agent_us_last"] = self.agent_us_last
+            doc["agent_steps"] = self.agent_us_steps
+        else:
+            doc["agent_absent"] = "no step carried the agent's own time"
+        stats = self.bus_stats
+        if stats is not None:
+            doc["dropped_total"] = stats.dropped_total
+            doc["log_queue_dropped"] = stats.log_queue_dropped
+            doc["log_reserve_active"] = stats.log_reserve_active
+            doc["received"] = stats.received
+        else:
+            doc["drops_absent"] = "no bus.stats record yet"
+        crashed = {name: c for name, c in self.components.items() if c["crashes"]}
+        if crashed:
+            doc["component_crashes"] = {name: c["crashes"] for name, c in sorted(crashed.items())}
+        return doc
+
+    def snapshot_doc(self, wall_windows: bool = True) -> dict[str, Any]:
+        """The latest snapshot as plain data; with ``wall_windows`` every metric's window also in wall time."""
+        with self.lock:
+            snapshot = self.current_snapshot()
+        doc = rec.to_builtins(snapshot)
+        if wall_windows and snapshot.wall:
+            offset = snapshot.wall - snapshot.t  # monotonic t and wall time of the same instant
+            for metric in doc.get("metrics", {}).values():
+                for end in ("window_start", "window_end"):
+                    t = metric.get(f"{end}_t")
+                    if t is not None:
+                        metric[f"{end}_wall"] = t + offset
+        return doc
+
+    def live_doc(self) -> dict[str, Any]:
+        """The page's whole state: what the first event of the live stream carries, and what patches then change."""
+        with self.lock:
+            if self._doc is not None and self._doc_version == self.version:
+                return self._doc
+            snapshot = self.snapshot_doc(wall_windows=False)
+            # Ranks keyed by rank, so a patch carries only the ranks whose numbers moved.
+            snapshot["ranks"] = {str(r["rank"]): r for r in snapshot.get("ranks", [])}
+            doc = {
+                "snapshot": snapshot,
+                "status": self._status(),
+                "overhead": self.overhead_doc(),
+                "alerts": {a["id"]: dict(a) for a in self.alerts},
+                "catalog": self.catalog(points=False),
+            }
+            self._doc, self._doc_version = doc, self.version
+            return doc
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # History
+
+    def catalog(self, points: bool = True) -> dict[str, dict[str, Any]]:
+        """Every series with history: its group, raw key (a mapped loop series), unit, convention, points added."""
+        with self.lock:
+            history = self.engine.history
+            snapshot = self.snapshot
+            metrics = snapshot.metrics if snapshot is not None else {}
+            series_now = snapshot.series if snapshot is not None else {}
+            out: dict[str, dict[str, Any]] = {}
+            for name in history.series_names():
+                entry = series_group(name)
+                if points:
+                    entry["points"] = history.added_points(name)
+                if entry["group"] == "loop":
+                    point = series_now.get(name)
+                    if point is not None:
+                        entry["raw_key"] = point.raw_key
+                elif entry["group"] in ("gpu", "rank"):
+                    unit = _COUNTER_UNITS.get(entry["counter"])
+                    if unit:
+                        entry["unit"] = unit
+                elif entry["group"] == "metric":
+                    metric = metrics.get(entry["metric"])
+                    if metric is not None:
+                        if metric.unit:
+                            entry["unit"] = metric.unit
+                        if metric.convention:
+                            entry["convention"] = metric.convention
+                        if metric.label:
+                            entry["label"] = metric.label
+                out[name] = entry
+            return out
+
+    def added_points(self, series: str) -> int:
+        with self.lock:
+            return self.engine.history.added_points(series)
+
+    def history(
+        self, series: str, x_axis: str, since: float | None = None, max_points: int | None = None
+    ) -> list[HistoryPoint]:
+        """Points (JSON ``[x, value, min, max, count]``) of one series, oldest first (cached while it is unchanged)."""
+        return self._history_entry(series, x_axis, since, max_points)[0]
+
+    def history_json(
+        self, series: str, x_axis: str, since: float | None = None, max_points: int | None = None
+    ) -> bytes:
+        """The same points as JSON, encoded once per change of the series (what many pages ask for at once)."""
+        with self.lock:
+            key = self._history_key(series, x_axis, since, max_points)
+            points, encoded = self._history_entry(series, x_axis, since, max_points)
+            if encoded is None:
+                encoded = _encoder.encode(points)
+                self._history_cache[key] = (points, encoded)
+            return encoded
+
+    def _history_key(self, series: str, x_axis: str, since: float | None, max_points: int | None) -> tuple:
+        return (series, x_axis, since, max_points, self.engine.history.added_points(series))
+
+    def _history_entry(
+        self, series: str, x_axis: str, since: float | None, max_points: int | None
+    ) -> tuple[list[HistoryPoint], bytes | None]:
+        if x_axis not in X_AXES:
+            raise ValueError(f"unknown x axis {x_axis!r}; the axes are {', '.join(X_AXES)}")
+        with self.lock:
+            key = self._history_key(series, x_axis, since, max_points)
+            cached = self._history_cache.get(key)
+            if cached is not None:
+                self._history_cache.move_to_end(key)
+                return cached
+            entry = (self.engine.history.query(series, x_axis, since=since, max_points=max_points), None)
+            self._history_cache[key] = entry
+            while len(self._history_cache) > HISTORY_CACHE_ENTRIES:
+                self._history_cache.popitem(last=False)
+            return entry
+
+    def encoded(self, name: str, build) -> bytes:
+        """A document's JSON, built once per version of the model (the API answers many pages from it)."""
+        with self.lock:
+            hit = self._encoded.get(name)
+            if hit is not None and hit[0] == self.version:
+                return hit[1]
+            body = _encoder.encode(build())
+            self._encoded[name] = (self.version, body)
+            return body
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "__struct_fields__"):
+        return msgspec.to_builtins(value)
+    return value
+
+
+def encode(doc: Any) -> bytes:
+    """JSON of a document; NaN and infinity become null (JSON has no such numbers)."""
+    return _encoder.encode(doc)

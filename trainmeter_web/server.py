@@ -1,0 +1,387 @@
+"""The dashboard's HTTP server: the static page, the JSON API (docs/api.md) and the live stream, on a socket it is
+handed, in a thread of its own with its own event loop.
+
+aiohttp is imported here and only here, and only by tm's web process or ``tm view``: never in a training process. On
+stop, every live stream ends at once, so shutting the web process down never waits for an open page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from trainmeter_core import rundir
+from trainmeter_core.history import X_AXES
+from trainmeter_web.guard import SECURITY_HEADERS, TOKEN_COOKIE, Guard, without_token
+from trainmeter_web.model import RunModel, encode
+from trainmeter_web.stream import DEFAULT_POINTS, MAX_POINTS, LiveStream
+
+KEEPALIVE_S = 15.0
+RETRY_MS = 1000
+SHUTDOWN_S = 0.5
+_CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".txt": "text/plain; charset=utf-8",
+}
+_MODEL = web.AppKey("model", RunModel)
+_GUARD = web.AppKey("guard", Guard)
+_CHANGES = web.AppKey("changes", object)
+_STATIC = web.AppKey("static", dict)
+
+
+def load_static() -> dict[str, tuple[bytes, str]]:
+    """The page's files, read once: name -> (bytes, content type). Only these names are ever served."""
+    files: dict[str, tuple[bytes, str]] = {}
+    root = resources.files("trainmeter_web") / "static"
+    for entry in root.iterdir():
+        suffix = Path(entry.name).suffix
+        if entry.is_file() and suffix in _CONTENT_TYPES:
+            files[entry.name] = (entry.read_bytes(), _CONTENT_TYPES[suffix])
+    return files
+
+
+class Changes:
+    """Wakes every live stream when the model changed, or when the server stops. Event-loop side only."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.closing = False
+        self._waiters: set[asyncio.Future] = set()
+
+    def bump(self) -> None:
+        self.version += 1
+        self._wake()
+
+    def close(self) -> None:
+        self.closing = True
+        self._wake()
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self, seen: int, timeout_s: float) -> None:
+        if self.version != seen or self.closing:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(waiter)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Middleware: the guard first, then the handler; the headers go on every response through on_response_prepare
+
+
+@web.middleware
+async def guard_middleware(request: web.Request, handler):
+    guard = request.app[_GUARD]
+    if not guard.host_allowed(request.headers.get("Host")):
+        return web.Response(
+            status=403,
+            text="tm: this Host is not allowed (DNS rebinding guard): open http://localhost:PORT/\n",
+        )
+    how = guard.token_from(
+        request.headers.get("Authorization"), request.cookies.get(TOKEN_COOKIE), request.query.get("token")
+    )
+    if how is None:
+        return web.Response(
+            status=401,
+            text="tm: this dashboard needs its token: open the URL tm printed (it ends in ?token=...)\n",
+        )
+    if how == "query" and request.path == "/" and request.method == "GET":
+        # Trade the token in the address bar for a cookie, so it leaves the history and never rides in a Referer.
+        return web.Response(
+            status=303,
+            headers={
+                "Location": without_token("/", dict(request.query)),
+                "Set-Cookie": guard.cookie_header(),
+            },
+        )
+    return await handler(request)
+
+
+async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+    if request.path.startswith("/api/"):
+        response.headers["Cache-Control"] = "no-store"
+    else:
+        response.headers.setdefault("Cache-Control", "no-cache")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Handlers
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(body=encode(doc), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status)
+
+
+async def page(request: web.Request) -> web.Response:
+    body, content_type = request.app[_STATIC]["index.html"]
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def static(request: web.Request) -> web.Response:
+    found = request.app[_STATIC].get(request.match_info["name"])
+    if found is None:
+        raise web.HTTPNotFound(text="no such file\n")
+    body, content_type = found
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def _body(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+async def api_run(request: web.Request) -> web.Response:
+    model = request.app[_MODEL]
+    return _body(model.encoded("run", model.run_doc))
+
+
+async def api_snapshot(request: web.Request) -> web.Response:
+    model = request.app[_MODEL]
+    return _body(model.encoded("snapshot", model.snapshot_doc))
+
+
+async def api_state(request: web.Request) -> web.Response:
+    model = request.app[_MODEL]
+    return _body(model.encoded("state", model.live_doc))
+
+
+async def api_series(request: web.Request) -> web.Response:
+    return _json({"x_axes": list(X_AXES), "series": request.app[_MODEL].catalog()})
+
+
+def _axis(request: web.Request) -> str | web.Response:
+    x_axis = request.query.get("x", "step")
+    if x_axis not in X_AXES:
+        return _error(400, f"x={x_axis!r} is not an x axis; use one of {', '.join(X_AXES)}")
+    return x_axis
+
+
+def _points(request: web.Request, default: int | None) -> int | None | web.Response:
+    text = request.query.get("points")
+    if text is None:
+        return default
+    try:
+        points = int(text)
+    except ValueError:
+        points = 0
+    if not 1 <= points <= MAX_POINTS:
+        return _error(400, f"points={text!r}: give a whole number from 1 to {MAX_POINTS}")
+    return points
+
+
+async def api_history(request: web.Request) -> web.Response:
+    model = request.app[_MODEL]
+    x_axis = _axis(request)
+    if isinstance(x_axis, web.Response):
+        return x_axis
+    points = _points(request, None)
+    if isinstance(points, web.Response):
+        return points
+    since: float | None = None
+    if "since" in request.query:
+        try:
+            since = float(request.query["since"])
+        except ValueError:
+            return _error(400, f"since={request.query['since']!r}: give a number on the x axis")
+    catalog = model.catalog(points=False)
+    names = request.query.getall("series", []) or list(catalog)
+    missing = [n for n in names if n not in catalog]
+    if missing and len(names) == 1:
+        return _json({"error": f"no series {missing[0]!r}: /api/series lists them", "missing": missing}, 404)
+    # Assembled from each series' cached JSON: a page's worth of readers costs one encode per series and change.
+    parts = [
+        encode(name) + b":" + model.history_json(name, x_axis, since, points)
+        for name in names
+        if name in catalog
+    ]
+    body = b'{"x_axis":' + encode(x_axis) + b',"series":{' + b",".join(parts) + b"}"
+    if missing:
+        body += b',"missing":' + encode(missing)
+    return _body(body + b"}")
+
+
+async def api_alerts(request: web.Request) -> web.Response:
+    model = request.app[_MODEL]
+    with model.lock:
+        return _json({"alerts": [dict(a) for a in model.alerts]})
+
+
+async def api_runs(request: web.Request) -> web.Response:
+    model = request.app[_MODEL]
+    if model.run_dir is None:
+        return _json({"runs": []})
+    current = model.run_dir.resolve()
+    runs = []
+    for path in rundir.list_runs(model.run_dir.parent):
+        info = rundir.run_info(path)
+        runs.append(
+            {
+                "name": info.name,
+                "path": str(path),
+                "state": info.state,
+                "start_wall": info.start_wall,
+                "end_wall": info.end_wall,
+                "steps": info.steps,
+                "exit_status": info.exit_status,
+                "current": path.resolve() == current,
+            }
+        )
+    return _json({"runs_dir": str(model.run_dir.parent), "runs": runs})
+
+
+async def api_passport(request: web.Request) -> web.Response:
+    model = request.app[_MODEL]
+    if model.run_dir is None:
+        return _json({"absent": "no run directory"})
+    try:
+        text = (model.run_dir / "passport.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return _json({"absent": "the passport is written when the run ends (tm passport RUN)"})
+    return _json({"markdown": text})
+
+
+async def api_events(request: web.Request) -> web.StreamResponse:
+    x_axis = _axis(request)
+    if isinstance(x_axis, web.Response):
+        return x_axis
+    points = _points(request, DEFAULT_POINTS)
+    if isinstance(points, web.Response):
+        return points
+    model = request.app[_MODEL]
+    changes: Changes = request.app[_CHANGES]  # type: ignore[assignment]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    await response.prepare(request)
+    stream = LiveStream(model, x_axis, points or DEFAULT_POINTS)
+    loop = asyncio.get_running_loop()
+    try:
+        await response.write(f"retry: {RETRY_MS}\n\n".encode())
+        seen = changes.version
+        # A long history takes a while to gather: off the event loop, so other pages and the API stay quick.
+        first = await loop.run_in_executor(None, stream.full)
+        await response.write(_event("state", first))
+        while True:
+            await changes.wait(seen, KEEPALIVE_S)
+            if changes.version != seen:
+                # Sent even when the server is closing: the run's end arrives just before tm stops the web process.
+                seen = changes.version
+                update = stream.update()
+                if update is not None:
+                    await response.write(_event("patch", update))
+            elif not changes.closing:
+                await response.write(b": keep-alive\n\n")
+            if changes.closing:
+                break
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    return response
+
+
+def _event(name: str, doc: Any) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + encode(doc) + b"\n\n"
+
+
+def make_app(model: RunModel, guard: Guard, changes: Changes | None = None) -> web.Application:
+    app = web.Application(middlewares=[guard_middleware])
+    app[_MODEL] = model
+    app[_GUARD] = guard
+    app[_CHANGES] = changes if changes is not None else Changes()
+    app[_STATIC] = load_static()
+    app.on_response_prepare.append(_headers)
+    get = app.router.add_get
+    get("/", page)
+    get("/static/{name}", static)
+    get("/api/run", api_run)
+    get("/api/snapshot", api_snapshot)
+    get("/api/state", api_state)
+    get("/api/series", api_series)
+    get("/api/history", api_history)
+    get("/api/alerts", api_alerts)
+    get("/api/runs", api_runs)
+    get("/api/passport", api_passport)
+    get("/api/events", api_events)
+    return app
+
+
+class Server:
+    """The dashboard on a listening socket, served by a thread with its own event loop until ``stop()``."""
+
+    def __init__(self, model: RunModel, sock: socket.socket, guard: Guard) -> None:
+        self.model = model
+        self.sock = sock
+        self.guard = guard
+        self.changes = Changes()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tm-web-server", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(30)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported to start() or, later, to whoever joins
+            self.error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        app = make_app(self.model, self.guard, self.changes)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
+        await runner.setup()
+        site = web.SockSite(runner, self.sock)
+        await site.start()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            self.changes.close()  # every live stream returns now
+            await asyncio.sleep(0)
+            await runner.cleanup()
+
+    def notify(self) -> None:
+        """The model changed: wake the live streams (callable from any thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self.changes.bump)
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass
+        self._thread.join(timeout_s)
