@@ -7,9 +7,26 @@ from trainmeter_core import hookimpl
 
 @hookimpl
 def trainmeter_components():
+    from trainmeter_core.alerts_component import AlertsComponent
     from trainmeter_core.engine_component import EngineComponent
 
-    return [EngineComponent]
+    return [EngineComponent, AlertsComponent]
+
+
+@hookimpl
+def trainmeter_sinks():
+    from trainmeter_core.heartbeat import HeartbeatSink, heartbeat_url
+    from trainmeter_core.sinks import AlertsFileSink, TerminalSink
+
+    # The heartbeat is opt-in: without a URL it is not even started.
+    return [TerminalSink, AlertsFileSink] + ([HeartbeatSink] if heartbeat_url() else [])
+
+
+@hookimpl
+def trainmeter_alert_rules():
+    from trainmeter_core.alert_rules import BUILTIN_RULES
+
+    return [cls() for cls in BUILTIN_RULES]
 
 
 @hookimpl

@@ -27,6 +27,7 @@ from trainmeter_core.facts import (
 )
 from trainmeter_core.flops import CONVENTIONS
 from trainmeter_core.history import History, HistoryState
+from trainmeter_core.platform import GPU_LOST
 
 __all__ = ["Engine", "EngineState", "GpuState", "RankState"]
 
@@ -43,6 +44,17 @@ _GPU_FIELDS = (
     ("power_w", 1e5),
     ("clock_sm_mhz", 1e5),
 )
+# Alert inputs: how many of rank 0's latest steps the medians look at (odd, so a median is one of them), the clock
+# event reasons that mean power or heat (nvml.h: hw_slowdown is either, so it counts as both), the phases during
+# which a loop is not training on purpose, and the series whose non-finite values the loss rules count.
+STEP_WINDOW = 21
+_POWER_REASONS = ("sw_power_cap", "hw_power_brake", "hw_slowdown")
+_THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
+_PAUSE_PHASES = ("eval", "checkpoint")
+_LOSS_SERIES = "train_loss"
+# A GPU whose latest sample is older than this is no longer watched (the sampler narrowed its selection to the run's
+# GPUs): its health is absent rather than frozen at its last reading.
+_STALE_GPU_S = 30.0
 
 
 class RankState(msgspec.Struct, kw_only=True):
@@ -73,6 +85,12 @@ class GpuState(msgspec.Struct, kw_only=True):
     ofu_s: float = 0.0  # Σ OFU × GPM window, for observed FLOPs
     ofu_samples: int = 0
     ofu_missed: int = 0  # samples whose OFU could not be computed (no GPM, no tensor clock yet)
+    # for the alert rules: the latest clock event reasons, Xids counted over every sample, ECC, lost
+    throttle: list[str] = []
+    xid_count: int = 0
+    xid_last: int | None = None
+    ecc_uncorrected: int | None = None
+    lost: bool = False
 
 
 class EngineState(msgspec.Struct, kw_only=True):
@@ -118,6 +136,18 @@ class EngineState(msgspec.Struct, kw_only=True):
     gpus: dict[str, GpuState] = {}
     host_sample: rec.SampleHost | None = None
     node_sample: rec.SampleNode | None = None
+    # what the alert rules read besides the metrics above (docs/metrics.md, "Alert inputs")
+    child_alive: bool | None = None  # from the latest tick; False once the run ended
+    recent_intervals_s: list[float] = []  # rank 0's latest STEP_WINDOW step intervals, profiled ones left out
+    recent_rates: list[float] = []  # tokens / interval of those steps, where a step had tokens
+    pause_phase: str | None = None  # the latest eval or checkpoint span of rank 0, and when it ended
+    pause_end_t: float | None = None
+    loss_seen: bool = False
+    loss_nonfinite: int = 0  # train_loss values that were NaN or infinite, over the run
+    loss_tick_max: float | None = None  # the largest finite train_loss since the previous tick
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    exit_signal_name: str | None = None
 
 
 class _Checkpoint(msgspec.Struct):
@@ -271,6 +301,10 @@ class Engine:
             if interval is not None:
                 state.tokens_ema = fm.ema(state.tokens_ema, tokens)
                 state.interval_ema_s = fm.ema(state.interval_ema_s, interval)
+        if not first and not record.profiled and interval is not None:
+            _keep_recent(state.recent_intervals_s, interval)
+            if tokens is not None:
+                _keep_recent(state.recent_rates, tokens / interval)
         state.last_step_t = record.t
         if tokens is not None:
             state.tokens_seen += tokens
@@ -327,11 +361,21 @@ class Engine:
                     emit_series[name] = True
             elif name in emit_series:
                 continue  # emit() beats a tapped tracker for the same series
+            if name == _LOSS_SERIES:
+                self._on_loss(value)
             state.series[name] = rec.SeriesPoint(
                 canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
             )
             self.history.add_point(name, step, tokens, flops, record.wall, value)
         return []
+
+    def _on_loss(self, value: float) -> None:
+        state = self.state
+        state.loss_seen = True
+        if not -math.inf < value < math.inf:
+            state.loss_nonfinite += 1
+        elif state.loss_tick_max is None or value > state.loss_tick_max:
+            state.loss_tick_max = value
 
     def _on_fact(self, record: rec.Fact) -> list[rec.Snapshot]:
         self.state.facts.add(record)
@@ -345,6 +389,8 @@ class Engine:
         state.phases_seen[name] = state.phases_seen.get(name, 0) + 1
         if not -math.inf < record.start_t <= record.end_t < math.inf:
             return []  # a span that ends before it starts (or is not finite) holds no time
+        if name in _PAUSE_PHASES and (state.pause_end_t is None or record.end_t >= state.pause_end_t):
+            state.pause_phase, state.pause_end_t = name, record.end_t
         first = state.first_step_t
         if first is None or record.end_t <= first:
             return []  # before the first step everything is startup and compile
@@ -390,6 +436,12 @@ class Engine:
         gpu.clock_sm_mhz = clock_sm_mhz
         gpu.power_w = power_w
         gpu.absent = absent
+        gpu.throttle = record.throttle
+        if record.xid:
+            gpu.xid_count += len(record.xid)
+            gpu.xid_last = record.xid[-1]
+        gpu.ecc_uncorrected = record.ecc_uncorrected
+        gpu.lost = GPU_LOST in absent.values()
         window_s = record.gpm_window_s
         if window_s is not None and window_s > 0:
             if self._derived_version != state.facts.version:
@@ -432,8 +484,10 @@ class Engine:
         state.tick = record.n
         state.now_t = record.t
         state.now_wall = record.wall
+        state.child_alive = record.child_alive
         snapshot = build_snapshot(self, final=False, lean=self._quiet)
         self._record_history(snapshot, record.wall)
+        state.loss_tick_max = None  # each snapshot shows the largest loss since the one before
         return [] if self._quiet else [snapshot]
 
     def _on_run_end(self, record: rec.RunEnd) -> list[rec.Snapshot]:
@@ -441,6 +495,9 @@ class Engine:
         state.finished = True
         state.now_t = record.t
         state.now_wall = record.wall
+        state.child_alive = False
+        state.exit_code, state.exit_signal = record.exit_code, record.signal
+        state.exit_signal_name = record.signal_name
         return [] if self._quiet else [build_snapshot(self, final=True)]
 
     def _record_history(self, snapshot: rec.Snapshot, wall: float) -> None:
@@ -1152,6 +1209,176 @@ class _Snapshot:
             else:
                 self.put(key, formula, value=float(value), unit=unit, window_end_t=sample.t)  # type: ignore[union-attr]
 
+    def alert_inputs(self) -> None:
+        """What the alert rules read and no other metric gives: staleness, medians, liveness, GPU health, space, exit."""
+        state = self.state
+        now = state.now_t
+        self.put_steps(now)
+        self.put_loss()
+        if state.child_alive is None:
+            self.put("child_alive", "the latest tick's child_alive", absent="no tick yet")
+        else:
+            self.put(
+                "child_alive",
+                "the latest tick's child_alive (0 once the run ended)",
+                value=float(state.child_alive),
+            )
+        formula = "now − the end of rank 0's latest eval or checkpoint span"
+        if state.pause_end_t is None or now is None:
+            self.put("since_pause_s", formula, absent="no eval or checkpoint span yet", unit="s")
+        else:
+            self.put(
+                "since_pause_s",
+                formula,
+                value=max(0.0, now - state.pause_end_t),
+                unit="s",
+                label=state.pause_phase,
+            )
+        for key, gpu in sorted(state.gpus.items()):
+            self.put_gpu_health(key, gpu)
+        self.put_space()
+        formula = "run.end's exit code and signal"
+        if not state.finished:
+            for key in ("exit_code", "exit_signal"):
+                self.put(key, formula, absent="the run has not ended")
+        else:
+            code, sig = state.exit_code, state.exit_signal
+            if code is None:
+                self.put(
+                    "exit_code", formula, absent="no exit code: the command was signalled or never started"
+                )
+            else:
+                self.put("exit_code", formula, value=float(code))
+            if sig is None:
+                self.put("exit_signal", formula, absent="no signal: the command exited")
+            else:
+                self.put("exit_signal", formula, value=float(sig), label=state.exit_signal_name)
+
+    def put_steps(self, now: float | None) -> None:
+        state = self.state
+        formula = "now − the t of rank 0's latest step"
+        if state.last_step_t is None or now is None:
+            self.put("since_step_s", formula, absent=_NO_STEP, unit="s")
+        else:
+            self.put("since_step_s", formula, value=max(0.0, now - state.last_step_t), unit="s")
+        window = f"median of rank 0's latest {STEP_WINDOW} step intervals, profiled steps left out"
+        if state.recent_intervals_s:
+            inputs = {"steps": _EI(value=len(state.recent_intervals_s), source="rank 0 step records")}
+            median = fm.median(state.recent_intervals_s)
+            self.put("step_time_median_s", window, value=median, unit="s", inputs=inputs)
+        else:
+            self.put(
+                "step_time_median_s",
+                window,
+                absent=_NO_STEP if not state.steps else "one step so far: an interval needs two",
+                unit="s",
+            )
+        formula = f"median over rank 0's latest {STEP_WINDOW} steps of tokens / step interval"
+        if state.recent_rates:
+            inputs = {"steps": _EI(value=len(state.recent_rates), source="rank 0 step records with tokens")}
+            self.put(
+                "tokens_per_s_median",
+                formula,
+                value=fm.median(state.recent_rates),
+                unit="tokens/s",
+                inputs=inputs,
+            )
+        else:
+            self.put(
+                "tokens_per_s_median",
+                formula,
+                absent=self.tps_absent if self.tps is None else _NO_TOKENS,
+                unit="tokens/s",
+            )
+
+    def put_loss(self) -> None:
+        state = self.state
+        formula = "count of train_loss values that were NaN or infinite"
+        if not state.loss_seen:
+            for key in ("loss_nonfinite", "loss_tick_max"):
+                self.put(key, formula, absent="no train_loss reported")
+            return
+        self.put("loss_nonfinite", formula, value=float(state.loss_nonfinite))
+        formula = "the largest finite train_loss since the previous tick"
+        if state.loss_tick_max is None:
+            self.put("loss_tick_max", formula, absent="no finite train_loss since the previous tick")
+        else:
+            self.put("loss_tick_max", formula, value=state.loss_tick_max)
+
+    def put_gpu_health(self, key: str, gpu: GpuState) -> None:
+        now = self.state.now_t
+        if now is not None and gpu.t is not None and now - gpu.t > _STALE_GPU_S:
+            why = f"no sample from {key} for {now - gpu.t:.0f} s: it is no longer watched"
+            for name in _GPU_HEALTH:
+                self.put(f"{name}.{key}", "the latest sample of the GPU", absent=why)
+            return
+        # A lost GPU's row reads "GPU lost" for every field, so each number below is absent with that reason.
+        why = gpu.absent.get("throttle") or gpu.absent.get("clock_event_reasons")
+        for name, reasons in (
+            ("gpu_power_throttle", _POWER_REASONS),
+            ("gpu_thermal_throttle", _THERMAL_REASONS),
+        ):
+            formula = f"1 while a clock event reason of {', '.join(reasons)} is active, else 0"
+            if why is not None:
+                self.put(f"{name}.{key}", formula, absent=why)
+                continue
+            active = [reason for reason in gpu.throttle if reason in reasons]
+            self.put(f"{name}.{key}", formula, value=1.0 if active else 0.0, label=",".join(active) or None)
+        self.put(
+            f"gpu_xid.{key}", "count of the Xid events in every sample so far", value=float(gpu.xid_count)
+        )
+        formula = "the latest Xid event's code"
+        if gpu.xid_last is None:
+            self.put(f"gpu_xid_last.{key}", formula, absent="no Xid event so far")
+        else:
+            self.put(f"gpu_xid_last.{key}", formula, value=float(gpu.xid_last))
+        formula = "the latest volatile uncorrectable ECC error count"
+        if gpu.ecc_uncorrected is None:
+            why = gpu.absent.get("ecc_uncorrected") or f"no ECC count from {key}"
+            self.put(f"gpu_ecc_uncorrected.{key}", formula, absent=why)
+        else:
+            self.put(f"gpu_ecc_uncorrected.{key}", formula, value=float(gpu.ecc_uncorrected))
+        formula = f"1 while the sampler's row reads '{GPU_LOST}' (NVML: the GPU fell off the bus), else 0"
+        self.put(f"gpu_lost.{key}", formula, value=1.0 if gpu.lost else 0.0)
+
+    def put_space(self) -> None:
+        node = self.state.node_sample
+        worst: dict[str, rec.FsStat] = {}
+        unread: dict[str, str] = {}
+        for fs in node.filesystems if node is not None else []:
+            if fs.total_b is None or fs.avail_b is None or fs.total_b <= 0:
+                unread[fs.role] = f"no size reading for {fs.path}"
+                continue
+            held = worst.get(fs.role)
+            if held is None or fs.avail_b / fs.total_b < held.avail_b / held.total_b:  # type: ignore[operator]
+                worst[fs.role] = fs
+        for role in ("run", "checkpoints", "shm"):
+            fs = worst.get(role)
+            formula = f"available / total bytes of the fullest filesystem holding the {role} folders"
+            if fs is None:
+                why = unread.get(role) or (
+                    "no checkpoint written yet" if role == "checkpoints" else "no filesystem sample yet"
+                )
+                self.put(f"disk_free.{role}", formula, absent=why)
+                self.put(f"disk_avail_b.{role}", formula, absent=why, unit="B")
+                continue
+            inputs = {"total_b": _EI(value=fs.total_b, unit="B", source=fs.mount or fs.path)}
+            self.put(
+                f"disk_free.{role}", formula, value=fs.avail_b / fs.total_b, label=fs.path, inputs=inputs
+            )  # type: ignore[operator]
+            self.put(f"disk_avail_b.{role}", formula, value=float(fs.avail_b), unit="B", label=fs.path)  # type: ignore[arg-type]
+        formula = "MemAvailable / MemTotal, or the cgroup's room / its limit where that is less"
+        if node is None or node.mem_available_b is None or not node.mem_total_b:
+            why = node.absent.get("mem_available_b") if node is not None else None
+            self.put("node_mem_available", formula, absent=why or "no host sample yet")
+            return
+        free = node.mem_available_b / node.mem_total_b
+        label = "node"
+        limit, used = node.cgroup_mem_limit_b, node.cgroup_mem_used_b
+        if limit and used is not None and (limit - used) / limit < free:
+            free, label = max(0.0, (limit - used) / limit), "cgroup"
+        self.put("node_mem_available", formula, value=free, label=label)
+
 
 def build_snapshot(engine: Engine, final: bool, lean: bool = False) -> rec.Snapshot:
     """The snapshot of ``engine``'s state: every metric, its explain, the series, ranks, time split, facts, warnings.
@@ -1175,6 +1402,7 @@ def build_snapshot(engine: Engine, final: bool, lean: bool = False) -> rec.Snaps
     ranks = snap.ranks()
     snap.plan()
     snap.host()
+    snap.alert_inputs()
     warnings = list(engine.fact_warnings)
     if state.tokens_mismatch is not None and engine._declared_tokens_per_step is not None:
         warnings.append(
@@ -1206,6 +1434,22 @@ def build_snapshot(engine: Engine, final: bool, lean: bool = False) -> rec.Snaps
         warnings=warnings,
         through_seq=state.through_seq,
     )
+
+
+_GPU_HEALTH = (
+    "gpu_power_throttle",
+    "gpu_thermal_throttle",
+    "gpu_xid",
+    "gpu_xid_last",
+    "gpu_ecc_uncorrected",
+    "gpu_lost",
+)
+
+
+def _keep_recent(values: list[float], value: float) -> None:
+    values.append(value)
+    if len(values) > STEP_WINDOW:
+        del values[0]
 
 
 def _per_gpu(gpus: list[GpuState], name: str, why: str | None) -> tuple[list[float], str | None]:
