@@ -35,6 +35,7 @@ Run options:
   --no-web             no dashboard
   --port N             the dashboard's port (default 8765, or the next free one)
   --host ADDR          the dashboard's address (default 127.0.0.1; any other address requires the printed token)
+  --heartbeat URL      ping URL (healthchecks.io style) every minute while the run lives and steps; off by default
   -q, --quiet          no start line, only the summary
   -h, --help           this help; tm COMMAND --help for a command's
 
@@ -49,10 +50,15 @@ class UsageError(Exception):
     """A command line tm cannot take: one line, exit 2."""
 
 
+class _RunParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(f"{message} (tm --help)")
+
+
 def run_parser() -> argparse.ArgumentParser:
     from trainmeter_core.declared import add_declared_arguments
 
-    parser = argparse.ArgumentParser(prog="tm", add_help=False, exit_on_error=False)
+    parser = _RunParser(prog="tm", add_help=False, exit_on_error=False)
     parser.add_argument("--name")
     parser.add_argument("--runs-dir")
     parser.add_argument("--gpus", help="the GPUs of the run: indices or UUIDs, comma-separated")
@@ -61,9 +67,21 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-web", action="store_true")
     parser.add_argument("--port", type=int)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--heartbeat", metavar="URL", help="ping URL every minute while the run lives and steps"
+    )
     parser.add_argument("-q", "--quiet", action="store_true")
     add_declared_arguments(parser)
     return parser
+
+
+def add_plugin_options(parser: argparse.ArgumentParser) -> list[str]:
+    """Let plugins add their run options (``trainmeter_add_options``); returns the dests they added."""
+    from trainmeter_core import plugins as plugins_mod
+
+    before = {action.dest for action in parser._actions}
+    plugins_mod.load().per_plugin("trainmeter_add_options", parser=parser)
+    return [action.dest for action in parser._actions if action.dest not in before]
 
 
 def declared_inputs(args: argparse.Namespace, command: list[str], script_mode: bool) -> dict:
@@ -76,9 +94,15 @@ def declared_inputs(args: argparse.Namespace, command: list[str], script_mode: b
     toml_path = folder / "tm.toml"
     try:
         document = load_tm_toml(toml_path) if toml_path.is_file() else {}
-        return parse_declared(vars(args), document, str(toml_path) if document else None)
+        declared = parse_declared(vars(args), document, str(toml_path) if document else None)
     except DeclaredInputError as exc:
         raise UsageError(str(exc)) from None
+    from trainmeter_core.alert_rules import check_tm_toml
+
+    problems = check_tm_toml(document, str(toml_path))
+    if problems:
+        raise UsageError(problems[0])
+    return declared
 
 
 def split_run_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str], bool]:
@@ -106,13 +130,27 @@ def cmd_run(argv: list[str]) -> int:
 
     parser = run_parser()
     head, command, script_mode = split_run_argv(argv, parser)
+    plugin_dests: list[str] = []
+    known = {opt for action in parser._actions for opt in action.option_strings}
+    if any(tok.split("=")[0] not in known for tok in head if tok.startswith("-")):
+        # An option tm does not know may belong to a plugin: load them (only now, to keep a plain start fast).
+        plugin_dests = add_plugin_options(parser)
+        head, command, script_mode = split_run_argv(argv, parser)
     if not command:
         raise UsageError("no command to run: tm script.py [args] or tm -- CMD [args] (tm --help)")
     try:
         args = parser.parse_args(head)
     except argparse.ArgumentError as exc:
         raise UsageError(str(exc)) from None
+    except SystemExit:  # argparse exits for an unrecognised option even with exit_on_error=False
+        raise UsageError(
+            f"unknown option in `{' '.join(head)}`: tm --help lists tm's own, plugins add theirs"
+        ) from None
     declared = declared_inputs(args, command, script_mode)
+    # Plugin options travel to the plugin's component as environment variables named by their dest.
+    plugin_env = {d: str(getattr(args, d)) for d in plugin_dests if getattr(args, d, None) is not None}
+    if args.heartbeat:
+        plugin_env["TM_HEARTBEAT_URL"] = args.heartbeat
     return run(
         RunOptions(
             command=command,
@@ -126,6 +164,7 @@ def cmd_run(argv: list[str]) -> int:
             web=not args.no_web,
             host=args.host,
             port=args.port,
+            component_env=plugin_env,
             declared=declared,
         )
     )

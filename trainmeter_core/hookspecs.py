@@ -136,8 +136,9 @@ def trainmeter_commands() -> Sequence[Any]:
 def trainmeter_add_options(parser: argparse.ArgumentParser) -> None:
     """Add options to ``tm``'s run command (for example ``--webhook-url``).
 
-    Options that carry secrets must also be named by :func:`trainmeter_secret_options`, so they are redacted wherever
-    the command line is recorded or shown.
+    Give each option a ``dest`` that is an environment variable name (``dest="TM_WEBHOOK_URL"``): tm hands the
+    value to the components (never to the training process) in that variable. Options that carry secrets must also
+    be named by :func:`trainmeter_secret_options`, so they are redacted wherever the command line is recorded or shown.
     """
 
 

@@ -75,6 +75,7 @@ class Hub:
         self._finish: rec.RunEnd | None = None
         self._ended = threading.Event()
         self._stop_requested = False
+        self.seq_of_end = 0  # run.end's sequence number, once the run has ended
         self.late = 0  # records that arrived after run.end: published if snapshots, never written
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tm-hub", daemon=True)
@@ -96,8 +97,9 @@ class Hub:
     def end(self, run_end: rec.RunEnd, timeout_s: float = 10.0) -> None:
         """Drain what producers already sent, then record and publish the final ``bus.stats`` and ``run.end``.
 
-        After the end nothing more is written to the log (``run.end`` is its last line) and nothing but snapshots is
-        published: the engine's final snapshot, computed from ``run.end``, still reaches the launcher and subscribers.
+        After the end only two kinds still pass: the engine's final snapshot, computed from ``run.end`` (published, never
+        written), and alerts computed from it, such as the training process having died (published and written, after
+        ``run.end``). Anything else arriving late is counted in ``late`` and dropped.
         """
         self._finish = run_end
         self._wake()
@@ -186,6 +188,7 @@ class Hub:
                     self._own(self._inbox.popleft())
                 self._own(self.stats(final=True))
                 self._own(self._finish)
+                self.seq_of_end = self.seq
                 self._flush_publish()
                 self._ended.set()
             self._flush_publish()
@@ -284,13 +287,18 @@ class Hub:
             checked = rec.check(payload)
         except rec.MalformedRecord:
             return
-        if checked.kind != "snapshot":
+        if checked.kind not in ("snapshot", "alert"):
             self.late += 1
             return
         self.seq += 1
-        self.last_snapshot = checked.data
         checked.data["seq"] = self.seq
-        self._publish("snapshot", payload)
+        if checked.kind == "snapshot":
+            self.last_snapshot = checked.data
+        elif self.recorder is not None:
+            # An alert computed from the final snapshot (the training process died) is written after run.end.
+            self.recorder.put(checked.data)
+            self.kinds["alert"] = self.kinds.get("alert", 0) + 1
+        self._publish(checked.kind, payload)
 
     def _observe(self, kind: str, data: dict[str, Any]) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1

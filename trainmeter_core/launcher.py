@@ -33,7 +33,8 @@ ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "SLURM_",
 ENV_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NVIDIA_VISIBLE_DEVICES")
 AGENT_BYE_WAIT_S = 3.0
 LOCAL_REPLAY_MAX_B = 8 * 1024 * 1024
-ENGINE_FINAL_WAIT_S = 3.0  # then the launcher replays from the engine's checkpoint itself
+ENGINE_FINAL_WAIT_S = 3.0
+FINAL_GRACE_S = 0.2  # then the launcher replays from the engine's checkpoint itself
 AGENT_BOOT_DIR = Path(__file__).resolve().parent.parent / "trainmeter_agent" / "boot"
 
 
@@ -51,6 +52,9 @@ class RunOptions:
     host: str = "127.0.0.1"
     port: int | None = None
     declared: dict = field(default_factory=dict)  # name -> declared.Declared
+    component_env: dict = field(
+        default_factory=dict
+    )  # plugin options and --heartbeat, for the components only
 
 
 class Say:
@@ -369,6 +373,7 @@ def run(opts: RunOptions) -> int:
     write_agent_plugins(run_dir)
     if opts.gpus:
         os.environ["TM_GPUS"] = opts.gpus  # the components inherit it; the child already started without it
+    os.environ.update(opts.component_env)  # likewise: secrets such as a webhook URL never reach the training
     lower_own_priority()
     placements = plan_placements(plugins)
     web = None
@@ -411,21 +416,32 @@ def run(opts: RunOptions) -> int:
             source="launcher",
         )
     )
-    # The engine's last snapshot is computed from run.end: give it a moment to arrive, never long.
-    # A small log is replayed here in less time than the engine's final snapshot takes to come back: only a long run
-    # waits for it (and falls back to a replay from the engine's checkpoint if it does not come).
+    # The engine's last snapshot is computed from run.end. A small log is replayed here in less time than the engine's
+    # answer takes to come back, so only a long run waits for it (falling back to a replay from its checkpoint).
     if recorder.bytes_written > LOCAL_REPLAY_MAX_B and any(
         "engine" in p.components for p in supervisor.placements
     ):
         deadline = time.monotonic() + ENGINE_FINAL_WAIT_S
         while not (hub.last_snapshot or {}).get("final") and time.monotonic() < deadline:
             time.sleep(0.02)
+    snapshot = None
+    if not (hub.last_snapshot or {}).get("final"):
+        # Replay what the recorder has flushed (run.end included), and publish the result as the final snapshot, so
+        # subscribers, the dashboard and the alert rules (a died run) get it all the same.
+        deadline = time.monotonic() + 5.0
+        while (recorder.flushed_seq or 0) < hub.seq_of_end and time.monotonic() < deadline:
+            time.sleep(0.01)
+        snapshot = final_snapshot(run_dir, hub, say)
+        if snapshot is not None:
+            hub.inject(snapshot)
+            time.sleep(FINAL_GRACE_S)  # let the components act on it before they are asked to stop
     supervisor.stop()
     hub.stop()
     recorder.close()
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-    snapshot = final_snapshot(run_dir, hub, say)
+    if snapshot is None:
+        snapshot = final_snapshot(run_dir, hub, say)
     summary = write_summary(
         run_dir, hub, recorder, tm_status, reason, code, sig, elapsed_s, start_wall, snapshot
     )

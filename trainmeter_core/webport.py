@@ -34,7 +34,9 @@ class WebSocket:
         return f"http://{shown}:{self.port}/{query}"
 
     def startup_lines(self) -> list[str]:
-        moved = f" (port {self.asked_port} was taken)" if self.port != self.asked_port else ""
+        moved = (
+            f" (port {self.asked_port} was taken)" if self.asked_port and self.port != self.asked_port else ""
+        )
         lines = [f"dashboard {self.url()}{moved}"]
         ssh = os.environ.get("SSH_CONNECTION")
         if ssh and is_loopback(self.host):
