@@ -95,10 +95,10 @@ def test_kill_9_of_the_launcher_leaves_the_training_running_and_the_run_lost(tm_
     runs = tmp_path / "runs"
     run = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run directory")
     wait_for(lambda: any(r["kind"] == "step" for r in live_log(run)), what="a first step")
-    component_pids = {
-        r["child_pid"] for r in live_log(run) if r["kind"] == "component" and r.get("child_pid")
-    }
-    assert component_pids
+    component_pids = wait_for(
+        lambda: {r["child_pid"] for r in live_log(run) if r["kind"] == "component" and r.get("child_pid")},
+        what="the components' start records",
+    )
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     wait_for(done.exists, what="the training to finish on its own")
