@@ -132,13 +132,15 @@ def fake_gpus(tmp_path, script: dict) -> dict[str, str]:
 
 
 @pytest.mark.xdist_group("heavy")
-def test_a_fake_gpu_that_throttles_for_heat_fires_once(tm_env, tmp_path):
-    env = fake_gpus(tmp_path, {"1": {"throttle": "thermal"}})
-    result, run, alerts = alerts_of_run(tmp_path, tm_env, steps=80, env=env)
+def test_a_fake_gpu_that_throttles_for_heat_fires_once_and_clears_when_it_stops(tm_env, tmp_path):
+    env = fake_gpus(tmp_path, {"1": {"throttle": "thermal", "throttle_until_s": 4.0}})
+    result, run, alerts = alerts_of_run(tmp_path, tm_env, steps=100, env=env)
     assert result.returncode == 0, result.stderr
     host = next(r["host"] for r in log_records(run) if r["kind"] == "sample.gpu")
-    # the fake cannot be scripted to stop throttling, so this episode cannot end within the run
-    assert states(alerts) == [("gpu_throttle", "fired", f"{host}/gpu1")]
+    assert states(alerts) == [
+        ("gpu_throttle", "fired", f"{host}/gpu1"),
+        ("gpu_throttle", "cleared", f"{host}/gpu1"),
+    ]
     assert alerts[0]["message"] == f"{host}/gpu1 throttles for heat (sw_thermal)"
 
 

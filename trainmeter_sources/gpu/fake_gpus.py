@@ -145,6 +145,9 @@ class FakeGpu:
         self.failures: dict[str, int] = {}
         self.lost, self.lost_after_s = False, None
         self.clocks_event_reasons = 0  # nvmlClocksEventReasonNone
+        self.throttle_until_s: float | None = (
+            None  # a scripted throttle ends this long after the machine was built
+        )
         self.processes: list[tuple[int, int]] = []
         self.base_memory_used_b = 0
         self.ecc_corrected = self.ecc_uncorrected = 0
@@ -198,6 +201,12 @@ class FakeGpu:
             self.clocks_event_reasons = getattr(_nvml(), THROTTLE_REASONS[reason])
             if reason == "power_cap" and self.model.power_limit_w is not None:
                 self.set(power_w=self.model.power_limit_w)  # a power-capped GPU sits at its limit
+
+    def current_clock_events(self) -> int:
+        """The clock event reasons now: a throttle scripted to end stops at its time."""
+        if self.throttle_until_s is not None and now_s() - self.machine.start_s >= self.throttle_until_s:
+            return 0
+        return self.clocks_event_reasons
 
     def inject_xid(self, xid: int, at_s: float | None = None) -> None:
         """Raises Xid `xid` now, or `at_s` seconds after the machine was built, in every event set watching."""
@@ -254,6 +263,8 @@ class FakeGpu:
                     self.failures[function.__name__] = error_code(error, where)
             elif key == "throttle":
                 self.throttle(value)
+            elif key == "throttle_until_s":
+                self.throttle_until_s = float(value)
             elif key == "xids":
                 for at_s, xid in value:
                     self.inject_xid(int(xid), at_s=float(at_s))
@@ -269,6 +280,7 @@ class FakeGpu:
                     "lost_after_s",
                     "fail",
                     "throttle",
+                    "throttle_until_s",
                     "xids",
                     "processes",
                     "mig",

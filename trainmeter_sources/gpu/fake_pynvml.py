@@ -725,7 +725,7 @@ def nvmlDeviceGetMaxClockInfo(gpu, type):
 
 @_device_call()
 def nvmlDeviceGetCurrentClocksEventReasons(gpu):
-    return gpu.clocks_event_reasons
+    return gpu.current_clock_events()
 
 
 nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
