@@ -76,6 +76,7 @@ class Hub:
         self._ended = threading.Event()
         self._stop_requested = False
         self.seq_of_end = 0  # run.end's sequence number, once the run has ended
+        self.late_alerts = 0  # alerts written after run.end (from the final snapshot)
         self.late = 0  # records that arrived after run.end: published if snapshots, never written
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tm-hub", daemon=True)
@@ -298,6 +299,7 @@ class Hub:
             # An alert computed from the final snapshot (the training process died) is written after run.end.
             self.recorder.put(checked.data)
             self.kinds["alert"] = self.kinds.get("alert", 0) + 1
+            self.late_alerts += 1
         self._publish(checked.kind, payload)
 
     def _observe(self, kind: str, data: dict[str, Any]) -> None:

@@ -34,7 +34,8 @@ ENV_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "
 AGENT_BYE_WAIT_S = 3.0
 LOCAL_REPLAY_MAX_B = 8 * 1024 * 1024
 ENGINE_FINAL_WAIT_S = 3.0
-FINAL_GRACE_S = 0.2  # then the launcher replays from the engine's checkpoint itself
+FINAL_GRACE_S = 0.2
+DIED_ALERT_WAIT_S = 3.0  # then the launcher replays from the engine's checkpoint itself
 AGENT_BOOT_DIR = Path(__file__).resolve().parent.parent / "trainmeter_agent" / "boot"
 
 
@@ -394,7 +395,7 @@ def run(opts: RunOptions) -> int:
     supervisor.start()
     if web is not None:
         for line in web.startup_lines():
-            say(line, always=True)
+            say(line)
     say(f"run {run_dir.name} in {run_dir.parent}")
 
     status = child.wait()
@@ -435,6 +436,11 @@ def run(opts: RunOptions) -> int:
         if snapshot is not None:
             hub.inject(snapshot)
             time.sleep(FINAL_GRACE_S)  # let the components act on it before they are asked to stop
+    if tm_status != 0 and any("alerts" in p.components for p in supervisor.placements):
+        # A run that ended badly has an alert to say so, computed from the final snapshot: let it arrive.
+        deadline = time.monotonic() + DIED_ALERT_WAIT_S
+        while not hub.late_alerts and time.monotonic() < deadline:
+            time.sleep(0.02)
     supervisor.stop()
     hub.stop()
     recorder.close()
@@ -446,7 +452,7 @@ def run(opts: RunOptions) -> int:
         run_dir, hub, recorder, tm_status, reason, code, sig, elapsed_s, start_wall, snapshot
     )
     write_passport(run_dir, snapshot, say)
-    say(summary_line(run_dir, summary, snapshot), always=not opts.quiet)
+    say(summary_line(run_dir, summary, snapshot), always=True)
     lock.release()
     sockets.remove()
     return tm_status
