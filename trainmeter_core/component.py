@@ -16,6 +16,7 @@ from trainmeter_core import records as rec
 from trainmeter_core.bus import Producer, Subscriber
 
 ALL_KINDS = ("*",)
+STOP_CHECK_S = 0.1
 
 
 class Component:
@@ -59,10 +60,12 @@ class ComponentContext:
         return self._producer.send(record)
 
     def recv(self, timeout_s: float) -> rec.Record | rec.Unknown | None:
+        """The next record, or None after at most ``timeout_s`` (and never more than 0.1 s, so a stop is noticed
+        at once: the end of a run waits on it)."""
         if self._subscriber is None:
             self.stopping.wait(timeout_s)
             return None
-        return self._subscriber.recv(timeout_s)
+        return self._subscriber.recv(min(timeout_s, STOP_CHECK_S))
 
     def records(self, timeout_s: float = 0.5) -> Iterator[rec.Record | rec.Unknown]:
         """Records of the subscribed kinds until the component is asked to stop."""

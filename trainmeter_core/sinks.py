@@ -21,7 +21,7 @@ from trainmeter_core.logread import read_log
 ALERTS_FILE = "alerts.jsonl"
 #: After the launcher asks components to stop, alerts from the final snapshot may still be on their way: wait until
 #: the bus has been quiet this long, but never longer than STOP_DRAIN_MAX_S (the supervisor kills at 3 s).
-STOP_QUIET_S = 0.5
+STOP_QUIET_S = 0.2
 STOP_DRAIN_MAX_S = 1.5
 
 

@@ -22,7 +22,8 @@ from trainmeter_core import records as rec
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
-GIVE_UP_AFTER = 20  # crashes in a row, each within STABLE_AFTER_S of its start
+GIVE_UP_AFTER = 20
+NEVER_WAITED_FOR = frozenset({"web"})  # crashes in a row, each within STABLE_AFTER_S of its start
 
 
 @dataclass
@@ -169,6 +170,10 @@ class Supervisor:
                     pass
             deadline = time.monotonic() + timeout_s
             for placement in live:
+                if placement.process in NEVER_WAITED_FOR:
+                    # tm never waits for the dashboard at the end: its pages hold streams, and it exits with tm anyway.
+                    _close_stdin(placement.popen)
+                    continue
                 try:
                     placement.popen.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
