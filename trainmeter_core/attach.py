@@ -8,7 +8,6 @@ run ends when the program exits or when the watch is stopped.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import select
@@ -21,10 +20,10 @@ from pathlib import Path
 
 import msgspec
 
-from trainmeter_core import __version__, rundir
+from trainmeter_core import __version__
 from trainmeter_core import records as rec
 from trainmeter_core.hub import Hub
-from trainmeter_core.launcher import Say, lower_own_priority, plan_placements, write_summary
+from trainmeter_core.launcher import Say, lower_own_priority, open_run, plan_placements, write_summary
 from trainmeter_core.recorder import Recorder
 from trainmeter_core.redaction import redact_argv, redact_env
 from trainmeter_core.supervisor import Supervisor
@@ -178,18 +177,10 @@ def main(argv: list[str]) -> int:
 def watch(target: Target, command: list[str], name: str, runs_dir: str | None, say: Say) -> int:
     start_wall = time.time()
     start_t = time.monotonic()
-    try:
-        run_dir = rundir.create_run_dir(rundir.runs_dir(runs_dir), name, start_wall)
-        lock = rundir.RunLock(run_dir)
-        lock.acquire()
-        base = rundir.socket_base()
-        rundir.clean_stale_socket_dirs(base)
-        sockets = rundir.SocketDir.create(base)
-    except (rundir.RunDirError, OSError) as exc:
-        say(str(exc), always=True)
-        return 2
-    endpoints = {"in": sockets.endpoint("in"), "out": sockets.endpoint("out"), "launcher_pid": os.getpid()}
-    (run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=1) + "\n")
+    opened = open_run(name, runs_dir, start_wall, say)
+    if isinstance(opened, int):
+        return opened
+    run_dir, lock, sockets, endpoints = opened
     recorder = Recorder(run_dir, warn=say)
     recorder.start()
     hub = Hub(endpoints["in"], endpoints["out"], recorder, child_alive=target.alive)

@@ -241,6 +241,23 @@ def exit_status(status: int) -> tuple[int, str, int | None, int | None]:
     return code, "exited", code, None
 
 
+def open_run(name: str, runs_dir: str | None, start_wall: float, say: Say):
+    """The run directory (locked), its socket folder and ``endpoints.json``; or exit status 2 after one line."""
+    try:
+        run_dir = rundir.create_run_dir(rundir.runs_dir(runs_dir), name, start_wall)
+        lock = rundir.RunLock(run_dir)
+        lock.acquire()
+        base = rundir.socket_base()
+        rundir.clean_stale_socket_dirs(base)
+        sockets = rundir.SocketDir.create(base)
+    except (rundir.RunDirError, OSError) as exc:
+        say(str(exc), always=True)
+        return 2
+    endpoints = {"in": sockets.endpoint("in"), "out": sockets.endpoint("out"), "launcher_pid": os.getpid()}
+    (run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=1) + "\n")
+    return run_dir, lock, sockets, endpoints
+
+
 def plan_placements(plugins) -> list[Placement]:
     """Built-in shared components run as threads of one process; the rest each get their own process.
 
@@ -284,18 +301,10 @@ def run(opts: RunOptions) -> int:
     name = opts.name or Path(opts.command[0]).stem or "run"
     start_wall = time.time()
     start_t = time.monotonic()
-    try:
-        run_dir = rundir.create_run_dir(rundir.runs_dir(opts.runs_dir), name, start_wall)
-        lock = rundir.RunLock(run_dir)
-        lock.acquire()
-        base = rundir.socket_base()
-        rundir.clean_stale_socket_dirs(base)
-        sockets = rundir.SocketDir.create(base)
-    except (rundir.RunDirError, OSError) as exc:
-        say(str(exc), always=True)
-        return 2
-    endpoints = {"in": sockets.endpoint("in"), "out": sockets.endpoint("out"), "launcher_pid": os.getpid()}
-    (run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=1) + "\n")
+    opened = open_run(name, opts.runs_dir, start_wall, say)
+    if isinstance(opened, int):
+        return opened
+    run_dir, lock, sockets, endpoints = opened
 
     recorder = Recorder(run_dir, warn=say)
     recorder.start()
