@@ -58,6 +58,24 @@ def only_run(runs: Path) -> Path:
 
 
 @pytest.fixture
+def torch():
+    """torch with one thread (two cores are shared by every test), or fail/skip as require_torch says."""
+    torch = require_torch()
+    torch.set_num_threads(1)
+    return torch
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A real hub and recorder in the test process, for the agent's tests (``test_agent.Run``)."""
+    from test_agent import Run
+
+    run = Run(tmp_path)
+    yield run
+    run.close()
+
+
+@pytest.fixture
 def tm_env(tmp_path) -> dict[str, str]:
     """An environment for a `tm` subprocess: its own runs directory, one thread for numerics."""
     env = dict(os.environ)

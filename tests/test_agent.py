@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import require_torch, wait_for
+from conftest import wait_for
 
 from trainmeter_agent._agent import PROBES
 from trainmeter_core import records as rec
@@ -27,13 +27,6 @@ REPO = Path(__file__).resolve().parent.parent
 BOOT = REPO / "trainmeter_agent" / "boot"
 SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
 heavy = pytest.mark.xdist_group("heavy")
-
-
-@pytest.fixture
-def torch():
-    torch = require_torch()
-    torch.set_num_threads(1)
-    return torch
 
 
 def plain_env(**extra: str) -> dict[str, str]:
@@ -92,13 +85,6 @@ class Run:
         if self._records is None:
             self.records()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
-
-
-@pytest.fixture
-def run(tmp_path):
-    run = Run(tmp_path)
-    yield run
-    run.close()
 
 
 def kinds(records: list[dict], kind: str) -> list[dict]:

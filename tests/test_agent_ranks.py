@@ -10,23 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import require_torch, wait_for
-from test_agent import SCRIPTS, Run, kinds
-
-
-@pytest.fixture(name="run")
-def run_fixture(tmp_path):
-    """A hub and recorder in this process, as in test_agent.py."""
-    run = Run(tmp_path)
-    yield run
-    run.close()
-
-
-@pytest.fixture(name="torch")
-def torch_fixture():
-    torch = require_torch()
-    torch.set_num_threads(1)
-    return torch
+from conftest import wait_for
+from test_agent import SCRIPTS, kinds
 
 
 @pytest.mark.xdist_group("heavy")

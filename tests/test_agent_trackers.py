@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_torch, wait_for
+from conftest import wait_for
 from test_agent import REPO, SCRIPTS, Run, kinds, plain_env, tm_lines
 
 from trainmeter_agent import _taps, taps
@@ -23,21 +23,6 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
-
-
-@pytest.fixture(name="run")
-def run_fixture(tmp_path):
-    """A hub and recorder in this process, as in test_agent.py."""
-    run = Run(tmp_path)
-    yield run
-    run.close()
-
-
-@pytest.fixture(name="torch")
-def torch_fixture():
-    torch = require_torch()
-    torch.set_num_threads(1)
-    return torch
 
 
 heavy = pytest.mark.xdist_group("heavy")
