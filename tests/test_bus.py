@@ -5,49 +5,16 @@ Real zmq sockets on ipc endpoints in a short folder, a real hub and recorder whe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 
 import msgspec
-import zmq
 from conftest import log_records, wait_for
+from test_hub import END, raw_push, running_hub
 
 from trainmeter_core import bus
 from trainmeter_core import records as rec
-from trainmeter_core.hub import Hub
-from trainmeter_core.recorder import Recorder
 from trainmeter_core.rundir import RunLock
-
-END = rec.RunEnd(status=0, reason="exited", elapsed_s=1.0)
-
-
-@contextlib.contextmanager
-def running_hub(short_dir, log_dir, **kw):
-    """A hub with its recorder, bound in ``short_dir``; finished and closed at the end whatever happened."""
-    recorder = Recorder(log_dir)
-    hub = Hub(f"ipc://{short_dir}/in", f"ipc://{short_dir}/out", recorder, **kw)
-    recorder.start()
-    hub.start()
-    try:
-        yield hub
-    finally:
-        hub.finish(END)
-        recorder.close()
-
-
-@contextlib.contextmanager
-def raw_push(endpoint):
-    """A plain PUSH socket, to send frames no Producer would."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 5000)
-    sock.connect(endpoint)
-    try:
-        yield sock
-    finally:
-        sock.close()
-        ctx.term()
 
 
 def _steps(records: list[dict]) -> list[dict]:
