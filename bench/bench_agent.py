@@ -1,15 +1,23 @@
-"""What the agent costs a training loop: emit() per call, the optimizer step hooks per iteration, a whole ~1 ms
-iteration with every probe on (model, data wait, steps, emit), and interpreter start-up, with and without tm in the
-same run. Prints figures; asserts nothing (speed targets are read, never tested).
+"""What the agent costs a training loop: emit() per call, the optimizer step hooks per iteration, the loss probe per
+backward(), and whole loops with every probe on against the plain loop and against trainmeter 0.0.7 (the previous
+generation): the tight CPU loop of issue 16 (Embedding(16, 4) + Linear(4, 16), DataLoader batch 1, AdamW, 1 thread)
+and a ~1 ms loop, in paired rounds, with a per-probe breakdown; and interpreter start-up with and without tm.
+Prints figures; asserts nothing (speed targets are read, never tested).
 
-Run: ``PYTHONPATH=. .venv/bin/python bench/bench_agent.py``. A PULL socket drained by another process stands in for
-the hub. Targets: median emit() <= 2 µs, step hooks <= 3 µs per iteration (issue 2); every probe <= 3 µs per
-iteration, start-up added <= 40 ms (torch excluded) and ~0 in a DataLoader worker (issue 5).
+Run: ``PYTHONPATH=. .venv/bin/python bench/bench_agent.py [--rounds 7] [--peer-venv /work/peer]``. A PULL socket
+drained by another process stands in for the hub in the in-process parts; the loops run under the real ``tm``. The
+loop figures are CPU time of the training process per iteration (this machine is shared: CPU time is what the agent
+adds, wall time also holds other people's work), and the CPU of tm's own processes per step record beside them.
+Targets: median emit() <= 2 µs, step hooks <= 3 µs per iteration (issue 2); every probe <= 3 µs per iteration on the
+tight loop and below 0.0.7 (issue 16); start-up added <= 40 ms (torch excluded) and ~0 in a DataLoader worker.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -131,7 +139,7 @@ def bench_step_hooks(trainmeter_agent) -> None:
 
     without_hooks = _per_call_us(baseline, 500)
     _line("pre+post hooks, step record sent", _per_call_us(hooks_only, 500), without_hooks)
-    from trainmeter_core import records as rec
+    from trainmeter_core.model import records as rec
 
     producer, agent.producer = agent.producer, _BuildOnly()
     _line("pre+post hooks, record not sent", _per_call_us(hooks_only, 500), without_hooks)
@@ -179,6 +187,44 @@ def bench_probes(trainmeter_agent) -> None:
     agent.model.reset_iteration()
 
 
+def bench_backward(trainmeter_agent) -> None:
+    """The loss probe: ``loss.backward()`` on a 0-dim CPU loss through the wrapper, and its end-of-iteration hand-over."""
+    try:
+        import torch
+    except ImportError:
+        print("loss probe: torch is not installed, skipped")
+        return
+    agent = trainmeter_agent._process_agent
+    probe = agent.loss
+    wrapped = torch.autograd.backward
+    if probe is None or not getattr(wrapped, "_tm_wrapped", False):
+        print("loss probe: not attached, skipped")
+        return
+    param = torch.nn.Parameter(torch.ones(()))
+    step = [0]
+
+    def backwards(n: int) -> None:
+        for _ in range(n):
+            (param * 2.0).backward()
+
+    def iterations(n: int) -> None:
+        # One backward and the probe's end of iteration (the loss handed to the agent, sent with the next batch).
+        for _ in range(n):
+            (param * 2.0).backward()
+            step[0] += 1
+            probe.end_iteration({"step": step[0], "micro_batches": 1})
+
+    _per_call_us(iterations, 50)
+    with_tm = _per_call_us(iterations, 500)
+    torch.autograd.backward = wrapped.__wrapped__
+    try:
+        _per_call_us(backwards, 50)
+        without_tm = _per_call_us(backwards, 500)
+    finally:
+        torch.autograd.backward = wrapped
+    _line("backward() + loss hand-over", with_tm, without_tm)
+
+
 class _BuildOnly:
     """Stands in for the producer: takes the record and sends nothing."""
 
@@ -189,78 +235,244 @@ class _BuildOnly:
         return True
 
 
-# A loop of about one iteration per millisecond on one core: a DataLoader of token ids, an embedding and a linear
-# head, a backward, an SGD step and one emit(). It prints the median µs per iteration over blocks of BATCH.
-_LOOP = """
-import statistics, sys, time
+# The loops run as scripts: ``python -c LOOP blocks per_block``. Each prints the median CPU µs per iteration over its
+# blocks (after 3 warm-up blocks: lazy inits, the agent's hello, its counted FLOP step), the median wall µs, the
+# iterations run and its own CPU seconds in all (start-up included), as JSON.
+_LOOP_HEAD = """
+import json, statistics, sys, time
 import torch
-import trainmeter_agent
-from trainmeter_agent import emit
-own_us = []  # the agent's own time per iteration, as its step records say (agent_us)
-agent = trainmeter_agent._process_agent
-if agent is not None:
-    send_step = agent.send_step
-    def collect(fields):
-        if "agent_us" in fields:
-            own_us.append(fields["agent_us"])
-        send_step(fields)
-    agent.send_step = collect
 torch.set_num_threads(1)
 torch.manual_seed(0)
-ids = torch.randint(512, (4096, 32))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=8)
-model = torch.nn.Sequential(torch.nn.Embedding(512, 64), torch.nn.Linear(64, 512))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+blocks, per_block = int(sys.argv[1]), int(sys.argv[2])
+"""
+_LOOP_TAIL = """
 def batches():
     while True:
         yield from loader
 source = batches()
-figures = []
-for block in range(int(sys.argv[1])):
-    started = time.perf_counter()
-    for _ in range(100):
+cpu_us, wall_us = [], []
+for block in range(blocks):
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for _ in range(per_block):
         (x,) = next(source)
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
         loss.backward()
         optimizer.step()
-        emit(train_loss=loss.item())
-    if block >= 5:  # warm-up blocks (lazy inits, the agent's hello and its counted step) are not the steady state
-        figures.append((time.perf_counter() - started) * 1e4)
-print(statistics.median(figures), statistics.median(own_us[500:]) if own_us else 0.0)
+    cpu_us.append((time.process_time() - cpu0) / per_block * 1e6)
+    wall_us.append((time.perf_counter() - wall0) / per_block * 1e6)
+print(json.dumps({"cpu_us": statistics.median(cpu_us[3:]), "wall_us": statistics.median(wall_us[3:]),
+                  "iterations": blocks * per_block, "process_cpu_s": time.process_time()}))
 """
+LOOPS = {
+    # Issue 16's tight loop: an iteration is a few hundred µs of torch's own Python and dispatch on one core.
+    "tight loop": _LOOP_HEAD
+    + """
+ids = torch.randint(16, (4096, 8))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
+model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+"""
+    + _LOOP_TAIL,
+    # About a millisecond per iteration: a wider embedding and head, batches of 8 sequences of 32 tokens.
+    "~1 ms loop": _LOOP_HEAD
+    + """
+ids = torch.randint(512, (4096, 32))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=8)
+model = torch.nn.Sequential(torch.nn.Embedding(512, 64), torch.nn.Linear(64, 512))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+"""
+    + _LOOP_TAIL,
+}
 
 
-def bench_loop(endpoint: str) -> None:
-    """µs per iteration of _LOOP without tm and with every probe on, runs alternated so drift hits both alike."""
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run_loop(argv: list[str], env: dict, cwd: str) -> dict | None:
+    """One run; adds ``others_cpu_s``: the CPU of every process it started (tm's launcher and components) but the
+    loop's own."""
+    before = _children_cpu_s()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=cwd)
+    if done.returncode != 0:
+        print(f"  failed: {' '.join(argv[:3])}...: {done.stderr.strip().splitlines()[-1:]}")
+        return None
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["others_cpu_s"] = max(0.0, _children_cpu_s() - before - result["process_cpu_s"])
+    return result
+
+
+def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int) -> None:
+    """Each loop plain, under tm and under 0.0.7 (its own venv, its own plain run), in rounds, alternated."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    boot = os.path.join(repo, "trainmeter_agent", "boot")
-    plain = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
-    plain.update(OMP_NUM_THREADS="1", PYTHONPATH=repo)
-    with_tm = dict(plain, PYTHONPATH=os.pathsep.join([boot, repo]), TM_AGENT="1", TM_AGENT_ENDPOINT=endpoint)
-    results: dict[str, list[float]] = {"without": [], "with": []}
-    own: list[float] = []
-    for _ in range(3):
-        for name, env in (("without", plain), ("with", with_tm)):
-            done = subprocess.run(
-                [sys.executable, "-c", _LOOP, "40"], env=env, capture_output=True, text=True
-            )
-            if done.returncode != 0:
-                print(f"1 ms loop: failed: {done.stderr.strip().splitlines()[-1:]}")
-                return
-            iteration_us, agent_us = map(float, done.stdout.split())
-            results[name].append(iteration_us)
-            if name == "with":
-                own.append(agent_us)
-    without_us, with_us = min(results["without"]), min(results["with"])
+    tm = os.path.join(os.path.dirname(sys.executable), "tm")
+    runs = tempfile.mkdtemp(prefix="tm-bench-runs-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=repo, TM_RUNS_DIR=runs)
+    peer_python = os.path.join(peer_venv, "bin", "python") if peer_venv else None
+    peer_tm = os.path.join(peer_venv, "bin", "tm") if peer_venv else None
+    if peer_python and not (os.path.exists(peer_python) and os.path.exists(peer_tm)):
+        print(f"0.0.7 not found in {peer_venv}: its column is left out")
+        peer_python = peer_tm = None
+    peer_env = dict(env)
+    peer_env.pop("PYTHONPATH")
+    try:
+        for name, code in LOOPS.items():
+            per_block = 500 if name == "tight loop" else 100
+            blocks = max(6, tight_iterations // per_block) if name == "tight loop" else 30
+            variants = {
+                "plain": ([sys.executable, "-c", code, str(blocks), str(per_block)], env),
+                "tm": (
+                    [tm, "-q", "--no-web", "--", sys.executable, "-c", code, str(blocks), str(per_block)],
+                    env,
+                ),
+                # The same run with 4 blocks: what tm's other processes spend per step is the slope between the two
+                # (their start and end, the same in both, drop out).
+                "tm short": (
+                    [tm, "-q", "--no-web", "--", sys.executable, "-c", code, "4", str(per_block)],
+                    env,
+                ),
+            }
+            if peer_python:
+                variants["0.0.7 plain"] = ([peer_python, "-c", code, str(blocks), str(per_block)], peer_env)
+                variants["0.0.7 short"] = (
+                    [peer_tm, "-q", "--no-web", "--", peer_python, "-c", code, "4", str(per_block)],
+                    peer_env,
+                )
+                variants["0.0.7"] = (
+                    [peer_tm, "-q", "--no-web", "--", peer_python, "-c", code, str(blocks), str(per_block)],
+                    peer_env,
+                )
+            results: dict[str, list[dict]] = {k: [] for k in variants}
+            for _ in range(rounds):
+                for variant, (argv, run_env) in variants.items():
+                    result = _run_loop(argv, run_env, runs)  # 0.0.7 keeps its runs under the working folder
+                    if result is None:
+                        return
+                    results[variant].append(result)
+            _loop_lines(name, results, rounds)
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+
+
+def _paired(results: dict, key: str, with_: str, without: str) -> list[float]:
+    return [a[key] - b[key] for a, b in zip(results[with_], results[without], strict=True)]
+
+
+def _per_step_others(results: dict, long: str, short: str) -> float:
+    """CPU µs of tm's other processes per iteration: (long run - short run) / (their iterations' difference)."""
+    extra = results[long][0]["iterations"] - results[short][0]["iterations"]
+    spent = statistics.median(_paired(results, "others_cpu_s", long, short))
+    return spent / extra * 1e6
+
+
+def _loop_lines(name: str, results: dict, rounds: int) -> None:
+    med = statistics.median
+    plain = med(r["cpu_us"] for r in results["plain"])
+    added = _paired(results, "cpu_us", "tm", "plain")
+    added_wall = _paired(results, "wall_us", "tm", "plain")
+    iterations = results["tm"][0]["iterations"]
+    others_us = _per_step_others(results, "tm", "tm short")
     print(
-        f"{'~1 ms iteration, every probe on':<34} {with_us:7.1f} µs | without tm {without_us:7.1f} µs | "
-        f"added {with_us - without_us:6.2f} µs per iteration ({(with_us - without_us) / without_us * 100:5.2f}%)"
+        f"{name}: plain {plain:7.1f} µs CPU per iteration; tm adds {med(added):6.2f} µs CPU (median of {rounds} "
+        f"paired rounds, spread {min(added):.1f} to {max(added):.1f}; wall {med(added_wall):+.1f} µs), every probe on"
     )
-    # The difference above includes the hub stand-in's process competing for the same cores; the agent's own share:
     print(
-        f"{'':<34} the agent's own time (agent_us, median): {min(own):6.2f} µs per iteration, emit() not included"
+        f"{'':<12}tm's other processes (launcher, components) spent {others_us:.2f} µs of CPU per step record "
+        f"({iterations} iterations per run)"
     )
+    if "0.0.7" in results:
+        peer_added = _paired(results, "cpu_us", "0.0.7", "0.0.7 plain")
+        peer_others = _per_step_others(results, "0.0.7", "0.0.7 short")
+        print(
+            f"{'':<12}0.0.7 adds {med(peer_added):6.2f} µs CPU per iteration (spread {min(peer_added):.1f} to "
+            f"{max(peer_added):.1f}), its other processes {peer_others:.2f} µs per iteration; tm - 0.0.7 = "
+            f"{med(added) - med(peer_added):+.2f} µs"
+        )
+
+
+def bench_breakdown(endpoint: str, rounds: int = 31) -> None:
+    """The tight loop in this process with each probe switched on alone, all on, and all off, in alternating short
+    rounds: where the agent's time per iteration goes (CPU µs added, median of paired rounds)."""
+    try:
+        import torch
+    except ImportError:
+        print("breakdown: torch is not installed, skipped")
+        return
+    import trainmeter_agent
+
+    agent = trainmeter_agent._process_agent
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    ids = torch.randint(16, (4096, 8))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def batches():
+        while True:
+            yield from loader
+
+    source = batches()
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            (x,) = next(source)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+            loss.backward()
+            optimizer.step()
+
+    # The model bench_probes adopted is let go, so that this one is adopted at its first forward.
+    agent.model.detach_root_hooks()
+    agent.model.resume_discovery()
+    agent.iterations.attach()
+    run(50)
+    if agent.model.root() is not model:
+        print("breakdown: the model probe did not adopt the model, skipped")
+        return
+    iter_class = torch.utils.data.dataloader._BaseDataLoaderIter
+    wrapped_next, wrapped_backward, hook = iter_class.__next__, torch.autograd.backward, agent.model._pre_hook
+
+    def switch(steps: bool, model_hook: bool, data_wait: bool, loss: bool) -> None:
+        agent.iterations.attach() if steps else agent.iterations.detach()
+        for handle in agent.model._handles:
+            handle.remove()
+        agent.model._handles = [model.register_forward_pre_hook(hook, with_kwargs=True)] if model_hook else []
+        iter_class.__next__ = wrapped_next if data_wait else wrapped_next.__wrapped__
+        torch.autograd.backward = wrapped_backward if loss else wrapped_backward.__wrapped__
+
+    configs = {
+        "no probe": (False, False, False, False),
+        "optimizer hooks (steps)": (True, False, False, False),
+        "model forward pre-hook": (False, True, False, False),
+        "DataLoader data wait": (False, False, True, False),
+        "loss at backward()": (False, False, False, True),
+        "every probe": (True, True, True, True),
+    }
+    figures: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, config in configs.items():
+            switch(*config)
+            run(10)
+            started = time.process_time()
+            run(200)
+            figures[name].append((time.process_time() - started) / 200 * 1e6)
+    switch(True, True, True, True)
+    base = figures["no probe"]
+    print(f"per-probe breakdown, tight loop in-process ({rounds} alternating rounds; {_load()}):")
+    for name, values in figures.items():
+        added = [v - b for v, b in zip(values, base, strict=True)]
+        print(
+            f"  {name:<26} {statistics.median(values):7.1f} µs CPU/iteration, added {statistics.median(added):6.2f} µs"
+        )
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return "load average " + " ".join(f.read().split()[:3])
 
 
 def bench_startup(endpoint: str) -> None:
@@ -289,24 +501,39 @@ def bench_startup(endpoint: str) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=7, help="paired rounds of each whole loop")
+    parser.add_argument("--peer-venv", default=os.environ.get("TM_PEER_VENV") or "/work/peer")
+    parser.add_argument("--iterations", type=int, default=10_000, help="iterations of the tight loop per run")
+    parser.add_argument("--loops-only", action="store_true")
+    args = parser.parse_args()
+    print(
+        f"{_load()}; reproduce: {sys.executable} bench/bench_agent.py --rounds {args.rounds} --peer-venv {args.peer_venv}"
+    )
     socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-bench-")
     endpoint = f"ipc://{socket_dir}/in"
     close_hub = _hub_stand_in(endpoint)
     os.environ.update(TM_AGENT="1", TM_AGENT_ENDPOINT=endpoint)
     try:
-        import trainmeter_agent
-        from trainmeter_agent import _bootstrap
+        if not args.loops_only:
+            import trainmeter_agent
+            from trainmeter_agent import _bootstrap
 
-        started = time.perf_counter()
-        agent = _bootstrap.install()
-        print(f"install(): {(time.perf_counter() - started) * 1e3:.2f} ms (python {sys.version.split()[0]})")
-        bench_emit(trainmeter_agent)
-        bench_step_hooks(trainmeter_agent)
-        bench_probes(trainmeter_agent)
-        print(f"records sent {agent.producer.sent}, dropped {agent.producer.dropped}")
-        agent.at_exit()
-        bench_loop(endpoint)
-        bench_startup(endpoint)
+            started = time.perf_counter()
+            agent = _bootstrap.install()
+            print(
+                f"install(): {(time.perf_counter() - started) * 1e3:.2f} ms (python {sys.version.split()[0]})"
+            )
+            bench_emit(trainmeter_agent)
+            bench_step_hooks(trainmeter_agent)
+            bench_probes(trainmeter_agent)
+            bench_backward(trainmeter_agent)
+            bench_breakdown(endpoint)
+            print(f"records sent {agent.producer.sent}, dropped {agent.producer.dropped}")
+            agent.at_exit()
+        bench_loops(args.rounds, args.peer_venv, args.iterations)
+        if not args.loops_only:
+            bench_startup(endpoint)
     finally:
         close_hub()
         shutil.rmtree(socket_dir, ignore_errors=True)

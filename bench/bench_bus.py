@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainmeter_core import bus  # noqa: E402
-from trainmeter_core import records as rec  # noqa: E402
+from trainmeter_core.bus import client as bus  # noqa: E402
+from trainmeter_core.model import records as rec  # noqa: E402
 
 TARGET_PER_S = 150_000
 IDLE_GIVE_UP_S = 30.0
@@ -125,8 +125,8 @@ def _collect(results, procs) -> dict[str, tuple]:
 
 
 def through_hub(n: int, batch: int, folder: Path) -> dict:
-    from trainmeter_core.hub import Hub
-    from trainmeter_core.recorder import Recorder
+    from trainmeter_core.bus.hub import Hub
+    from trainmeter_core.runlog.recorder import Recorder
 
     ctx = mp.get_context("spawn")
     run_dir = folder / "run"

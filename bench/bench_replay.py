@@ -1,15 +1,22 @@
-"""Replay speed: records per second through the engine for a synthetic 1M-record log, peak memory, and the time to
-open a long run from the engine's checkpoint; plus N fuzzed golden logs (default 10,000).
+"""Replay speed: records per second through the engine for a synthetic 1M-record log and peak memory, beside trainmeter
+0.0.7 (the previous generation) replaying the same run in its own log format; the time to open a long run from the
+engine's checkpoint; plus N fuzzed golden logs (default 10,000).
 
-Prints figures (and the ratio against a plain JSON decode of the same lines, measured in the same run); never fails on
-a time. usage: python bench/bench_replay.py [--records N] [--fuzz N]
+Prints figures (and ratios against 0.0.7 and a plain JSON decode of the same lines, measured in the same run); never
+fails on a time. Each replay runs in a fresh process of its own, so its peak memory is its own; rounds alternate.
+usage: python bench/bench_replay.py [--records N] [--fuzz N] [--rounds N] [--peer-venv /work/peer]
+Targets (issue 16): >= 365k records/s and <= 200 MB for 1M records.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,15 +26,14 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from trainmeter_core import records as rec  # noqa: E402
-from trainmeter_core.engine import Engine  # noqa: E402
-from trainmeter_core.engine_component import load_checkpoint, save_checkpoint  # noqa: E402
-from trainmeter_core.logread import read_log  # noqa: E402
+from trainmeter_core.model import records as rec  # noqa: E402
+from trainmeter_core.model.engine import Engine  # noqa: E402
+from trainmeter_core.runlog.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from trainmeter_core.runlog.reader import read_log  # noqa: E402
 
 
 def synthetic_log(path: Path, n: int) -> int:
     """A run of n records: 8 fake GPUs sampled at 1 Hz, 100 steps/s with a loss each, a tick each second."""
-    enc = msgspec.json.Encoder()
     seq = 0
     t = 1000.0
     with open(path / "events-0001.jsonl", "wb") as f:
@@ -36,7 +42,9 @@ def synthetic_log(path: Path, n: int) -> int:
             nonlocal seq
             seq += 1
             record.seq = seq
-            f.write(enc.encode(record) + b"\n")
+            data = rec.to_builtins(record)
+            data["seq"] = data.pop("seq")  # as the recorder writes it: the hub appends seq last
+            f.write(rec.to_log_line(data))
 
         put(
             rec.Fact(
@@ -91,11 +99,136 @@ def synthetic_log(path: Path, n: int) -> int:
     return seq
 
 
+def peer_log(path: Path, n: int) -> int:
+    """The same run in 0.0.7's log format (``events.jsonl``, payload under ``d``): per second of the run 100 steps,
+    100 losses, 8 GPU samples (one GPU each, so the record count matches) and one metric where tm has its tick."""
+    count = 0
+    t = 1000.0
+    with open(path / "events.jsonl", "w") as f:
+
+        def put(kind: str, src: str, d: dict) -> None:
+            nonlocal count
+            count += 1
+            f.write(json.dumps({"v": 1, "t": t, "src": src, "kind": kind, "d": d}) + "\n")
+
+        put("run.start", "tm", {"command": ["python", "train.py"]})
+        put("fact", "declared", {"key": "peak_tflops", "value": 1.0, "source": "declared"})
+        for key, value in (("params", 124_000_000), ("layers", 12), ("d_model", 768), ("seq_len", 1024)):
+            put("fact", "declared", {"key": key, "value": value, "source": "declared"})
+        put("fact", "declared", {"key": "tokens_per_step", "value": 524_288, "source": "declared"})
+        step = 0
+        while count < n:
+            for _ in range(100):
+                step += 1
+                t += 0.01
+                put("step", "agent", {"n": step, "k": 1, "micro": 1, "tokens": 524_288})
+                put("metric", "agent", {"key": "train_loss", "value": 3.0 - step * 1e-6, "via": "emit"})
+            for gpu in range(8):
+                row = {
+                    "index": gpu,
+                    "util_gpu": 90.0,
+                    "sm_active": 0.7,
+                    "tensor_active": 0.4,
+                    "dram_active": 0.3,
+                    "clock_sm_mhz": 1755.0,
+                    "power_w": 600.0,
+                }
+                put("sample.gpu", "gpu", {"gpus": [row]})
+            put("metric", "agent", {"key": "lr", "value": 3e-4, "via": "emit"})
+    return count
+
+
+_OURS = """
+import json, resource, sys, time
+from pathlib import Path
+from trainmeter_core.runlog import replay
+started, cpu = time.perf_counter(), time.process_time()
+snapshot = replay.final_snapshot(Path(sys.argv[1]), use_checkpoint=False)
+elapsed_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+print(json.dumps({"s": elapsed_s, "cpu_s": cpu_s, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "steps": snapshot.steps}))
+"""
+_PEERS = """
+import json, resource, sys, time
+from pathlib import Path
+from trainmeter.replay import replay
+started, cpu = time.perf_counter(), time.process_time()
+replayed = replay(Path(sys.argv[1]))
+elapsed_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+print(json.dumps({"s": elapsed_s, "cpu_s": cpu_s, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "steps": replayed.snapshot.get("steps")}))
+"""
+
+
+def _replay_in_process(python: str, code: str, run: Path, env: dict) -> dict | None:
+    done = subprocess.run([python, "-c", code, str(run)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        print(f"  replay failed: {done.stderr.strip().splitlines()[-1:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(n: int, rounds: int, peer_venv: str | None) -> None:
+    """tm's replay (``final_snapshot``, what ``tm view --json`` and the end of a run do) and 0.0.7's ``replay``, each
+    in a fresh process, alternated."""
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    peer_python = os.path.join(peer_venv, "bin", "python") if peer_venv else None
+    if peer_python and not os.path.exists(peer_python):
+        print(f"0.0.7 not found in {peer_venv}: its column is left out")
+        peer_python = None
+    with tempfile.TemporaryDirectory() as tmp:
+        ours_dir, peer_dir = Path(tmp) / "tm", Path(tmp) / "peer"
+        ours_dir.mkdir()
+        peer_dir.mkdir()
+        n_ours = synthetic_log(ours_dir, n)
+        n_peer = peer_log(peer_dir, n) if peer_python else 0
+        ours, peers = [], []
+        for _ in range(rounds):
+            result = _replay_in_process(sys.executable, _OURS, ours_dir, env)
+            if result is not None:
+                ours.append(result)
+            if peer_python:
+                result = _replay_in_process(
+                    peer_python, _PEERS, peer_dir, {k: v for k, v in env.items() if k != "PYTHONPATH"}
+                )
+                if result is not None:
+                    peers.append(result)
+        if not ours:
+            return
+        rate = statistics.median(n_ours / r["s"] for r in ours)
+        cpu_rate = statistics.median(n_ours / r["cpu_s"] for r in ours)
+        peak = max(r["peak_mb"] for r in ours)
+        print(
+            f"tm replay of {n_ours:,} records, fresh process: {rate:,.0f} records/s wall, {cpu_rate:,.0f} per CPU "
+            f"second (median of {len(ours)}; target >= 365k/s), peak memory {peak:.0f} MB (target <= 200 MB); "
+            f"{_load()}"
+        )
+        if peers:
+            peer_rate = statistics.median(n_peer / r["s"] for r in peers)
+            peer_cpu_rate = statistics.median(n_peer / r["cpu_s"] for r in peers)
+            peer_peak = max(r["peak_mb"] for r in peers)
+            print(
+                f"0.0.7 replay of {n_peer:,} records (its format), fresh process: {peer_rate:,.0f} records/s wall, "
+                f"{peer_cpu_rate:,.0f} per CPU second, peak memory {peer_peak:.0f} MB; tm/0.0.7 speed "
+                f"{rate / peer_rate:.2f}x wall, {cpu_rate / peer_cpu_rate:.2f}x CPU; memory {peak / peer_peak:.2f}x"
+            )
+        print(f"  reproduce: {sys.executable} bench/bench_replay.py --records {n} --rounds {rounds} --fuzz 0")
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return "load average " + " ".join(f.read().split()[:3])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--fuzz", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peer-venv", default=os.environ.get("TM_PEER_VENV") or "/work/peer")
     args = parser.parse_args()
+    side_by_side(args.records, args.rounds, args.peer_venv)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
         n = synthetic_log(run, args.records)
@@ -111,7 +244,7 @@ def main() -> None:
         replay_s = time.perf_counter() - start
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
-            f"replay of {n:,} records: {n / replay_s:,.0f} records/s ({replay_s:.1f} s; target >= 300k/s); "
+            f"every snapshot built (the live engine's work): {n / replay_s:,.0f} records/s ({replay_s:.1f} s); "
             f"a bare JSON decode of the same lines: {n / decode_s:,.0f}/s (replay at {decode_s / replay_s:.2f}x of it)"
         )
         print(f"peak memory of this process: {peak_mb:.0f} MB")
@@ -122,18 +255,24 @@ def main() -> None:
             f"of the run = {per_run_second_ms / 10:.2f}% of a core (target <= 2%; log reading included)"
         )
 
-        save_checkpoint(run, engine, n)
-        start = time.perf_counter()
-        restored, through = load_checkpoint(run)
-        tail = 0
-        for record in read_log(run):
-            if record.seq is not None and record.seq > through:
+        for behind in (0, 1000):
+            at = Engine()
+            for record in read_log(run, before_seq=n - behind + 1):
+                at.feed(record, snapshots=False)
+            save_checkpoint(run, at, n - behind)
+            start = time.perf_counter()
+            restored, through = load_checkpoint(run)
+            stats: dict = {}
+            tail = 0
+            for record in read_log(run, stats=stats, after_seq=through):
                 restored.feed(record)
                 tail += 1
-        print(
-            f"open from the checkpoint ({(run / 'engine.ckpt').stat().st_size / 1e6:.1f} MB) and replay the tail "
-            f"({tail} records, the whole log still read): {time.perf_counter() - start:.2f} s"
-        )
+            print(
+                f"open from the checkpoint ({(run / 'engine.ckpt').stat().st_size / 1e6:.1f} MB) and replay the tail "
+                f"({tail} records, {stats['decoded']} lines decoded): {time.perf_counter() - start:.2f} s"
+            )
+    if not args.fuzz:
+        return
     import test_golden
 
     start = time.perf_counter()

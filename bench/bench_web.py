@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainmeter_core import records as rec  # noqa: E402
+from trainmeter_core.model import records as rec  # noqa: E402
 
 WALL0 = 1_700_000_000.0
 WEEK_S = 7 * 24 * 3600
@@ -39,11 +39,33 @@ GPUS = 8
 # Models to serve
 
 
-def small_model(steps: int):
-    """A run of ``steps`` steps with a loss each: its loss history holds exactly ``steps`` raw points."""
-    from trainmeter_web.model import RunModel
+class Joined:
+    """The run's engine and the dashboard's model as the bus joins them: each record to both, and what the engine
+    publishes (its snapshot, then its history delta) to the model, whose history starts as the engine's."""
 
-    model = RunModel(meta={"run_id": "bench", "name": "bench", "command": ["train.py"]})
+    def __init__(self, meta: dict) -> None:
+        from trainmeter_core.components.engine import LiveEngine
+        from trainmeter_web.model import RunModel
+
+        self.model = RunModel(meta=meta)
+        self.live = LiveEngine()
+        self.sync()
+
+    def sync(self) -> None:
+        from trainmeter_core.model.history import History
+
+        whole = History.from_state(self.live.history.to_state())
+        self.model.load_history(whole, self.live.incarnation, self.live.n)
+
+    def feed(self, record: rec.Record) -> None:
+        self.model.feed(record)
+        for out in self.live.feed(record):
+            self.model.feed(out)
+
+
+def small_model(steps: int) -> Joined:
+    """A run of ``steps`` steps with a loss each: its loss history holds exactly ``steps`` raw points."""
+    joined = Joined({"run_id": "bench", "name": "bench", "command": ["train.py"]})
     seq = 0
     for step in range(1, steps + 1):
         for record in (
@@ -52,15 +74,15 @@ def small_model(steps: int):
         ):
             seq += 1
             record.seq, record.t, record.wall = seq, step * 0.1, WALL0 + step * 0.1
-            model.feed(record)
-    model.feed(rec.Tick(n=1, interval_s=1.0, seq=seq + 1, t=steps * 0.1, wall=WALL0 + steps * 0.1))
-    return model
+            joined.feed(record)
+    joined.feed(rec.Tick(n=1, interval_s=1.0, seq=seq + 1, t=steps * 0.1, wall=WALL0 + steps * 0.1))
+    return joined
 
 
 def gpu_facts() -> list[rec.Record]:
     out: list[rec.Record] = [
         rec.Fact(name="convention", value="titan", provenance="declared", origin="--convention"),
-        rec.Fact(name="flops_per_token", value=6.0e9, provenance="declared", origin="--flops-per-token"),
+        rec.Fact(name="flop_per_token", value=6.0e9, provenance="declared", origin="--flops-per-token"),
         rec.Fact(
             name="budget_tokens",
             value=WEEK_STEPS * 4096 * 1.2,
@@ -80,7 +102,7 @@ def gpu_facts() -> list[rec.Record]:
                     "uuid": f"GPU-{i}",
                     "name": "NVIDIA H100 80GB HBM3",
                     "display_name": "H100 SXM",
-                    "dense_bf16_flops": 989e12,
+                    "dense_bf16_flop_per_s": 989e12,
                     "tensor_clock_mhz": 1830.0,
                     "memory_bandwidth_bps": 3.35e12,
                 },
@@ -109,10 +131,10 @@ def gpu_sample(i: int, k: int) -> rec.SampleGpu:
 def week_model():
     """A week-long run at 1 Hz with 8 GPUs and a million steps: the engine's state from a short real stream, and a
     history built as a week of points would leave it (one template per cadence, shared by the series of that cadence)."""
-    from trainmeter_core.history import History, HistoryState
-    from trainmeter_web.model import RunModel
+    from trainmeter_core.model.history import History, HistoryState
+    from trainmeter_core.model.history_sync import JournaledHistory
 
-    model = RunModel(meta={"run_id": "week", "name": "week", "command": ["train.py"], "start_wall": WALL0})
+    joined = Joined({"run_id": "week", "name": "week", "command": ["train.py"], "start_wall": WALL0})
     seq = 0
     t = float(WEEK_S - 120)
 
@@ -122,7 +144,7 @@ def week_model():
         record.seq, record.host = seq, record.host or "node"
         if not record.t:
             record.t, record.wall = t, WALL0 + t
-        model.feed(record)
+        joined.feed(record)
 
     for fact in gpu_facts():
         feed(fact)
@@ -140,7 +162,7 @@ def week_model():
         for i in range(GPUS):
             feed(gpu_sample(i, k))
         feed(rec.Tick(n=k, interval_s=1.0))
-    state = model.engine.state
+    state = joined.live.engine.state
     state.tokens_seen, state.steps_with_tokens, state.steps = step * 4096, step, step
     # The week's history, built once per cadence and shared by name (the bytes are what a real week leaves).
     per_step, per_second = History(), History()
@@ -159,10 +181,10 @@ def week_model():
         per_second.add_point("k", s, s * 4096.0, s * 4096.0 * 6e9, WALL0 + k, 0.5 + 0.05 * math.sin(k / 300))
     step_tiers = per_step.to_state().series["s"]
     second_tiers = per_second.to_state().series["k"]
-    history = model.engine.history.to_state()
+    history = joined.live.history.to_state()
     names_by_step = ["train_loss", "lr", "grad_norm", *(f"tm:rank:{r}:step_time_s" for r in range(GPUS))]
     names_by_second = [f"tm:{m}" for m in ("tokens_per_s", "step_time_s", "mfu", "ofu", "util_gpu", "sm_active",
-                                           "tensor_active", "dram_active", "arithmetic_intensity", "observed_flops",
+                                           "tensor_active", "dram_active", "arithmetic_intensity", "observed_flop",
                                            "goodput")]  # fmt: skip
     names_by_second += [
         f"tm:gpu:node/gpu{i}:{c}"
@@ -171,13 +193,12 @@ def week_model():
     ]
     series = {name: step_tiers for name in names_by_step} | {name: second_tiers for name in names_by_second}
     added = {name: WEEK_STEPS for name in names_by_step} | {name: WEEK_S for name in names_by_second}
-    model.engine.history = History.from_state(
-        HistoryState(
-            capacity=history.capacity, merge=history.merge, tiers=history.tiers, series=series, added=added
-        )
+    week = HistoryState(
+        capacity=history.capacity, merge=history.merge, tiers=history.tiers, series=series, added=added
     )
-    model.version += 1
-    return model, seq, t, step
+    joined.live.engine.history = joined.live.history = JournaledHistory.from_state(week)
+    joined.sync()  # the dashboard takes the engine's whole history, as from its checkpoint
+    return joined, seq, t, step
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -189,10 +210,10 @@ def serve(sock: socket.socket, which: str, ready, live_hz: float) -> None:
     from trainmeter_web.server import Server
 
     if which == "week":
-        model, seq, t, step = week_model()
+        joined, seq, t, step = week_model()
     else:
-        model, seq, t, step = small_model(2000), 10**6, 1000.0, 2000
-    server = Server(model, sock, Guard("127.0.0.1", None))
+        joined, seq, t, step = small_model(2000), 10**6, 1000.0, 2000
+    server = Server(joined.model, sock, Guard("127.0.0.1", None))
     server.start()
     ready.set()
     if not live_hz:
@@ -214,7 +235,7 @@ def serve(sock: socket.socket, which: str, ready, live_hz: float) -> None:
         for record in records:
             seq += 1
             record.seq, record.t, record.wall, record.host = seq, t, WALL0 + t, "node"
-            model.feed(record)
+            joined.feed(record)
         server.notify()
 
 

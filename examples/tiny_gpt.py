@@ -1,7 +1,7 @@
 """A tiny character-level GPT trained on the CPU: the main job of the README, and a fixture of the test suite.
 
 It is plain PyTorch with one optional trainmeter line (``emit``); under ``tm`` the agent sees its steps by itself.
-The text is generated, so it needs no download. usage: python examples/tiny_gpt.py [--steps N] [--seed S]
+The text is generated, so it needs no download. usage: python examples/tiny_gpt.py [--steps N] [--seed S] [--lr LR]
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--lr", type=float, default=3e-3, help="the peak learning rate (cosine decay to 0)")
     parser.add_argument(
         "--sleep", type=float, default=0.0, help="seconds to pause per step (to watch it live)"
     )
@@ -99,7 +100,7 @@ def main() -> None:
     split = int(0.9 * len(data))
     train, val = data[:split], data[split:]
     model = GPT(cfg)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 
     def batch(source: torch.Tensor):
         ix = torch.randint(len(source) - cfg.block_size - 1, (args.batch,))
@@ -113,7 +114,7 @@ def main() -> None:
     )
     start = time.monotonic()
     for step in range(1, args.steps + 1):
-        lr = 3e-3 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = batch(train)

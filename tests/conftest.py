@@ -96,5 +96,63 @@ def short_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+class ManualClock:
+    """The fake NVML's clock, moved by hand: a test says when each sample is taken."""
+
+    def __init__(self, now_s: float = 1000.0):
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A ManualClock behind the fake NVML; afterwards no fake machine is installed and no library handle is open."""
+    from trainmeter_sources.gpu import fake_pynvml
+    from trainmeter_sources.gpu import nvml as backend
+
+    manual = ManualClock()
+    monkeypatch.setattr(fake_pynvml, "clock", manual)
+    yield manual
+    fake_pynvml.install(None)
+    backend._opened.clear()
+
+
 def run_tm(args: list[str], env: dict[str, str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([TM, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The browser: one Chromium per xdist worker, shared by every browser test module (Playwright's sync API runs one
+# event loop per thread, so a second instance in the same worker would refuse to start).
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One Chromium per xdist worker. Missing: a failure under TM_REQUIRE_BROWSER=1 (CI), else a skip saying why."""
+    why = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        why = f"Playwright is not installed ({exc})"
+    if why is None and not os.path.exists(CHROMIUM):
+        why = f"Chromium is not at {CHROMIUM}"
+    if why is not None:
+        if os.environ.get("TM_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"{why}, and TM_REQUIRE_BROWSER=1 requires it: run ./scripts/setup-browser")
+        pytest.skip(f"{why}: ./scripts/setup-browser installs both")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

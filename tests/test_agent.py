@@ -13,15 +13,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from conftest import wait_for
 
 from trainmeter_agent._agent import PROBES
-from trainmeter_core import records as rec
-from trainmeter_core.hub import Hub
-from trainmeter_core.recorder import Recorder
+from trainmeter_core.bus.hub import Hub
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog.recorder import Recorder
 
 REPO = Path(__file__).resolve().parent.parent
 BOOT = REPO / "trainmeter_agent" / "boot"
@@ -275,7 +276,11 @@ def test_fork_children_send_nothing_unless_they_emit(run, torch):
     child = [r for r in records if r["pid"] == pids["talking"]]
     assert [r["kind"] for r in child] == ["hello", "metric", "bye"]
     assert "step" not in child[1]  # the child's iteration count starts from zero
-    parent_metric = [r for r in kinds(records, "metric") if r["pid"] == pids["parent"]]
+    parent_metric = [
+        r
+        for r in kinds(records, "metric")
+        if r["pid"] == pids["parent"] and r.get("origin", "emit") == "emit"
+    ]
     assert parent_metric[0]["step"] == 3
 
 
@@ -480,6 +485,7 @@ def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
 class CollectingProducer:
     def __init__(self) -> None:
         self.records: list = []
+        self.batches = 0
         self.closed_with: tuple | None = None
 
     def send(self, record) -> bool:
@@ -488,6 +494,7 @@ class CollectingProducer:
 
     def send_many(self, records) -> bool:
         self.records.extend(records)
+        self.batches += 1
         return True
 
     def close(self, reason: str = "exit", linger_ms: int | None = None) -> None:
@@ -501,10 +508,13 @@ def agent(monkeypatch):
     monkeypatch.delenv("TM_AGENT_FAULT", raising=False)
     agent = Agent("ipc:///nonexistent/in")
     agent.activated, agent.producer = True, CollectingProducer()  # as if hello had gone out
+    agent.outbox.ready = True
     return agent
 
 
 def sent(agent, kind: str) -> list:
+    """What the agent has sent of a kind, once its open window has closed (the outbox flushes every 50 ms)."""
+    agent.flush()
     return [r for r in agent.producer.records if rec.kind_of(r) == kind]
 
 
@@ -539,13 +549,29 @@ def test_a_bad_step_value_is_refused_and_emit_goes_on(agent, capsys):
     assert capsys.readouterr().err.count("tm: emit(step=...) got inf") == 1
 
 
-def test_metrics_leave_in_one_batch_before_the_next_step_record(agent):
-    agent._last_flush_t = float("inf")  # as if just flushed: nothing leaves on time alone
+def test_metrics_and_the_step_record_leave_in_one_batch_in_call_order_when_the_window_closes(agent):
+    agent.outbox.window_s = float("inf")  # nothing leaves on time alone
     for value in (1.0, 2.0, 3.0):
         agent.emit({"loss": value})
-    assert agent.producer.records == []
     agent.send_step({"step": 1})
-    assert [rec.kind_of(r) for r in agent.producer.records] == ["metric", "metric", "metric", "step"]
+    agent.emit({"loss": 4.0})
+    assert agent.producer.records == []  # queued: the loop paid for no send
+    agent.outbox.max_records = 6
+    agent.emit(
+        {"loss": 5.0}
+    )  # the sixth record closes the window: one batch, in the order the loop made them
+    assert [rec.kind_of(r) for r in agent.producer.records] == ["metric"] * 3 + ["step"] + ["metric"] * 2
+    assert agent.producer.batches == 1
+    assert [r.values["loss"] for r in agent.producer.records if rec.kind_of(r) == "metric"] == [1, 2, 3, 4, 5]
+
+
+def test_a_window_closes_on_its_own_within_its_deadline_when_the_loop_goes_quiet(agent):
+    agent.outbox.window_s = 0.05
+    agent.emit({"loss": 1.0})  # then the loop hangs: the timer thread closes the window
+    deadline = time.monotonic() + 30
+    while not agent.producer.records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.values for r in agent.producer.records] == [{"loss": 1.0}]
 
 
 def test_at_exit_closes_at_once_when_the_launcher_is_gone(agent, monkeypatch):
@@ -560,7 +586,7 @@ def test_at_exit_closes_at_once_when_the_launcher_is_gone(agent, monkeypatch):
 
 def test_hello_names_the_rank_and_world_that_torchrun_gives(monkeypatch):
     from trainmeter_agent._agent import Agent
-    from trainmeter_core import bus
+    from trainmeter_core.bus import client as bus
 
     created: list[CollectingProducer] = []
 

@@ -80,5 +80,13 @@ def test_a_lightning_run_is_seen_with_its_steps_tokens_shape_eval_and_loss(run, 
         (3, "lightning evaluation loop"),
         (6, "lightning evaluation loop"),
     ]
-    logged = [m["values"]["train_loss"] for m in kinds(records, "metric") if "train_loss" in m["values"]]
+    metrics = kinds(records, "metric")
+    logged = [
+        m["values"]["train_loss"]
+        for m in metrics
+        if m.get("origin") != "backward" and "train_loss" in m["values"]
+    ]
     assert logged == list(expected["losses"].values())
+    # Lightning calls backward on the loss it logs: the agent read the same values from it, one per step.
+    from_backward = [(m["step"], m["values"]["train_loss"]) for m in metrics if m.get("origin") == "backward"]
+    assert from_backward == list(enumerate(logged, start=1))

@@ -48,4 +48,4 @@ def test_two_ranks_report_dp_two_and_their_own_steps_and_the_torchrun_parent_sta
         assert facts["world_size"]["value"] == 2
         assert facts["device"]["value"] == {"type": "cpu", "index": None, "uuid": None}
         # FLOPs are counted on rank 0 only.
-        assert ("counted_flops_per_token" in facts) == (rank == 0)
+        assert ("counted_flop_per_token" in facts) == (rank == 0)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trainmeter_core import records as rec
-from trainmeter_core.alert_rules import (
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.alerts import (
     BUILTIN_RULES,
     Died,
     DiskFull,
@@ -24,8 +24,8 @@ from trainmeter_core.alert_rules import (
     ThroughputDrop,
     check_tm_toml,
 )
-from trainmeter_core.alert_rules.training import hung_threshold_s, is_stepping
-from trainmeter_core.alerts import Alerter, rule_config
+from trainmeter_core.model.alerts.episodes import Alerter, rule_config
+from trainmeter_core.model.alerts.training import hung_threshold_s, is_stepping
 
 
 def mv(value: float | None, label: str | None = None, absent: str | None = None) -> rec.MetricValue:
@@ -63,7 +63,7 @@ def feed(alerts: Alerter, snapshots) -> list[tuple[float, str, str | None]]:
 
 def test_every_builtin_rule_has_a_unique_name_a_severity_and_numeric_defaults():
     names = [cls.name for cls in BUILTIN_RULES]
-    assert len(set(names)) == len(names) == 12
+    assert len(set(names)) == len(names) == 13
     for cls in BUILTIN_RULES:
         assert cls.severity in ("info", "warning", "critical")
         assert all(isinstance(v, float) for v in rule_config(cls(), None).values())
@@ -380,11 +380,36 @@ def test_is_stepping_needs_a_live_process_and_a_recent_step():
     assert is_stepping(starting, 10, 3) and not is_stepping(snap(4, child_alive=1.0), 10, 3)
 
 
-def test_check_tm_toml_names_a_bad_builtin_table_and_leaves_other_rules_to_their_plugins():
-    document = {"alerts": {"hung": {"floor_s": -5}, "my_rule": {"x": 1}, "disk_full": {"min_free": 0.1}}}
+def test_check_tm_toml_names_a_bad_builtin_table_and_a_table_that_names_no_rule_loaded():
+    document = {"alerts": {"hung": {"floor_s": -5}, "hungg": {"floor_s": 1}, "disk_full": {"min_free": 0.1}}}
+    builtin = (
+        "died, disk_full, gpu_ecc, gpu_lost, gpu_throttle, gpu_xid, host_memory, hung, loss_nan, loss_spike, "
+        "node_lost, "
+    )
     assert check_tm_toml(document, "/w/tm.toml") == [
-        "/w/tm.toml [alerts.hung] floor_s: expected a number ≥ 0, got -5"
+        "/w/tm.toml [alerts.hungg]: no such alert rule (did you mean [alerts.hung]?); the rules loaded: "
+        + builtin
+        + "straggler, throughput_drop",
+        "/w/tm.toml [alerts.hung] floor_s: expected a number ≥ 0, got -5",
     ]
+
+
+def test_check_tm_toml_accepts_the_table_of_a_plugins_rule_when_that_rule_is_loaded():
+    class MyRule:
+        name = "my_rule"
+        defaults = {"x": 0.5}
+
+    document = {"alerts": {"my_rule": {"x": 1}}}
+    rules = [cls() for cls in BUILTIN_RULES] + [MyRule()]
+    assert check_tm_toml(document, "tm.toml", rules) == []
+    assert check_tm_toml(document, "tm.toml")[0].startswith("tm.toml [alerts.my_rule]: no such alert rule; ")
     assert check_tm_toml({"alerts": []}) == [
         "tm.toml: 'alerts' must be a table of rule tables, e.g. [alerts.hung]"
     ]
+
+
+def test_check_tm_toml_says_a_bare_threshold_under_alerts_belongs_in_a_rules_table():
+    (line,) = check_tm_toml({"alerts": {"hung_floor_s": 60}}, "tm.toml")
+    assert line.startswith(
+        "tm.toml [alerts] hung_floor_s: thresholds go in a rule's table, e.g. [alerts.hung]; "
+    )

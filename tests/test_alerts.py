@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trainmeter_core import records as rec
-from trainmeter_core.alerts import (
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.alerts.episodes import (
     COMMON_DEFAULTS,
     AlertConfigError,
     Alerter,

@@ -8,10 +8,10 @@ from collections import deque
 
 import pytest
 
-from trainmeter_core import alerts_component
-from trainmeter_core import records as rec
-from trainmeter_core.alert_rules import BUILTIN_RULES
-from trainmeter_core.alerts_component import AlertsComponent, collect_rules, tm_toml_path
+from trainmeter_core.components import alerts as alerts_component
+from trainmeter_core.components.alerts import AlertsComponent, collect_rules, tm_toml_path
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.alerts import BUILTIN_RULES
 from trainmeter_core.plugins import Plugins
 
 

@@ -101,7 +101,7 @@ def test_a_pid_that_cannot_be_watched_is_one_line_and_exit_2(tm_env, pid, messag
 
 def test_attach_never_signals_the_program():
     # The module holds no call that could: kill, killpg, send_signal, terminate appear nowhere in it.
-    from trainmeter_core import attach
+    from trainmeter_core.run import attach
 
     source = open(attach.__file__).read()
     for call in ("os.kill", "killpg", "send_signal", ".terminate(", "pidfd_send_signal"):
@@ -109,7 +109,7 @@ def test_attach_never_signals_the_program():
 
 
 def test_a_run_is_named_after_the_script_or_module_it_runs():
-    from trainmeter_core.attach import program_name
+    from trainmeter_core.run.attach import program_name
 
     assert program_name(["/usr/bin/python3", "-u", "scripts/train.py", "--lr", "3"], 1) == "train"
     assert program_name(["python", "-m", "torch.distributed.run", "x.py"], 1) == "torch.distributed.run"

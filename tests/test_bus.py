@@ -12,9 +12,9 @@ import msgspec
 from conftest import log_records, wait_for
 from test_hub import END, raw_push, running_hub
 
-from trainmeter_core import bus
-from trainmeter_core import records as rec
-from trainmeter_core.rundir import RunLock
+from trainmeter_core.bus import client as bus
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog.rundir import RunLock
 
 
 def _steps(records: list[dict]) -> list[dict]:
@@ -96,6 +96,7 @@ def test_producer_stamps_the_header_and_keeps_what_the_caller_set(short_dir, tmp
         bus.HOSTNAME,
     )
     assert first["t"] > 0 and first["wall"] > 0
+    assert first["v"] == second["v"] == rec.SCHEMA_VERSION
     assert (second["source"], second["rank"], second["t"]) == ("tap", 1, 5.0)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmeter_core.catalog import ALIASES, CANONICAL, canonical, is_explicit_train_key
+from trainmeter_core.model.catalog import ALIASES, CANONICAL, canonical, is_explicit_train_key
 
 
 @pytest.mark.parametrize(

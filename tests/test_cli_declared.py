@@ -32,7 +32,7 @@ def test_a_bad_declared_value_is_one_line_naming_the_flag_and_exit_2(tm_env, tmp
 def test_declared_values_become_facts_and_a_flag_beats_tm_toml(tm_env, tmp_path):
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    (tmp_path / "tm.toml").write_text('budget_tokens = "1B"\nlayers = 12\n[alerts]\nhung_floor_s = 60\n')
+    (tmp_path / "tm.toml").write_text('budget_tokens = "1B"\nlayers = 12\n[alerts.hung]\nfloor_s = 60\n')
     result = run_tm(
         ["--budget-tokens", "20B", "--peak-tflops", "1.5", "--peak-source", "vendor sheet", str(script)],
         tm_env,
@@ -45,7 +45,7 @@ def test_declared_values_become_facts_and_a_flag_beats_tm_toml(tm_env, tmp_path)
     )
     assert facts["layers"]["value"] == 12 and facts["layers"]["origin"] == "tm.toml:layers"
     assert facts["peak"]["value"] == {
-        "flops": 1.5e12,
+        "flop_per_s": 1.5e12,
         "label": "declared",
         "source": "vendor sheet",
         "device_type": None,
@@ -58,12 +58,12 @@ def test_tm_peak_measures_stores_and_a_run_records_it_as_a_measured_fact(tm_env,
     result = run_tm(["peak", "--device", "cpu", "--threads", "1", "--size", "128", "--seconds", "0.2"], env)
     assert result.returncode == 0, result.stderr
     (entry,) = json.loads((tmp_path / "peaks.json").read_text())
-    assert entry["device_type"] == "cpu" and entry["flops"] > 0 and entry["threads"] == 1
+    assert entry["device_type"] == "cpu" and entry["flop_per_s"] > 0 and entry["threads"] == 1
     assert run_tm(["--", sys.executable, "-c", "pass"], env).returncode == 0
     (peak,) = [
         r for r in log_records(only_run(tmp_path / "runs")) if r["kind"] == "fact" and r["name"] == "peak"
     ]
-    assert peak["value"]["label"] == "measured" and peak["value"]["flops"] == entry["flops"]
+    assert peak["value"]["label"] == "measured" and peak["value"]["flop_per_s"] == entry["flop_per_s"]
 
 
 def test_tm_peak_refuses_to_run_inside_a_run(tm_env, tmp_path):

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from trainmeter_core.declared import (
+from trainmeter_core.model.declared import (
     DECLARED,
     Declared,
     DeclaredInputError,

@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 from test_agent import BOOT  # the bootstrap's own dormancy list, to compare with
 
-from trainmeter_core.diagnosis import Diagnosis, SilentProcess, diagnose, is_helper, is_python
-from trainmeter_core.diagnosis import _program as program
-from trainmeter_core.diagnosis import _without_option as without_option
+from trainmeter_core.model.diagnosis import Diagnosis, SilentProcess, diagnose, is_helper, is_python
+from trainmeter_core.model.diagnosis import _program as program
+from trainmeter_core.model.diagnosis import _without_option as without_option
 
 TM_PYTHON = "/work/.venv/bin/python"
 BOOT_DIR = "/work/trainmeter_agent/boot"

@@ -36,9 +36,9 @@ def test_a_burst_of_200k_emits_is_all_accounted_for(tm_env, tmp_path):
 @pytest.mark.xdist_group("heavy")
 def test_with_the_hub_gone_the_process_stays_small_and_counts_exactly(tm_env, tmp_path, short_dir):
     """The hub is absent while the loop emits (60 s by default, TM_HUB_GONE_S to shorten), then comes back."""
-    from trainmeter_core import records as rec
-    from trainmeter_core.hub import Hub
-    from trainmeter_core.recorder import Recorder
+    from trainmeter_core.bus.hub import Hub
+    from trainmeter_core.model import records as rec
+    from trainmeter_core.runlog.recorder import Recorder
 
     gone_s = float(os.environ.get("TM_HUB_GONE_S", "60"))
     endpoint = f"ipc://{short_dir}/in"

@@ -9,8 +9,8 @@ import random
 import msgspec
 import pytest
 
-from trainmeter_core import records as rec
-from trainmeter_core.engine import Engine
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine import Engine
 
 H100_URL = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
 # The 1.04B model of SPEC.md: hf 5,829,943,296, megatron 6,056,435,712, titan 6,282,928,128,
@@ -24,9 +24,9 @@ SHAPE_1B = {
 }
 # Every metric the brief lists: each must be in every snapshot, with an explain entry.
 SPEC_METRICS = (
-    "tokens_per_s", "step_time_s", "tokens", "flops_per_token", "flops_per_token.titan", "flops_per_token.megatron",
-    "flops_per_token.hf", "flops_per_token.all_params", "flops_per_token.counted", "flops_spent", "flops_required",
-    "progress", "eta_s", "mfu", "mfu_avg", "ofu", "mfu_ofu_gap", "observed_flops", "arithmetic_intensity", "goodput",
+    "tokens_per_s", "step_time_s", "tokens", "flop_per_token", "flop_per_token.titan", "flop_per_token.megatron",
+    "flop_per_token.hf", "flop_per_token.all_params", "flop_per_token.counted", "spent_flop", "required_flop",
+    "progress", "eta_s", "mfu", "mfu_avg", "ofu", "mfu_ofu_gap", "observed_flop", "arithmetic_intensity", "goodput",
     "straggler_spread", "util_gpu", "sm_active", "tensor_active", "plan_mfu", "plan_hours", "projected_hours",
     "gpu_hours", "energy_j",
 )  # fmt: skip
@@ -65,7 +65,7 @@ class Run:
     def gpu(self, index, uuid, dense=989.4e12, **extra):
         value = {
             "index": index, "uuid": uuid, "name": "NVIDIA H100 80GB HBM3", "spec_id": "h100-sxm",
-            "display_name": "NVIDIA H100 SXM", "dense_bf16_flops": dense, "peak_absent": None,
+            "display_name": "NVIDIA H100 SXM", "dense_bf16_flop_per_s": dense, "peak_absent": None,
             "tensor_clock_mhz": 1830.0, "memory_bandwidth_bps": 3.35e12, "sm_count": 132, "peak_source": H100_URL,
             **extra,
         }  # fmt: skip
@@ -120,7 +120,7 @@ def gpu_run(convention="titan"):
 
 def test_a_cpu_run_with_a_measured_peak_gives_mfu_labelled_measured():
     run = Run()
-    run.fact("flops_per_token", 1e9)
+    run.fact("flop_per_token", 1e9)
     run.device(0, "cpu")
     peak = {
         "flops": 1e13,
@@ -137,7 +137,7 @@ def test_a_cpu_run_with_a_measured_peak_gives_mfu_labelled_measured():
     assert mfu.value == pytest.approx(0.2, rel=1e-12)
     assert mfu.label == "measured"
     assert mfu.convention == "declared"
-    assert snap.explain["mfu"].inputs["peak_flops_per_device"].source == (
+    assert snap.explain["mfu"].inputs["peak_flop_per_s_per_device"].source == (
         "CPU, measured peak: tm peak: 2048² bf16 matmul loop"
     )
 
@@ -148,7 +148,7 @@ def test_a_spec_d_gpu_reported_by_a_rank_gives_mfu_with_convention_peak_name_and
     # 6,282,928,128 FLOP/token × 65,536 tokens/s / 989.4e12 FLOP/s = 0.416169373152019
     assert mfu.value == pytest.approx(0.416169373152019, rel=1e-12)
     assert (mfu.convention, mfu.label) == ("titan", "datasheet")
-    peak = snap.explain["mfu"].inputs["peak_flops_per_device"]
+    peak = snap.explain["mfu"].inputs["peak_flop_per_s_per_device"]
     assert peak.value == 989.4e12
     assert "NVIDIA H100 SXM" in peak.source and H100_URL in peak.source
     assert snap.explain["mfu"].inputs["n_devices"].value == 1
@@ -187,10 +187,10 @@ def test_without_a_convention_mfu_is_a_range_over_the_four():
     assert mfu.value is None and mfu.convention is None
     assert mfu.low == pytest.approx(0.386164507627508, rel=1e-12)
     assert mfu.high == pytest.approx(0.443048731851061, rel=1e-12)
-    fpt = snap.metrics["flops_per_token"]
+    fpt = snap.metrics["flop_per_token"]
     assert (fpt.low, fpt.high, fpt.convention) == (5_829_943_296, 6_688_727_040, None)
-    assert snap.metrics["flops_per_token.megatron"].value == 6_056_435_712
-    assert snap.metrics["flops_per_token.megatron"].convention == "megatron"
+    assert snap.metrics["flop_per_token.megatron"].value == 6_056_435_712
+    assert snap.metrics["flop_per_token.megatron"].convention == "megatron"
 
 
 def test_mfu_avg_covers_the_training_window_from_the_first_to_the_last_step():
@@ -466,7 +466,11 @@ def test_a_probe_that_reports_why_it_did_not_attach_is_named_in_the_time_split()
     assert snap.explain["time_split"].note == (
         "stays in compute, its probe never attached: data_wait (no torch DataLoader iterated yet)"
     )
-    assert snap.explain["goodput"].note == snap.explain["time_split"].note
+    # goodput's note first says what the lost time was (run start 100, first step 110: 10 s of 11.1), then the same
+    assert snap.explain["goodput"].note == (
+        "lost 10.0 s of 11.1 s: start-up and compile before the first step 10.0 s; "
+        + snap.explain["time_split"].note
+    )
 
 
 def test_counters_average_over_the_run_gpus_and_ofu_uses_the_tensor_clock():
@@ -481,12 +485,13 @@ def test_counters_average_over_the_run_gpus_and_ofu_uses_the_tensor_clock():
     snap = snaps[-1]
     # only GPU 0: OFU = 0.5 × 1500 / 1830 = 0.409836065573770
     assert snap.metrics["ofu"].value == pytest.approx(0.40983606557377, rel=1e-12)
-    assert snap.metrics["ofu"].label == "counters"
+    # a counter, of the latest sample, scaled to the spec's tensor clock: the label names all three
+    assert snap.metrics["ofu"].label == "counters, latest sample, scaled to the 1830 MHz tensor clock"
     assert snap.metrics["tensor_active"].value == 0.5
     # gap = 0.409836065573770 − 0.416169373152019 = −0.006333307578249
     assert snap.metrics["mfu_ofu_gap"].value == pytest.approx(-0.006333307578249, rel=1e-9)
     # observed: 0.409836… × 1 s × 989.4e12 = 4.05491803278689e14 FLOP
-    assert snap.metrics["observed_flops"].value == pytest.approx(4.05491803278689e14, rel=1e-12)
+    assert snap.metrics["observed_flop"].value == pytest.approx(4.05491803278689e14, rel=1e-12)
     # AI: ridge 989.4e12 / 3.35e12 = 295.343283582 × MFU 0.416169373152 = 122.912829193 / DRAM 0.4 = 307.282072983
     assert snap.metrics["arithmetic_intensity"].value == pytest.approx(307.282072983, rel=1e-11)
     assert snap.metrics["mfu"].value == pytest.approx(
@@ -537,7 +542,7 @@ def test_stragglers_compare_per_rank_step_times_and_name_the_slowest():
     ]
 
 
-def test_progress_eta_and_flops_required_follow_the_token_budget():
+def test_progress_eta_and_required_flop_follow_the_token_budget():
     run = gpu_run()
     run.fact("budget_tokens", 6_553_600)
     run.tick(121.0, 2)
@@ -548,9 +553,9 @@ def test_progress_eta_and_flops_required_follow_the_token_budget():
     # (6,553,600 − 688,128) / 65,536 tokens/s = 89.5 s
     assert snap.metrics["eta_s"].value == pytest.approx(89.5, rel=1e-12)
     # 6,282,928,128 × 6,553,600 = 4.11757978e16 FLOP, under titan
-    assert snap.metrics["flops_required"].value == 6_282_928_128 * 6_553_600
-    assert snap.metrics["flops_required"].convention == "titan"
-    assert snap.metrics["flops_spent"].value == 6_282_928_128 * 688_128
+    assert snap.metrics["required_flop"].value == 6_282_928_128 * 6_553_600
+    assert snap.metrics["required_flop"].convention == "titan"
+    assert snap.metrics["spent_flop"].value == 6_282_928_128 * 688_128
     # projected: (elapsed 21 s + 89.5 s) / 3600
     assert snap.metrics["projected_hours"].value == pytest.approx(110.5 / 3600, rel=1e-12)
 
@@ -569,9 +574,9 @@ def test_profiled_steps_stay_out_of_the_averages():
 
 WEIRD = [0.0, -1.0, 1.5, math.nan, math.inf, -math.inf, 1e300, None, 0.5, 3, True, "x", {"a": 1}, [1]]
 FACT_NAMES = (
-    "params", "embedding_params", "layers", "d_model", "seq_len", "dp", "tokens_per_step", "flops_per_token",
-    "convention", "budget_tokens", "budget_steps", "budget_flops", "plan_mfu", "plan_hours", "moe_experts",
-    "counted_flops_per_token", "peak", "device", "gpu",
+    "params", "embedding_params", "layers", "d_model", "seq_len", "dp", "tokens_per_step", "flop_per_token",
+    "convention", "budget_tokens", "budget_steps", "budget_flop", "plan_mfu", "plan_hours", "moe_experts",
+    "counted_flop_per_token", "peak", "device", "gpu",
 )  # fmt: skip
 
 
@@ -609,7 +614,7 @@ def nonsense_run(seed):
                 value = {"type": rng.choice(["cpu", "cuda", None, "mps"]), "index": rng.choice(WEIRD),
                          "uuid": rng.choice(WEIRD)}  # fmt: skip
             elif name == "gpu" and rng.random() < 0.7:
-                value = {"index": rng.choice([0, 1, "x"]), "uuid": rng.choice(WEIRD), "dense_bf16_flops": rng.choice(WEIRD),
+                value = {"index": rng.choice([0, 1, "x"]), "uuid": rng.choice(WEIRD), "dense_bf16_flop_per_s": rng.choice(WEIRD),
                          "tensor_clock_mhz": rng.choice(WEIRD), "memory_bandwidth_bps": rng.choice(WEIRD)}  # fmt: skip
             provenance = rng.choice(["declared", "emitted", "detected", "assumed"])
             run.fact(

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from trainmeter_core import records as rec
-from trainmeter_core.engine import STEP_WINDOW, Engine
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine import STEP_WINDOW, Engine
 
 
 def feed(engine: Engine, *records) -> list[rec.Snapshot]:

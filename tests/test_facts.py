@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from trainmeter_core.facts import (
+from trainmeter_core.model.facts import (
     NO_RANK_DEVICE,
     FactTable,
     fact_key,
     format_number,
     model_flops,
-    resolve_rig,
 )
-from trainmeter_core.records import Fact
+from trainmeter_core.model.records import Fact
+from trainmeter_core.model.rig import resolve_rig
 
 H100_URL = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
 
@@ -28,7 +28,7 @@ def gpu_fact(host, index, uuid, dense=989.4e12, **extra):
         "name": "NVIDIA H100 80GB HBM3",
         "spec_id": "h100-sxm",
         "display_name": "NVIDIA H100 SXM",
-        "dense_bf16_flops": dense,
+        "dense_bf16_flop_per_s": dense,
         "tensor_clock_mhz": 1830.0,
         "memory_bandwidth_bps": 3.35e12,
         "peak_source": H100_URL,
@@ -133,7 +133,7 @@ def test_no_rank_device_means_no_rig_even_with_gpus_sampled():
     rig = resolve_rig(table(gpu_fact("n1", 0, "GPU-0"), gpu_fact("n1", 1, "GPU-1")))
     assert rig.devices == ()
     assert rig.absent == NO_RANK_DEVICE == "no rank reported its device: pass --gpus"
-    assert rig.peak_total_flops is None
+    assert rig.peak_total_flop_per_s is None
     assert rig.peak_absent == NO_RANK_DEVICE
 
 
@@ -147,7 +147,7 @@ def test_a_cuda_device_maps_to_its_gpu_fact_by_uuid():
     )
     (device,) = rig.devices
     assert (device.key, device.mapped_by) == ("n1/gpu1", "uuid")
-    assert device.peak_flops == 989.4e12
+    assert device.peak_flop_per_s == 989.4e12
     assert device.peak_kind == "datasheet"
     assert device.peak_source == H100_URL
     assert device.name == "NVIDIA H100 SXM"
@@ -162,7 +162,7 @@ def test_without_a_uuid_the_index_maps_through_cuda_visible_devices():
     # With no CUDA_VISIBLE_DEVICES, CUDA index 1 is NVML index 1: no such GPU sampled, so no datasheet peak.
     (device,) = resolve_rig(facts).devices
     assert device.key == "n1/cuda:1"
-    assert device.peak_flops is None
+    assert device.peak_flop_per_s is None
     assert "no GPU sample describes this device" in device.peak_absent
 
 
@@ -186,7 +186,7 @@ def test_the_same_index_on_two_hosts_is_two_devices():
     rig = resolve_rig(facts)
     assert [d.key for d in rig.devices] == ["a/gpu0", "b/gpu0"]
     # Σ of the peaks: 2 × 989.4e12
-    assert rig.peak_total_flops == 2 * 989.4e12
+    assert rig.peak_total_flop_per_s == 2 * 989.4e12
 
 
 def test_an_unknown_gpu_has_no_peak_and_says_why():
@@ -201,7 +201,7 @@ def test_an_unknown_gpu_has_no_peak_and_says_why():
         peak_absent="no device spec matches 'NVIDIA Mystery 9000'",
     )
     rig = resolve_rig(table(unknown, device_fact("n1", 0, index=0, uuid="GPU-0")))
-    assert rig.peak_total_flops is None
+    assert rig.peak_total_flop_per_s is None
     assert rig.peak_absent == "no device spec matches 'NVIDIA Mystery 9000' (n1/gpu0)"
 
 
@@ -217,7 +217,7 @@ def test_a_cpu_run_uses_its_measured_peak_and_never_the_nodes_gpus():
     assert [d.key for d in rig.devices] == ["n1/cpu/rank0", "n1/cpu/rank1"]  # one CPU device per rank
     assert rig.gpus == ()
     assert rig.peak_kind == "measured"
-    assert rig.peak_total_flops == 4e11  # 2 ranks × 2e11
+    assert rig.peak_total_flop_per_s == 4e11  # 2 ranks × 2e11
 
 
 def test_a_cpu_device_without_a_peak_fact_names_the_flags():
@@ -236,7 +236,7 @@ def test_a_declared_peak_replaces_the_datasheet_and_is_labelled_declared():
     )
     rig = resolve_rig(table(gpu_fact("n1", 0, "GPU-0"), peak, device_fact("n1", 0, index=0)))
     (device,) = rig.devices
-    assert (device.peak_flops, device.peak_kind, device.peak_source) == (
+    assert (device.peak_flop_per_s, device.peak_kind, device.peak_source) == (
         900e12,
         "declared",
         "our cloud's clock cap",
@@ -261,7 +261,7 @@ def test_a_mix_of_peaks_divides_by_their_sum_and_names_both_kinds():
         device_fact("n1", 1, "cpu"),
     )
     rig = resolve_rig(facts)
-    assert rig.peak_total_flops == 989.4e12 + 1e12
+    assert rig.peak_total_flop_per_s == 989.4e12 + 1e12
     assert rig.peak_kind == "datasheet+measured"
 
 
@@ -282,7 +282,7 @@ def shape_facts(**overrides):
     return [fact(name, value, "declared", f"--{name}") for name, value in values.items() if value is not None]
 
 
-def test_without_a_convention_flops_per_token_is_a_range_over_the_four():
+def test_without_a_convention_flop_per_token_is_a_range_over_the_four():
     flops = model_flops(table(*shape_facts()))
     # hf 5,829,943,296 is the lowest and all_params 6,688,727,040 the highest (pinned in test_flops)
     assert (flops.low, flops.high, flops.value, flops.convention) == (
@@ -320,8 +320,8 @@ def test_no_shape_at_all_names_every_missing_input_once():
     assert flops.absent.count("--params") == 1
 
 
-def test_a_declared_flops_per_token_needs_no_shape():
-    flops = model_flops(table(fact("flops_per_token", 6.28e9, "declared", "--flops-per-token")))
+def test_a_declared_flop_per_token_needs_no_shape():
+    flops = model_flops(table(fact("flop_per_token", 6.28e9, "declared", "--flops-per-token")))
     assert (flops.value, flops.convention) == (6.28e9, "declared")
 
 

@@ -4,16 +4,9 @@ import ctypes
 import json
 
 import pytest
+from conftest import ManualClock
 
 from trainmeter_sources.gpu import fake_pynvml as nvml
-
-
-class ManualClock:
-    def __init__(self, now_s: float = 1000.0):
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 @pytest.fixture
@@ -393,6 +386,24 @@ def test_mig_devices_have_handles_and_sm_counts(clock):
         nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 2)
     with pytest.raises(nvml.NVMLError_NotSupported):
         nvml.nvmlDeviceGetUtilizationRates(gpu)  # nvml.h: not on MIG-enabled GPUs
+
+
+def test_a_whole_gpu_tells_its_cores_but_not_its_sms_as_nvml_documents(clock):
+    start("1xH100,1xL4,1xA100")
+    h100, l4, a100 = (nvml.nvmlDeviceGetHandleByIndex(i) for i in range(3))
+    # nvml.h: nvmlDeviceGetAttributes "currently only supports MIG device handles"
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetAttributes(h100)
+    # FP32 cores: 132 × 128 = 16,896 (H100 SXM); 58 × 128 = 7,424 (L4, its datasheet); 108 × 64 = 6,912 (A100)
+    assert [nvml.nvmlDeviceGetNumGpuCores(h) for h in (h100, l4, a100)] == [16896, 7424, 6912]
+
+
+def test_a_mig_enabled_gpu_does_not_count_its_cores(clock):
+    machine = start("1xH100")
+    machine.apply_script({"0": {"mig": [16]}})
+    gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetNumGpuCores(gpu)  # nvml.h: "On MIG-enabled GPUs … not supported"
 
 
 def test_a_gpu_without_mig_says_not_supported(clock):

@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from trainmeter_core.flops import (
+from trainmeter_core.model.flops import (
     CONVENTIONS,
     ModelShape,
-    counted_flops_per_token,
-    flops_per_token,
-    flops_per_token_absent_reasons,
-    flops_per_token_all,
+    counted_flop_per_token,
+    flop_per_token,
+    flop_per_token_absent_reasons,
+    flop_per_token_all,
     hf_trainer_total_flos_per_token,
 )
 
@@ -28,7 +28,7 @@ def test_pinned_example_gives_the_exact_integers_of_every_convention():
     # megatron   = 5,829,943,296 + 6 x 37,748,736 (226,492,416)  = 6,056,435,712
     # titan      = 5,829,943,296 + 12 x 37,748,736 (452,984,832) = 6,282,928,128
     # all_params = 6 x 1,039,290,368 (6,235,742,208) + 452,984,832 = 6,688,727,040
-    assert flops_per_token_all(PINNED) == {
+    assert flop_per_token_all(PINNED) == {
         "titan": 6_282_928_128,
         "megatron": 6_056_435_712,
         "hf": 5_829_943_296,
@@ -45,59 +45,59 @@ def test_pinned_example_gives_the_exact_integers_of_every_convention():
         ("all_params", 6_688_727_040),
     ],
 )
-def test_flops_per_token_returns_an_exact_int_for_each_convention(convention, expected):
-    result = flops_per_token(convention, n_params=N, embedding_params=E, layers=L, d_model=D, seq_len=T)
+def test_flop_per_token_returns_an_exact_int_for_each_convention(convention, expected):
+    result = flop_per_token(convention, n_params=N, embedding_params=E, layers=L, d_model=D, seq_len=T)
     assert type(result) is int
     assert result == expected
 
 
 def test_arithmetic_stays_exact_past_float_precision():
     # 6 x (10**18 + 1 - 1) = 6 x 10**18 exactly; a float path would lose the +1 before subtracting.
-    assert flops_per_token("hf", n_params=10**18 + 1, embedding_params=1) == 6 * 10**18
+    assert flop_per_token("hf", n_params=10**18 + 1, embedding_params=1) == 6 * 10**18
     # all_params: 6 x (2**60 + 1) + 12 x 1 x 1 x 1 = 6 x 2**60 + 18
-    assert flops_per_token("all_params", n_params=2**60 + 1, layers=1, d_model=1, seq_len=1) == 6 * 2**60 + 18
+    assert flop_per_token("all_params", n_params=2**60 + 1, layers=1, d_model=1, seq_len=1) == 6 * 2**60 + 18
 
 
 def test_megatron_counts_half_the_attention_term_of_titan():
-    titan = flops_per_token("titan", n_params=N, embedding_params=E, layers=L, d_model=D, seq_len=T)
-    megatron = flops_per_token("megatron", n_params=N, embedding_params=E, layers=L, d_model=D, seq_len=T)
+    titan = flop_per_token("titan", n_params=N, embedding_params=E, layers=L, d_model=D, seq_len=T)
+    megatron = flop_per_token("megatron", n_params=N, embedding_params=E, layers=L, d_model=D, seq_len=T)
     # titan - megatron = (12 - 6) x L·d·T = 6 x 37,748,736 = 226,492,416
     assert titan - megatron == 226_492_416
 
 
 def test_hf_needs_only_params_and_embedding_params():
     shape = ModelShape(n_params=N, embedding_params=E)
-    assert flops_per_token_all(shape) == {
+    assert flop_per_token_all(shape) == {
         "titan": None,
         "megatron": None,
         "hf": 5_829_943_296,
         "all_params": None,
     }
-    assert "hf" not in flops_per_token_absent_reasons(shape)
+    assert "hf" not in flop_per_token_absent_reasons(shape)
 
 
 def test_a_convention_missing_the_layers_is_absent_with_the_flag_that_enables_it():
     shape = ModelShape(n_params=N, embedding_params=E, d_model=D, seq_len=T)
-    reasons = flops_per_token_absent_reasons(shape)
+    reasons = flop_per_token_absent_reasons(shape)
     assert reasons == {
         "titan": "layers unknown: pass --layers",
         "megatron": "layers unknown: pass --layers",
         "all_params": "layers unknown: pass --layers",
     }
-    assert flops_per_token_all(shape)["titan"] is None
+    assert flop_per_token_all(shape)["titan"] is None
 
 
 def test_all_params_does_not_need_embedding_params_but_hf_does():
     shape = {"n_params": N, "layers": L, "d_model": D, "seq_len": T}  # a plain mapping is accepted too
     # all_params = 6,688,727,040 (see the pinned example)
-    assert flops_per_token_all(shape)["all_params"] == 6_688_727_040
+    assert flop_per_token_all(shape)["all_params"] == 6_688_727_040
     assert (
-        flops_per_token_absent_reasons(shape)["hf"] == "embedding parameters unknown: pass --embedding-params"
+        flop_per_token_absent_reasons(shape)["hf"] == "embedding parameters unknown: pass --embedding-params"
     )
 
 
 def test_every_missing_input_is_named_in_the_reason():
-    reasons = flops_per_token_absent_reasons(ModelShape())
+    reasons = flop_per_token_absent_reasons(ModelShape())
     assert reasons["hf"] == (
         "parameter count unknown: pass --params; embedding parameters unknown: pass --embedding-params"
     )
@@ -106,28 +106,28 @@ def test_every_missing_input_is_named_in_the_reason():
 
 
 def test_a_missing_value_is_never_a_zero():
-    values = flops_per_token_all(ModelShape(n_params=N))
+    values = flop_per_token_all(ModelShape(n_params=N))
     assert all(value is None for value in values.values())
 
 
 def test_zero_embedding_params_is_a_real_answer_for_a_rope_model_with_a_tied_head():
     # 6 x (1000 - 0) = 6000
-    assert flops_per_token("hf", n_params=1000, embedding_params=0) == 6000
+    assert flop_per_token("hf", n_params=1000, embedding_params=0) == 6000
 
 
-def test_embedding_params_above_params_is_refused_by_flops_per_token():
+def test_embedding_params_above_params_is_refused_by_flop_per_token():
     with pytest.raises(
         ValueError, match=r"exceed the parameter count .*--embedding-params is part of --params"
     ):
-        flops_per_token("hf", n_params=10, embedding_params=11)
+        flop_per_token("hf", n_params=10, embedding_params=11)
 
 
 def test_embedding_params_above_params_leaves_those_conventions_absent_with_the_reason():
     shape = ModelShape(n_params=10, embedding_params=11, layers=1, d_model=1, seq_len=1)
-    values = flops_per_token_all(shape)
+    values = flop_per_token_all(shape)
     # all_params does not read E: 6 x 10 + 12 x 1 = 72
     assert values == {"titan": None, "megatron": None, "hf": None, "all_params": 72}
-    assert "exceed the parameter count" in flops_per_token_absent_reasons(shape)["hf"]
+    assert "exceed the parameter count" in flop_per_token_absent_reasons(shape)["hf"]
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_embedding_params_above_params_leaves_those_conventions_absent_with_the_
 )
 def test_bad_or_missing_inputs_raise_one_line_naming_the_flag(inputs, expected_words):
     with pytest.raises(ValueError) as caught:
-        flops_per_token("titan", **inputs)
+        flop_per_token("titan", **inputs)
     assert expected_words in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -157,7 +157,7 @@ def test_an_unknown_convention_is_refused_with_the_accepted_names():
     with pytest.raises(
         ValueError, match=r"unknown FLOPs convention 'palm'; accepted: titan, megatron, hf, all_params"
     ):
-        flops_per_token("palm", n_params=N, embedding_params=E)
+        flop_per_token("palm", n_params=N, embedding_params=E)
 
 
 def test_conventions_describe_their_formula_who_and_needs():
@@ -175,15 +175,15 @@ def test_conventions_describe_their_formula_who_and_needs():
 def test_counted_is_step_flops_over_step_tokens():
     # 6,282,928,128 x 8 sequences x 1024 tokens, counted over those 8,192 tokens, is the per-token figure
     step_tokens = 8 * 1024
-    assert counted_flops_per_token(6_282_928_128 * step_tokens, step_tokens) == 6_282_928_128.0
+    assert counted_flop_per_token(6_282_928_128 * step_tokens, step_tokens) == 6_282_928_128.0
     # 10 / 4 = 2.5: counted need not be whole
-    assert counted_flops_per_token(10, 4) == 2.5
+    assert counted_flop_per_token(10, 4) == 2.5
 
 
 @pytest.mark.parametrize(("step_flops", "tokens"), [(100, 0), (100, -1), (-1, 10), (100, 2.0), (True, 10)])
 def test_counted_refuses_impossible_steps(step_flops, tokens):
     with pytest.raises(ValueError, match="counted FLOPs per token"):
-        counted_flops_per_token(step_flops, tokens)
+        counted_flop_per_token(step_flops, tokens)
 
 
 def test_hf_trainer_total_flos_drops_a_tied_token_table_below_hf():
@@ -193,12 +193,12 @@ def test_hf_trainer_total_flos_drops_a_tied_token_table_below_hf():
     trainer = hf_trainer_total_flos_per_token(N, 2_097_152, 65_536_000)
     assert trainer == 5_829_943_296
     # hf keeps the tied table: 6 x (1,039,290,368 - 2,097,152) = 6,223,159,296, 6·d·V = 393,216,000 above
-    hf = flops_per_token("hf", n_params=N, embedding_params=2_097_152)
+    hf = flop_per_token("hf", n_params=N, embedding_params=2_097_152)
     assert hf - trainer == 6 * 2048 * 32000 == 393_216_000
 
 
 def test_hf_trainer_total_flos_equals_hf_for_an_untied_model():
-    assert hf_trainer_total_flos_per_token(N, E, 0) == flops_per_token("hf", n_params=N, embedding_params=E)
+    assert hf_trainer_total_flos_per_token(N, E, 0) == flop_per_token("hf", n_params=N, embedding_params=E)
 
 
 def test_hf_trainer_total_flos_refuses_tables_larger_than_the_model():

@@ -12,7 +12,8 @@ import textwrap
 import pytest
 from conftest import log_records, only_run, run_tm, wait_for
 
-from trainmeter_core.platform import FIRST_SAMPLE, PROFILER_ATTACHED, PlatformAdapter
+from trainmeter_core.bus.proctree import read_environ
+from trainmeter_core.model.platform_adapters import FIRST_SAMPLE, PROFILER_ATTACHED, PlatformAdapter
 from trainmeter_sources.gpu import fake_pynvml as nvml
 from trainmeter_sources.gpu import nvml as backend
 from trainmeter_sources.gpu.nvml import DeviceInfo
@@ -23,26 +24,8 @@ from trainmeter_sources.gpu.selection import (
     SelectionError,
     narrow_to_processes,
 )
-from trainmeter_sources.proctree import read_environ
 from trainmeter_sources.profilers import find_profiler, profiler_in_environment
 from trainmeter_sources.settings import interval_from_env
-
-
-class ManualClock:
-    def __init__(self, now_s: float = 1000.0):
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    manual = ManualClock()
-    monkeypatch.setattr(nvml, "clock", manual)
-    yield manual
-    nvml.install(None)
-    backend._opened.clear()
 
 
 def open_session(spec: str, environ: dict | None = None, script: dict | None = None):
@@ -139,20 +122,24 @@ def test_each_gpu_gets_a_fact_with_its_dense_peak_and_its_source(clock):
         "node1/gpu0",
     )
     value = fact.value
-    assert value["dense_bf16_flops"] == pytest.approx(989.4e12) and value["peak_absent"] is None
+    assert value["dense_bf16_flop_per_s"] == pytest.approx(989.4e12) and value["peak_absent"] is None
     assert value["fake"] is True and value["spec_id"] == "h100-sxm" and value["sm_count"] == 132
+    # NVML gives a whole GPU's cores, not its SMs: 16,896 cores / 128 per Hopper SM (the spec's figure) = 132
+    assert value["sm_count_source"] == "NVML: 16896 FP32 cores / 128 per hopper SM"
+    assert value["dense_bf16_flop_per_clock_per_sm"] == 4096
     assert value["memory_bandwidth_bps"] == pytest.approx(3.35e12)
     assert value["peak_source"].startswith("https://")
     assert set(value) == {
-        "index", "uuid", "name", "fake", "spec_id", "display_name", "dense_bf16_flops", "peak_absent",
-        "tensor_clock_mhz", "memory_bandwidth_bps", "sm_count", "peak_source",
+        "index", "uuid", "name", "fake", "spec_id", "display_name", "dense_bf16_flop_per_s", "peak_absent",
+        "tensor_clock_mhz", "memory_bandwidth_bps", "sm_count", "sm_count_source", "dense_bf16_flop_per_clock_per_sm",
+        "peak_source",
     }  # fmt: skip
 
 
 def test_an_unknown_gpu_has_no_peak_and_says_why(clock):
     _, session = open_session("1xGB10")  # no GB10 spec without the spark plugin
     value = session.facts()[0].value
-    assert value["dense_bf16_flops"] is None and value["spec_id"] is None
+    assert value["dense_bf16_flop_per_s"] is None and value["spec_id"] is None
     assert "no device spec matches 'NVIDIA GB10'" in value["peak_absent"]
     assert session.sample(clock.now_s)[0].adapter == "server"
 
@@ -164,7 +151,7 @@ def test_a_mig_device_gets_its_share_of_the_sms_peak(clock):
     session = GpuSession.open({"TM_FAKE_GPUS": "1xH100", "CUDA_VISIBLE_DEVICES": mig_uuid}, host="node1")
     (fact,) = session.facts()
     # 989.4e12 FLOP/s x 16 / 132 SMs = 119.927e12 FLOP/s
-    assert fact.value["dense_bf16_flops"] == pytest.approx(989.4e12 * 16 / 132)
+    assert fact.value["dense_bf16_flop_per_s"] == pytest.approx(989.4e12 * 16 / 132)
     assert fact.value["sm_count"] == 16 and fact.value["memory_bandwidth_bps"] is None
     (row,) = session.sample(clock.now_s)
     assert row.uuid == mig_uuid and row.mig_parent_uuid == machine.gpus[0].uuid and row.sm_count == 16

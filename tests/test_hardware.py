@@ -1,4 +1,4 @@
-"""Tests for trainmeter_core.hardware: spec validation, NVML name matching and dense peaks (MIG slices included)."""
+"""Tests for trainmeter_core.model.device_specs: spec validation, NVML name matching and dense peaks (MIG slices included)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import copy
 
 import pytest
 
-from trainmeter_core.hardware import (
+from trainmeter_core.model.device_specs import (
     SPARSE_HALF_TOLERANCE,
     SpecError,
-    dense_peak_flops,
+    dense_peak_flop_per_s,
     derived_tensor_clock_mhz,
     match_spec,
     parse_spec,
+    sm_count_from_cores,
 )
-from trainmeter_core.specstore import load_specs
+from trainmeter_core.run.specstore import load_specs
 
 URL = "https://example.com/datasheet.pdf"
 
@@ -33,7 +34,7 @@ def spec_data(**overrides):
         "match": ["Test Card"],
         "exclude": [],
         "sm_count": figure(100),
-        "dense_bf16_tflops": figure(400.0),
+        "dense_bf16_tflop_per_s": figure(400.0),
         "tensor_clock_mhz": {"value": None, "sources": [], "note": "not stated"},
         "memory_kind": "HBM3",
         "memory_gb": figure(80),
@@ -50,7 +51,7 @@ def made_up(id_, match, exclude=(), dense=400.0, sm_count=100):
             id=id_,
             match=list(match),
             exclude=list(exclude),
-            dense_bf16_tflops=figure(dense),
+            dense_bf16_tflop_per_s=figure(dense),
             sm_count=figure(sm_count),
         ),
         f"{id_}.json",
@@ -73,8 +74,8 @@ def builtin(specs, spec_id):
 def test_a_complete_spec_parses_into_its_figures():
     spec = parse_spec(spec_data(), "test-card.json")
     assert spec.id == "test-card"
-    assert spec.dense_bf16_tflops.value == 400.0
-    assert spec.dense_bf16_tflops.sources[0].quote == "Figure 1"
+    assert spec.dense_bf16_tflop_per_s.value == 400.0
+    assert spec.dense_bf16_tflop_per_s.sources[0].quote == "Figure 1"
     assert spec.tensor_clock_mhz.value is None
     assert spec.origin == "test-card.json"
 
@@ -86,13 +87,13 @@ def test_a_null_figure_without_a_note_is_refused():
 
 
 def test_a_source_without_a_quote_is_refused():
-    data = spec_data(dense_bf16_tflops={"value": 400.0, "sources": [{"url": URL}]})
+    data = spec_data(dense_bf16_tflop_per_s={"value": 400.0, "sources": [{"url": URL}]})
     with pytest.raises(SpecError, match="needs the quoted words"):
         parse_spec(data, "card.json")
 
 
 def test_a_source_without_an_address_is_refused():
-    data = spec_data(dense_bf16_tflops={"value": 400.0, "sources": [{"quote": "400 TFLOPS"}]})
+    data = spec_data(dense_bf16_tflop_per_s={"value": 400.0, "sources": [{"quote": "400 TFLOPS"}]})
     with pytest.raises(SpecError, match="needs a url"):
         parse_spec(data, "card.json")
 
@@ -113,7 +114,7 @@ def test_an_error_is_one_line_naming_the_file():
 
 def test_a_misspelt_key_is_refused_instead_of_ignored():
     data = spec_data()
-    data["dense_bf16_tflop"] = data.pop("dense_bf16_tflops")
+    data["dense_bf16_tflop"] = data.pop("dense_bf16_tflop_per_s")
     with pytest.raises(SpecError, match="unknown key 'dense_bf16_tflop'"):
         parse_spec(data, "card.json")
 
@@ -149,15 +150,15 @@ def test_an_sm_count_must_be_whole():
 
 
 def test_a_quoted_sparse_figure_must_be_recorded_so_its_half_can_be_checked():
-    data = spec_data(dense_bf16_tflops=figure(989.5, quote="1,979 teraFLOPS* (* With sparsity)"))
-    with pytest.raises(SpecError, match="record it as sparse_tflops"):
+    data = spec_data(dense_bf16_tflop_per_s=figure(989.5, quote="1,979 teraFLOPS* (* With sparsity)"))
+    with pytest.raises(SpecError, match="record it as sparse_tflop_per_s"):
         parse_spec(data, "card.json")
 
 
 def test_copying_the_sparse_headline_in_as_the_dense_peak_is_refused():
     # The 2x error the spec warns about: 1,979 is the with-sparsity figure, so using it halves MFU.
     data = spec_data(
-        dense_bf16_tflops=figure(1979, quote="1,979 teraFLOPS* With sparsity", sparse_tflops=1979)
+        dense_bf16_tflop_per_s=figure(1979, quote="1,979 teraFLOPS* With sparsity", sparse_tflop_per_s=1979)
     )
     with pytest.raises(SpecError, match="not half the sparse 1979"):
         parse_spec(data, "card.json")
@@ -166,9 +167,9 @@ def test_copying_the_sparse_headline_in_as_the_dense_peak_is_refused():
 def test_a_dense_figure_that_is_half_the_sparse_one_is_accepted():
     # 1,979 / 2 = 989.5
     data = spec_data(
-        dense_bf16_tflops=figure(989.5, quote="1,979 teraFLOPS* With sparsity", sparse_tflops=1979)
+        dense_bf16_tflop_per_s=figure(989.5, quote="1,979 teraFLOPS* With sparsity", sparse_tflop_per_s=1979)
     )
-    assert parse_spec(data, "card.json").dense_bf16_tflops.sparse_tflops == 1979
+    assert parse_spec(data, "card.json").dense_bf16_tflop_per_s.sparse_tflop_per_s == 1979
 
 
 def derived_clock(value, per_sm=4096, sources=2):
@@ -182,7 +183,7 @@ def derived_clock(value, per_sm=4096, sources=2):
 def test_a_derived_tensor_clock_that_agrees_with_its_formula_is_accepted():
     # 989.4 TFLOPS / (132 SMs x 4096 FLOP/clock) = 989.4e12 / 540,672 = 1,829.94 MHz, written as 1830
     data = spec_data(
-        sm_count=figure(132), dense_bf16_tflops=figure(989.4), tensor_clock_mhz=derived_clock(1830)
+        sm_count=figure(132), dense_bf16_tflop_per_s=figure(989.4), tensor_clock_mhz=derived_clock(1830)
     )
     spec = parse_spec(data, "card.json")
     assert spec.tensor_clock_mhz.value == 1830
@@ -192,7 +193,7 @@ def test_a_derived_tensor_clock_that_agrees_with_its_formula_is_accepted():
 def test_a_derived_tensor_clock_that_disagrees_with_its_formula_is_refused():
     # 1980 MHz is H100 SXM's maximum SM clock, not the 1829.9 MHz its dense peak is stated at.
     data = spec_data(
-        sm_count=figure(132), dense_bf16_tflops=figure(989.4), tensor_clock_mhz=derived_clock(1980)
+        sm_count=figure(132), dense_bf16_tflop_per_s=figure(989.4), tensor_clock_mhz=derived_clock(1980)
     )
     with pytest.raises(SpecError, match=r"= 1829\.9 MHz"):
         parse_spec(data, "card.json")
@@ -200,7 +201,9 @@ def test_a_derived_tensor_clock_that_disagrees_with_its_formula_is_refused():
 
 def test_a_derived_tensor_clock_must_cite_datasheet_and_whitepaper():
     data = spec_data(
-        sm_count=figure(132), dense_bf16_tflops=figure(989.4), tensor_clock_mhz=derived_clock(1830, sources=1)
+        sm_count=figure(132),
+        dense_bf16_tflop_per_s=figure(989.4),
+        tensor_clock_mhz=derived_clock(1830, sources=1),
     )
     with pytest.raises(SpecError, match="cites both the datasheet and the architecture whitepaper"):
         parse_spec(data, "card.json")
@@ -209,11 +212,60 @@ def test_a_derived_tensor_clock_must_cite_datasheet_and_whitepaper():
 def test_a_derived_tensor_clock_needs_a_known_sm_count():
     data = spec_data(
         sm_count={"value": None, "sources": [], "note": "not stated"},
-        dense_bf16_tflops=figure(989.4),
+        dense_bf16_tflop_per_s=figure(989.4),
         tensor_clock_mhz=derived_clock(1830),
     )
-    with pytest.raises(SpecError, match="sm_count or dense_bf16_tflops is null"):
+    with pytest.raises(SpecError, match="sm_count or dense_bf16_tflop_per_s is null"):
         parse_spec(data, "card.json")
+
+
+def test_a_spec_without_the_per_sm_figures_reads_them_as_unknown_with_a_note():
+    spec = parse_spec(spec_data(), "card.json")  # an older or plugin spec file has neither key
+    for figure_ in (spec.dense_bf16_flop_per_clock_per_sm, spec.fp32_cores_per_sm):
+        assert figure_.value is None and figure_.note == "not given in this spec file"
+
+
+def test_a_per_sm_figure_must_be_whole_and_must_agree_with_a_derived_clock():
+    with pytest.raises(SpecError, match="fp32_cores_per_sm must be a whole number"):
+        parse_spec(spec_data(fp32_cores_per_sm=figure(127.5)), "card.json")
+    data = spec_data(
+        sm_count=figure(132),
+        dense_bf16_tflop_per_s=figure(989.4),
+        tensor_clock_mhz=derived_clock(1830),
+        dense_bf16_flop_per_clock_per_sm=figure(2048),
+    )
+    with pytest.raises(SpecError, match="derived with 4096 FLOP per clock per SM but .* gives 2048"):
+        parse_spec(data, "card.json")
+
+
+def test_every_hopper_spec_gives_the_whitepapers_per_sm_figures_and_blackwell_says_why_not(builtin_specs):
+    for spec in builtin_specs:
+        if spec.architecture == "hopper":
+            # 1024 dense FMA per A100 SM per clock × 2 FLOP × 2 (Hopper's SM doubles it) = 4096; 128 FP32 cores per SM
+            assert spec.dense_bf16_flop_per_clock_per_sm.value == 4096, spec.id
+            assert spec.fp32_cores_per_sm.value == 128, spec.id
+        elif spec.architecture == "blackwell":
+            assert spec.dense_bf16_flop_per_clock_per_sm.value is None, spec.id
+            assert "max SM clock" in spec.dense_bf16_flop_per_clock_per_sm.note, spec.id
+
+
+def test_the_h200s_tensor_clock_follows_from_the_sm_count_the_device_reports(builtin_specs):
+    h200 = builtin(builtin_specs, "h200-sxm")
+    # NVML counts 16,896 FP32 cores on an H200: / 128 per SM = 132 SMs
+    assert sm_count_from_cores(16896, h200) == (132, None)
+    # 989.5e12 / (132 × 4096) / 1e6 = 1830.13 MHz, the same clock as the H100 SXM's (989.4 → 1829.94)
+    clock_mhz = derived_tensor_clock_mhz(h200.dense_bf16_tflop_per_s.value, 132, 4096)
+    assert clock_mhz == pytest.approx(1830.13, abs=0.01)
+
+
+def test_a_core_count_that_is_not_whole_sms_is_refused_rather_than_rounded(builtin_specs):
+    h200 = builtin(builtin_specs, "h200-sxm")
+    assert sm_count_from_cores(16900, h200) == (
+        None,
+        "NVML's 16900 cores are not a whole number of 128-core SMs",
+    )
+    b200 = builtin(builtin_specs, "b200")
+    assert sm_count_from_cores(18944, b200)[0] is None  # no cores per SM for Blackwell in its spec
 
 
 def test_the_derived_clock_formula_reproduces_the_h100_sxm_tensor_clock():
@@ -306,57 +358,57 @@ def test_an_unknown_name_has_no_spec(builtin_specs, nvml_name):
 
 def test_a_spec_without_a_dense_figure_has_no_peak_and_says_why():
     data = spec_data(
-        display_name="GB10", dense_bf16_tflops={"value": None, "sources": [], "note": "FP4 only"}
+        display_name="GB10", dense_bf16_tflop_per_s={"value": None, "sources": [], "note": "FP4 only"}
     )
-    peak_flops, reason = dense_peak_flops(parse_spec(data, "gb10.json"))
-    assert peak_flops is None
+    peak_flop_per_s, reason = dense_peak_flop_per_s(parse_spec(data, "gb10.json"))
+    assert peak_flop_per_s is None
     assert reason == "no dense BF16 figure on the datasheet for GB10"
 
 
 def test_the_whole_gpu_peak_is_the_dense_figure_in_flops(builtin_specs):
     # 989.4 TFLOPS = 989.4e12 FLOP/s
-    assert dense_peak_flops(builtin(builtin_specs, "h100-sxm")) == (pytest.approx(989.4e12), None)
+    assert dense_peak_flop_per_s(builtin(builtin_specs, "h100-sxm")) == (pytest.approx(989.4e12), None)
 
 
 def test_a_mig_slice_gets_the_peak_times_its_share_of_the_sms(builtin_specs):
     # 989.4e12 x 16 / 132 = 119.927e12 FLOP/s for a 16-SM slice of a 132-SM H100 SXM
-    peak_flops, reason = dense_peak_flops(builtin(builtin_specs, "h100-sxm"), slice_sm_count=16)
+    peak_flop_per_s, reason = dense_peak_flop_per_s(builtin(builtin_specs, "h100-sxm"), slice_sm_count=16)
     assert reason is None
-    assert peak_flops == pytest.approx(119.927e12, rel=1e-4)
+    assert peak_flop_per_s == pytest.approx(119.927e12, rel=1e-4)
 
 
 def test_a_mig_slice_of_a_card_with_no_cited_sm_count_has_no_peak(builtin_specs):
-    peak_flops, reason = dense_peak_flops(builtin(builtin_specs, "h200-sxm"), slice_sm_count=16)
-    assert peak_flops is None
+    peak_flop_per_s, reason = dense_peak_flop_per_s(builtin(builtin_specs, "h200-sxm"), slice_sm_count=16)
+    assert peak_flop_per_s is None
     assert reason == "SM count of NVIDIA H200 SXM is not on its datasheet, so a MIG slice's share is unknown"
 
 
 def test_a_slice_larger_than_the_gpu_is_a_bug_not_a_peak(builtin_specs):
     with pytest.raises(ValueError, match="slice_sm_count 133 exceeds the 132 SMs"):
-        dense_peak_flops(builtin(builtin_specs, "h100-sxm"), slice_sm_count=133)
+        dense_peak_flop_per_s(builtin(builtin_specs, "h100-sxm"), slice_sm_count=133)
 
 
 def test_the_rtx_4090_dense_bf16_peak_is_not_its_fp32_figure(builtin_specs):
     rtx_4090 = builtin(builtin_specs, "rtx-4090")
-    assert rtx_4090.dense_bf16_tflops.value != 82.6
+    assert rtx_4090.dense_bf16_tflop_per_s.value != 82.6
     # 330.4 with sparsity / 2 = 165.2 dense, BF16 with FP32 accumulate
-    assert rtx_4090.dense_bf16_tflops.value == 165.2
+    assert rtx_4090.dense_bf16_tflop_per_s.value == 165.2
 
 
 def test_no_builtin_dense_figure_is_a_quoted_sparse_one(builtin_specs):
     checked = 0
     for spec in builtin_specs:
-        dense = spec.dense_bf16_tflops
+        dense = spec.dense_bf16_tflop_per_s
         quotes_sparsity = any(
             "sparsity" in s.quote.lower() or "sparse" in s.quote.lower() for s in dense.sources
         )
         if dense.value is None or not quotes_sparsity:
             continue
         checked += 1
-        assert dense.sparse_tflops is not None, spec.id
-        assert dense.value != dense.sparse_tflops, spec.id
+        assert dense.sparse_tflop_per_s is not None, spec.id
+        assert dense.value != dense.sparse_tflop_per_s, spec.id
         # dense == sparse / 2, to NVIDIA's rounding (L40S: 733 / 2 = 366.5 against the printed 362.05)
-        assert dense.value == pytest.approx(dense.sparse_tflops / 2, rel=SPARSE_HALF_TOLERANCE), spec.id
+        assert dense.value == pytest.approx(dense.sparse_tflop_per_s / 2, rel=SPARSE_HALF_TOLERANCE), spec.id
     # 3 H100s + 2 H200s + 4 A100s + A10 + B200 + GB200 + L40S + L40 + L4 = 15 specs quote a sparse figure
     assert checked >= 15
 
@@ -366,7 +418,7 @@ def test_builtin_derived_clocks_are_consistent_with_their_figures(builtin_specs)
     assert {s.id for s in derived} >= {"h100-sxm", "h100-pcie", "a100-sxm4-80gb", "a100-pcie-40gb"}
     for spec in derived:
         exact_mhz = derived_tensor_clock_mhz(
-            spec.dense_bf16_tflops.value,
+            spec.dense_bf16_tflop_per_s.value,
             int(spec.sm_count.value),
             spec.tensor_clock_mhz.derived.flop_per_clock_per_sm,
         )

@@ -13,8 +13,8 @@ from collections import deque
 import pytest
 from conftest import TM, only_run
 
-from trainmeter_core import records as rec
-from trainmeter_core.heartbeat import HeartbeatSink, Pacer, interval_s, ping
+from trainmeter_core.components.heartbeat import HeartbeatSink, Pacer, interval_s, ping
+from trainmeter_core.model import records as rec
 
 
 class Receiver:

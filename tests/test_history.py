@@ -7,7 +7,7 @@ import math
 import msgspec
 import pytest
 
-from trainmeter_core.history import X_AXES, History, HistoryPoint, HistoryState
+from trainmeter_core.model.history import X_AXES, History, HistoryPoint, HistoryState
 
 
 def fill(history, n, series="loss", spike_at=None, dip_at=None):
@@ -22,7 +22,7 @@ def fill(history, n, series="loss", spike_at=None, dip_at=None):
 
 def test_a_point_is_read_back_on_every_axis():
     history = History()
-    history.add("train_loss", {"step": 3, "tokens": 300, "flops": 1.8e12, "wall": 1e9}, 2.5)
+    history.add("train_loss", {"step": 3, "tokens": 300, "flop": 1.8e12, "wall": 1e9}, 2.5)
     for axis, x in zip(X_AXES, (3.0, 300.0, 1.8e12, 1e9), strict=True):
         assert history.query("train_loss", axis) == [HistoryPoint(x, 2.5, 2.5, 2.5, 1)]
 
@@ -30,7 +30,7 @@ def test_a_point_is_read_back_on_every_axis():
 def test_an_axis_a_point_does_not_know_is_left_out_of_that_axis_only():
     history = History()
     history.add("lr", {"step": 1, "wall": 5.0}, 1e-3)  # no tokens, no FLOPs (no convention)
-    assert history.query("lr", "flops") == []
+    assert history.query("lr", "flop") == []
     assert history.query("lr", "tokens") == []
     assert history.query("lr", "step") == [HistoryPoint(1.0, 1e-3, 1e-3, 1e-3, 1)]
 
@@ -45,8 +45,14 @@ def test_since_returns_only_newer_points():
 
 
 def test_an_unknown_axis_is_refused_with_the_axes_named():
-    with pytest.raises(ValueError, match="step, tokens, flops, wall"):
+    with pytest.raises(ValueError, match="step, tokens, flop, wall"):
         History().query("loss", "epoch")
+
+
+def test_the_flops_axis_of_schema_1_still_answers_as_flop_for_one_release():
+    history = History()
+    history.add("train_loss", {"step": 3, "tokens": 300, "flop": 1.8e12, "wall": 1e9}, 2.5)
+    assert history.query("train_loss", "flops") == history.query("train_loss", "flop") != []
 
 
 def test_a_million_points_stay_bounded_and_the_spike_and_dip_survive():

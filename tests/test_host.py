@@ -10,10 +10,10 @@ import sys
 import pytest
 from conftest import log_records, only_run, run_tm, wait_for
 
-from trainmeter_core.platform import FIRST_SAMPLE
+from trainmeter_core.bus.proctree import CLOCK_TICKS, PAGE_B, ProcessTree
+from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 from trainmeter_sources.host import TreeSampler
 from trainmeter_sources.node import NodeReader, cgroup_limits
-from trainmeter_sources.proctree import CLOCK_TICKS, PAGE_B, ProcessTree
 
 
 def write_proc(proc, pid, name, ppid, utime, stime, threads=1, rss_pages=100, io=(0, 0), children=()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -151,3 +152,21 @@ def test_secrets_in_the_command_line_are_redacted_in_meta_and_log(tm_env, tmp_pa
         assert "512" in text
     start = log_records(run)[0]
     assert start["command"][-4:] == ["--api-key", "***", "--max-tokens", "512"]
+
+
+def test_run_start_is_dated_when_the_run_started_even_when_a_step_came_first(tm_env, tmp_path):
+    # An emit-only loop can send its first step before the launcher has loaded its plugins and described the run:
+    # the run's start is still the moment tm started it, so the time before the first step is never negative.
+    script = "from trainmeter_agent import emit\nfor i in range(3):\n    emit(step=i, tokens=10)\n"
+    result = run_tm(["--", sys.executable, "-c", script], dict(tm_env, TM_DISABLE_COMPONENTS="web"))
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run(tmp_path / "runs")
+    log = log_records(run_dir)
+    (start,) = [r for r in log if r["kind"] == "run.start"]
+    first_step = min(r["t"] for r in log if r["kind"] == "step")
+    assert start["t"] <= first_step
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert start["wall"] == meta["start_wall"]
+    snapshot = json.loads((run_dir / "summary.json").read_text())["snapshot"]
+    assert snapshot["phases_s"]["startup_compile"] >= 0
+    assert snapshot["metrics"]["goodput"]["value"] <= 1

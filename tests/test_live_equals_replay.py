@@ -12,8 +12,8 @@ import msgspec
 import pytest
 from conftest import REPO, TM, log_records, only_run, wait_for
 
-from trainmeter_core import records as rec
-from trainmeter_core import replay
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog import replay
 
 HEADER = set(rec.Record.__struct_fields__) - {
     "t",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import gzip
 import random
 
-from trainmeter_core import records as rec
-from trainmeter_core.logread import read_log, segments
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog.reader import last_seq, read_log, segments, tail_records
 
 
 def _line(record: rec.Record, seq: int) -> bytes:
@@ -103,6 +103,24 @@ def test_kinds_filter_yields_only_those_kinds(tmp_path):
     assert [r.step for r in read_log(tmp_path, kinds={"step"})] == [1, 2]
 
 
+def test_a_kinds_filter_passes_other_kinds_by_their_tag_but_still_counts_lines_that_are_no_record(tmp_path):
+    lines = [
+        _line(rec.Step(step=1), 1),
+        _line(rec.Tick(n=1, interval_s=1.0), 2),  # another kind, tag first: passed undecoded, its seq noted
+        b"\x00\xff this is not a log\n",  # no tag to pass it by: decoded, and counted
+        b'{"kind": 7}\n',  # likewise (the tag is not the recorder's)
+        b'{"step":2,"kind":"step","seq":5}\n',  # a step written with its tag later: still found
+    ]
+    for bounded in (False, True):
+        (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines))
+        stats: dict = {}
+        got = list(read_log(tmp_path, kinds={"step"}, stats=stats, before_seq=99 if bounded else None))
+        assert [r.step for r in got] == [1, 2], bounded
+        # 2 lines that are no record: the bytes that are not JSON, and a mapping whose kind is no string.
+        assert stats["skipped"] == 2, bounded
+        assert stats["last_seq"] == 5, bounded
+
+
 def test_fuzzed_lines_are_skipped_exactly_and_the_rest_equals_the_clean_log(tmp_path):
     seed = 424242
     print(f"seed={seed}")
@@ -129,3 +147,131 @@ def test_fuzzed_lines_are_skipped_exactly_and_the_rest_equals_the_clean_log(tmp_
     expected = [rec.to_builtins(rec.from_log_line(line)) for i, line in enumerate(clean) if i not in mutated]
     assert stats["skipped"] == len(mutated) == 60
     assert got == expected
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The tail after a checkpoint, and the log's end
+
+
+def _segmented(tmp_path, per_segment: int, n_segments: int, gz_closed: bool = True) -> None:
+    """Steps 1.. with seq = step, ``per_segment`` a segment; closed segments gzipped as the recorder leaves them."""
+    for k in range(n_segments):
+        first = k * per_segment + 1
+        data = b"".join(_steps(first, first + per_segment - 1))
+        closed = k < n_segments - 1
+        name = f"events-{k + 1:04d}.jsonl"
+        if closed and gz_closed:
+            (tmp_path / (name + ".gz")).write_bytes(gzip.compress(data))
+        else:
+            (tmp_path / name).write_bytes(data)
+
+
+def test_after_seq_skips_whole_segments_and_decodes_only_the_tail(tmp_path):
+    _segmented(
+        tmp_path, per_segment=100, n_segments=5
+    )  # seq 1..500, segments starting at 1, 101, 201, 301, 401
+    stats: dict = {}
+    assert [r.step for r in read_log(tmp_path, stats=stats, after_seq=350)] == list(range(351, 501))
+    # Decoded in full: 150 records after seq 350, and the first line of segments 5 (seq 401 > 351, so on to
+    # segment 4) and 4 (seq 301 <= 351: the tail starts there). Segments 1 to 3 are never opened; the 50 lines of
+    # segment 4 at or before seq 350 are passed by their last key alone.
+    assert stats["decoded"] == 150 + 2
+
+
+def test_before_seq_stops_at_the_first_record_it_names(tmp_path):
+    _segmented(tmp_path, per_segment=10, n_segments=3)
+    stats: dict = {}
+    assert [r.step for r in read_log(tmp_path, stats=stats, after_seq=5, before_seq=13)] == list(range(6, 13))
+    assert stats["decoded"] == 7 + 2  # steps 6..12, and the first lines of segments 3 and 2 (seq 21, then 11)
+
+
+def test_a_line_whose_seq_is_not_last_is_decoded_to_be_placed(tmp_path):
+    # Written by hand (or by an older writer): the cheap look cannot place it, a full decode can.
+    odd = rec.to_log_line({"kind": "step", "seq": 3, "step": 3})
+    (tmp_path / "events-0001.jsonl").write_bytes(b"".join([*_steps(1, 2), odd, *_steps(4, 5)]))
+    stats: dict = {}
+    assert [r.step for r in read_log(tmp_path, stats=stats, after_seq=2)] == [3, 4, 5]
+    assert stats["decoded"] == 3
+    assert [r.step for r in read_log(tmp_path, after_seq=3)] == [4, 5]
+
+
+def test_bad_lines_in_the_tail_are_still_skipped_and_counted_and_a_damaged_seq_lets_nothing_through_twice(
+    tmp_path,
+):
+    lines = _steps(1, 6)
+    lines[1] = lines[1].replace(
+        b'"seq":2', b'"seq":"2"'
+    )  # at or before after_seq, but unreadable: decoded, skipped
+    lines[4] = b'{"kind":"step","step":5,"se\n'  # after after_seq: skipped and counted
+    (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines) + b'{"kind":"step"')
+    stats: dict = {}
+    assert [r.step for r in read_log(tmp_path, stats=stats, after_seq=3)] == [4, 6]
+    assert stats["skipped"] == 3 and stats["reasons"] == {"step": 1, "not JSON": 1, "truncated last line": 1}
+
+
+def test_a_segment_whose_first_line_is_damaged_is_not_skipped_on_a_guess(tmp_path):
+    _segmented(tmp_path, per_segment=10, n_segments=3, gz_closed=False)
+    path = tmp_path / "events-0003.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[0] = (
+        b"\x00garbage\n"  # seq 21's line; the segment's first seq is then read from its second line, 22
+    )
+    path.write_bytes(b"".join(lines))
+    assert [r.step for r in read_log(tmp_path, after_seq=20)] == list(range(22, 31))
+    assert [r.step for r in read_log(tmp_path, after_seq=25)] == list(range(26, 31))
+
+
+def test_the_last_sequence_number_is_read_from_the_tail_and_a_cut_line_is_skipped(tmp_path):
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "whole" / "events-0001.jsonl").write_bytes(b"".join(_steps(1, 5)))
+    (tmp_path / "cut" / "events-0001.jsonl").write_bytes(b"".join(_steps(1, 5))[:-10])
+    assert last_seq(tmp_path / "whole") == 5
+    assert last_seq(tmp_path / "cut") == 4
+
+
+def test_a_log_just_rotated_has_its_last_record_in_the_segment_before(tmp_path):
+    _segmented(tmp_path, per_segment=10, n_segments=2)
+    (tmp_path / "events-0003.jsonl").write_bytes(b"")  # opened by the rotation, nothing written yet
+    assert last_seq(tmp_path) == 20
+
+
+def test_the_tail_of_a_long_log_is_read_from_its_end(tmp_path):
+    _segmented(tmp_path, per_segment=20_000, n_segments=1)  # about 1.5 MB, more than the tail that is read
+    tail = tail_records(tmp_path)
+    assert tail[-1].step == 20_000 and 1 < tail[0].step < 20_000  # a whole line first, never a cut one
+
+
+def test_an_empty_run_directory_has_no_last_sequence_number(tmp_path):
+    assert last_seq(tmp_path) is None
+
+
+def test_a_long_plain_segment_is_bisected_and_a_gzipped_one_passed_by_chunks_to_the_same_tail(
+    tmp_path, monkeypatch
+):
+    from trainmeter_core.runlog import reader
+
+    monkeypatch.setattr(reader, "_CHUNK_B", 4096)  # about 55 lines a chunk: many chunks in a small log
+    _segmented(tmp_path, per_segment=5000, n_segments=2)  # seq 1..5000 gzipped, 5001..10000 plain
+    for after in (3, 2000, 4999, 5000, 5001, 7777, 9999, 10_000):
+        stats: dict = {}
+        assert [r.seq for r in read_log(tmp_path, stats=stats, after_seq=after)] == list(
+            range(after + 1, 10_001)
+        )
+        # the tail, and the first line of segment 2, which tells whether segment 1 can be passed
+        assert stats["decoded"] == (10_000 - after) + 1, after
+
+
+def test_a_damaged_line_before_the_checkpoint_never_lets_a_record_through_twice(tmp_path, monkeypatch):
+    from trainmeter_core.runlog import reader
+
+    monkeypatch.setattr(reader, "_CHUNK_B", 4096)
+    lines = _steps(1, 3000)
+    for i in (1000, 1999, 2499):  # lines with seq 1001, 2000 and 2500, cut inside (their newline kept)
+        lines[i] = lines[i][:20] + b"\n"
+    (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines))
+    for after in (1500, 2600):
+        expected = [
+            seq for seq in range(after + 1, 3001) if seq not in (1001, 2000, 2500)
+        ]  # the damaged ones lost
+        assert [r.seq for r in read_log(tmp_path, after_seq=after)] == expected

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmeter_core import metrics as fm
+from trainmeter_core.model import formulas as fm
 
 # The 1.04B model of SPEC.md under titan: 6(N-E) + 12·L·d·T = 6,282,928,128 FLOP per token (pinned in test_flops).
 TITAN_1B_FLOPS_PER_TOKEN = 6_282_928_128
@@ -65,9 +65,9 @@ def test_ofu_refuses_a_tensor_activity_outside_zero_to_one():
         fm.ofu(1.5, 1500.0, 1830.0)
 
 
-def test_observed_flops_are_ofu_seconds_times_the_peak():
+def test_observed_flop_are_ofu_seconds_times_the_peak():
     # Σ OFU × window = 0.5 × 1 s × 3600 samples = 1800 s; × 989.4e12 FLOP/s = 1.78092e18 FLOP
-    assert fm.observed_flops(1800.0, H100_SXM_PEAK_FLOPS) == pytest.approx(1.78092e18, rel=1e-12)
+    assert fm.observed_flop(1800.0, H100_SXM_PEAK_FLOPS) == pytest.approx(1.78092e18, rel=1e-12)
 
 
 def test_arithmetic_intensity_is_the_ridge_times_mfu_over_dram_active():

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from trainmeter_core.platform import NO_NVML
+from trainmeter_core.model.platform_adapters import NO_NVML
 from trainmeter_sources.gpu import fake_gpus
 from trainmeter_sources.gpu import fake_pynvml as nvml
 from trainmeter_sources.gpu import nvml as backend

@@ -8,7 +8,7 @@ import re
 import pytest
 from conftest import REPO
 
-from trainmeter_core.platform import GPM_BLOCKED, GPU_LOST, MEASURED_FIELDS, ServerAdapter
+from trainmeter_core.model.platform_adapters import GPM_BLOCKED, GPU_LOST, MEASURED_FIELDS, ServerAdapter
 from trainmeter_sources.gpu import fake_pynvml as nvml
 from trainmeter_sources.gpu.device import FIELDS_BY_CALL, DeviceSampler
 from trainmeter_sources.gpu.fake_gpus import error_code

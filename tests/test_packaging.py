@@ -57,13 +57,13 @@ def test_the_wheel_installs_in_a_fresh_venv_and_loads_a_spec_from_itself(tmp_pat
     # fresh venv: the editable install here is a .pth file, which PYTHONPATH entries do not process.
     env = dict(os.environ, PYTHONPATH=sysconfig.get_paths()["purelib"])
     probe = (
-        "import trainmeter_core, trainmeter_core.specstore as s, trainmeter_core.hardware as h\n"
+        "import trainmeter_core, trainmeter_core.run.specstore as s, trainmeter_core.model.device_specs as h\n"
         "spec_dir = s.builtin_spec_dir()\n"
         "specs = s.load_specs()\n"
         "spec = h.match_spec('NVIDIA H100 80GB HBM3', specs)\n"
         "print(trainmeter_core.__file__)\n"
         "print(spec_dir)\n"
-        "print(spec.id, h.dense_peak_flops(spec)[0])\n"
+        "print(spec.id, h.dense_peak_flop_per_s(spec)[0])\n"
     )
     result = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TM, log_records, only_run
 
-from trainmeter_core.platform import (
+from trainmeter_core.model.platform_adapters import (
     MEASURED_FIELDS,
     GpuReading,
     PlatformAdapter,
@@ -22,7 +22,7 @@ from trainmeter_core.platform import (
     choose_adapter,
     gpu_row,
 )
-from trainmeter_core.records import SampleGpu
+from trainmeter_core.model.records import SampleGpu
 
 SPARK = REPO / "plugins" / "trainmeter-spark"
 
@@ -176,4 +176,4 @@ def test_a_fake_gb10_run_reads_unified_memory_through_the_spark_adapter(tm_env, 
     assert rows[-1]["mem_total_b"] == meminfo_total_b  # the machine's memory, not NVML's (which has none)
     assert rows[-1]["absent"]["pcie_tx_bps"].startswith("not on this device")  # even where GPM could give it
     fact = next(r for r in records if r["kind"] == "fact" and r["name"] == "gpu")
-    assert fact["value"]["dense_bf16_flops"] is None and "no dense BF16" in fact["value"]["peak_absent"]
+    assert fact["value"]["dense_bf16_flop_per_s"] is None and "no dense BF16" in fact["value"]["peak_absent"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainmeter_core.quantities import QuantityError, parse_count, parse_fraction, parse_positive_float
+from trainmeter_core.model.quantities import QuantityError, parse_count, parse_fraction, parse_positive_float
 
 TOKENS_HINT = "give a whole token count such as 20B or 1.5e9"
 

@@ -9,9 +9,9 @@ import gzip
 import math
 import os
 
-from trainmeter_core import records as rec
-from trainmeter_core.logread import read_log
-from trainmeter_core.recorder import Recorder
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog.reader import read_log
+from trainmeter_core.runlog.recorder import Recorder
 
 
 def _data(record: rec.Record, seq: int) -> dict:
@@ -120,3 +120,29 @@ def test_nonfinite_metric_values_are_written_as_text_and_read_back_as_floats(tmp
     assert '"values":{"loss":"NaN","scale":"Infinity"}' in line
     (metric,) = read_log(tmp_path)
     assert math.isnan(metric.values["loss"]) and metric.values["scale"] == math.inf
+
+
+def test_a_flush_asked_for_writes_everything_queued_at_once_instead_of_at_the_next_batch(
+    tmp_path, monkeypatch
+):
+    from trainmeter_core.runlog import recorder as recorder_mod
+
+    monkeypatch.setattr(recorder_mod, "FLUSH_EVERY_S", 3600.0)  # batches that never come due by themselves
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    try:
+        for seq in (1, 2, 3):
+            recorder.put(_data(rec.Step(step=seq), seq))
+        assert recorder.flush(timeout_s=30.0)
+        assert recorder.flushed_seq == 3
+        # flushed means in the file, where a reader sees it
+        assert [r.step for r in read_log(tmp_path)] == [1, 2, 3]
+    finally:
+        recorder.close()
+
+
+def test_a_flush_of_nothing_queued_returns_at_once_and_one_without_a_writer_says_so(tmp_path):
+    recorder = Recorder(tmp_path, reserve_b=0)
+    assert recorder.flush(timeout_s=0.0)  # nothing was queued
+    recorder.put(_data(rec.Step(step=1), 1))
+    assert not recorder.flush(timeout_s=0.0)  # never started: nothing will write it

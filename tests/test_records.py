@@ -1,6 +1,6 @@
 """The record contract: every kind through the wire and the log, unknowns kept, malformed bytes refused.
 
-Pure tests of trainmeter_core.records: no sockets, no files. What the hub does with these verdicts is in test_hub.
+Pure tests of trainmeter_core.model.records: no sockets, no files. What the hub does with these verdicts is in test_hub.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from trainmeter_core import records as rec
+from trainmeter_core.model import records as rec
 
 HEADER = {"t": 12.5, "wall": 1_700_000_000.25, "source": "agent", "host": "node1", "pid": 4242, "rank": 0}
 
@@ -30,6 +30,7 @@ def _one_of_each_kind() -> list[rec.Record]:
             python="3.11.9",
             platform="Linux-x86_64",
             env={"CUDA_VISIBLE_DEVICES": "0"},
+            job=rec.JobPlace(id="j7", node_rank=0, nnodes=3, hub="10.0.0.1:29401", found_by="torchrun flags"),
             plugins=[rec.PluginInfo(name="p", group="trainmeter.sinks", provides=["sink"])],
         ),
         rec.RunEnd(status=130, reason="signaled", signal=2, signal_name="SIGINT", elapsed_s=61.5, steps=100),
@@ -48,6 +49,15 @@ def _one_of_each_kind() -> list[rec.Record]:
         rec.Phase(phase="checkpoint", start_t=10.0, end_t=12.0, paths=["/ckpt/7.pt"]),
         rec.Notice(topic="probe", message="the dataloader probe went quiet"),
         rec.Tick(n=3, interval_s=1.0),
+        rec.NodeEvent(node_rank=2, node_host="node3", event="behind", through=120, behind=35, node_run="r3"),
+        rec.ClockMap(
+            node_rank=2,
+            node_host="node3",
+            offset_s=-2500.125,
+            basis="round_trip",
+            uncertainty_s=1e-4,
+            samples=3,
+        ),
         rec.SampleGpu(index=0, util_gpu=0.5, throttle=["sw_power_cap"], processes=[rec.GpuProcess(pid=4243)]),
         rec.SampleHost(root_pid=4243, procs=3, top=[rec.ProcessStat(pid=4243, name="python", cpu_cores=1.5)]),
         rec.SampleNode(
@@ -63,9 +73,19 @@ def _one_of_each_kind() -> list[rec.Record]:
                 "mfu": rec.Explain(formula="a/b", inputs={"a": rec.ExplainInput(value=1.0, unit="flops")})
             },
             series={"loss": rec.SeriesPoint(canonical="loss", raw_key="train/loss", value=2.5)},
-            ranks=[rec.RankStat(rank=0, host="node1", steps=7)],
+            ranks=[rec.RankStat(rank=0, host="node1", steps=7, node=0)],
+            nodes=[rec.NodeStat(node_rank=1, host="node2", state="lost", ranks=[1], silent_s=12.5, gaps=1)],
             facts={"budget_tokens": rec.Fact(name="budget_tokens", provenance="declared", origin="tm.toml")},
         ),
+        rec.HistoryDelta(
+            incarnation="3f9a0c1d",
+            n=4,
+            through_seq=120,
+            series=["train_loss"],
+            points=[(0, 7.0, 7168.0, 4.3e10, 1.7e9, 2.5)],
+        ),
+        rec.HistoryRequest(reason="start"),
+        rec.HistorySync(incarnation="3f9a0c1d", n=4, checkpoint="engine.ckpt", through_seq=120),
         rec.Alert(rule="stall", state="fired", message="no step for 60 s", numbers={"idle_s": 60.0}),
         rec.Component(name="engine", event="crashed", process="components", exit_code=1),
         rec.BusStats(received=10, published=9, malformed=1, unknown=0, dropped={"agent@node1:1": 2}),
@@ -117,10 +137,16 @@ def test_required_fields_of_every_kind_are_pinned():
         "phase": {"phase", "start_t", "end_t"},
         "notice": {"topic", "message"},
         "tick": {"n", "interval_s"},
+        # Kinds new with multi-node jobs, written by the job hub alone (so no older producer sends them).
+        "node": {"node_rank", "node_host", "event"},
+        "clock": {"node_rank", "node_host", "offset_s", "basis"},
         "sample.gpu": {"index"},
         "sample.host": {"root_pid", "procs"},
         "sample.node": set(),
         "snapshot": {"tick"},
+        "history": {"incarnation", "n"},
+        "history.request": set(),
+        "history.sync": {"incarnation", "n", "checkpoint"},
         "alert": {"rule", "state", "message"},
         "component": {"name", "event", "process"},
         "bus.stats": {"received", "published", "malformed", "unknown"},
@@ -131,7 +157,13 @@ def test_required_fields_of_every_kind_are_pinned():
         for kind, cls in rec.KINDS.items()
     }
     assert required == expected
-    assert rec.SCHEMA_VERSION == 1
+    assert rec.SCHEMA_VERSION == 2
+
+
+def test_a_record_without_v_was_written_under_schema_1():
+    # Schema 1 left v out as its default; writers now stamp the current version, so every line says its schema.
+    assert rec.from_log_line(b'{"kind":"tick","n":1,"interval_s":1.0}\n').v == 1
+    assert rec.from_log_line(b'{"kind":"tick","v":2,"n":1,"interval_s":1.0}\n').v == rec.SCHEMA_VERSION
 
 
 def test_every_kind_carries_the_common_header():
@@ -172,6 +204,8 @@ def test_every_kind_survives_the_wire(record):
     assert checked.kind == rec.kind_of(record)
     assert checked.unknown is False
     assert rec.decode(payload) == record
+    # What the hub published decodes to the same Struct by its one typed decode of the union.
+    assert rec.decode_published(payload) == record
 
 
 @pytest.mark.parametrize("record", ALL, ids=IDS)
@@ -237,6 +271,7 @@ def test_unknown_kind_is_kept_verbatim_and_flagged_unknown():
     assert msgspec.json.decode(rec.to_log_line(dict(checked.data))) == newer
     decoded = rec.decode(_wire(newer))
     assert isinstance(decoded, rec.Unknown) and decoded.data == newer
+    assert rec.decode_published(_wire(newer)) == decoded
     from_log = rec.from_log_line(rec.to_log_line({**newer, "seq": 9}))
     assert isinstance(from_log, rec.Unknown)
     assert (from_log.kind, from_log.seq, from_log.data["watts"]) == ("gpu.power_cap", 9, 300.5)
@@ -250,6 +285,7 @@ def test_unknown_field_of_a_known_kind_is_kept_in_the_log_and_flagged_unknown():
     line = rec.to_log_line(checked.data)
     assert msgspec.json.decode(line)["moe_aux_loss"] == 0.125
     assert rec.from_log_line(line) == rec.Step(step=3)  # this version reads what it knows
+    assert rec.decode_published(_wire(data)) == rec.Step(step=3)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -280,6 +316,8 @@ def test_wrong_payload_is_malformed(payload):
         rec.check(payload)
     with pytest.raises(rec.MalformedRecord):
         rec.decode(payload)
+    with pytest.raises(rec.MalformedRecord):
+        rec.decode_published(payload)
 
 
 FACT = {"kind": "fact", "name": "n", "provenance": "emitted", "origin": "o"}

@@ -1,11 +1,11 @@
-"""Tests for trainmeter_core.redaction: secrets hidden by name and by shape, everything else left readable.
+"""Tests for trainmeter_core.model.redaction: secrets hidden by name and by shape, everything else left readable.
 
 Fake tokens are built by concatenation so that no secret scanner mistakes this file for a leak.
 """
 
 import pytest
 
-from trainmeter_core.redaction import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
+from trainmeter_core.model.redaction import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
 
 HF_TOKEN_SHAPE = "hf_" + "a1" * 17  # hf_ + 34 alphanumerics, the length Hugging Face issues
 GITHUB_CLASSIC_SHAPE = "ghp_" + "A1b2" * 9  # ghp_ + 36

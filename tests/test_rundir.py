@@ -17,8 +17,8 @@ import time
 import pytest
 from conftest import REPO
 
-from trainmeter_core import rundir
-from trainmeter_core.rundir import RunDirError, RunLock
+from trainmeter_core.runlog import rundir
+from trainmeter_core.runlog.rundir import RunDirError, RunLock
 
 JAN_1_2024 = 1_704_067_200.0  # 2024-01-01T00:00:00Z
 
@@ -53,7 +53,7 @@ def test_a_second_launcher_cannot_take_a_held_lock(tmp_path):
 
 def test_a_run_whose_launcher_is_killed_with_sigkill_is_no_longer_live(tmp_path):
     holder = (
-        "import sys; from pathlib import Path; from trainmeter_core.rundir import RunLock\n"
+        "import sys; from pathlib import Path; from trainmeter_core.runlog.rundir import RunLock\n"
         f"RunLock(Path({str(tmp_path)!r})).acquire(); print('locked', flush=True); sys.stdin.read()\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

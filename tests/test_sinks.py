@@ -11,9 +11,15 @@ from collections import deque
 
 import pytest
 
-from trainmeter_core import records as rec
-from trainmeter_core import sinks
-from trainmeter_core.sinks import AlertsFile, AlertsFileSink, TerminalSink, alert_line, last_written_seq
+from trainmeter_core.bus import component
+from trainmeter_core.components.sinks import (
+    AlertsFile,
+    AlertsFileSink,
+    TerminalSink,
+    alert_line,
+    last_written_seq,
+)
+from trainmeter_core.model import records as rec
 
 
 class StandIn:
@@ -42,7 +48,7 @@ class StandIn:
 
 @pytest.fixture(autouse=True)
 def short_drain(monkeypatch):
-    monkeypatch.setattr(sinks, "STOP_QUIET_S", 0.05)
+    monkeypatch.setattr(component, "STOP_QUIET_S", 0.05)
 
 
 def alert(seq, state="fired", rule="hung", message="no step for 42 s", **extra):

@@ -45,3 +45,10 @@ def test_each_iteration_is_one_step_and_numerics_are_unchanged(tm_env, tmp_path,
         assert [s["step"] for s in steps if s.get("skipped")] == list(range(10, ITERATIONS + 1, 10))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == ITERATIONS and summary["skipped_steps"] == skipped
+    # at the top of summary.json: the counters over the training window (a CPU run has no GPU number, and says why)
+    # and what the time goodput does not count went to (at least the start-up before the first step)
+    assert summary["training_window"]["util_gpu"]["absent"]
+    assert "value" not in summary["training_window"]["util_gpu"]
+    assert summary["training_window"]["host_cpu_cores"]["label"] == "training window"
+    assert summary["lost_time"]["note"].startswith("lost ")
+    assert summary["lost_time"]["seconds"]["startup_compile"] > 0

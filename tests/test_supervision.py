@@ -118,3 +118,35 @@ def test_kill_9_of_the_launcher_leaves_the_training_running_and_the_run_lost(tm_
     assert run.name in listing.stdout
     line = next(line for line in listing.stdout.splitlines() if run.name in line)
     assert " lost " in line
+
+
+def test_a_component_that_returns_on_its_own_is_stopped_not_restarted(tm_env, tmp_path):
+    # A plugin's component with nothing to do (a sink without its setting, say) returns at once: its process exits 0.
+    # That is a finish, said once as "stopped", not a crash to restart with backoff until the run ends.
+    from test_plugins import fake_distribution
+
+    site = tmp_path / "site"
+    fake_distribution(
+        site,
+        "tm-done-early",
+        "[trainmeter]\ndone_early = tm_done_early\n",
+        "from trainmeter_core.api import hookimpl\n\n"
+        "class DoneEarly:\n"
+        "    name = 'done-early'\n"
+        "    subscribes = ()\n"
+        "    shared = False\n\n"
+        "    def run(self, ctx):\n"
+        "        return\n\n"
+        "@hookimpl\n"
+        "def trainmeter_components():\n"
+        "    return [DoneEarly]\n",
+    )
+    env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
+    result = run_tm(["--", sys.executable, "-c", "import time; time.sleep(3)"], env)
+    assert result.returncode == 0, result.stderr
+    events = [
+        r["event"]
+        for r in log_records(only_run(tmp_path / "runs"))
+        if r["kind"] == "component" and r["name"] == "done-early"
+    ]
+    assert events == ["started", "stopped"]

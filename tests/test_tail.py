@@ -1,4 +1,4 @@
-"""Anyone can subscribe: `tm tail` and the ten-line example print a live run's step records while it runs."""
+"""Anyone can subscribe: `tm tail` and the example print a live run's step records while it runs."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_tail_and_the_example_print_step_records_while_the_run_goes(tm_env, tmp_
     )
     try:
         tail_lines = read_lines(tail, 5, "five step records from tm tail")
-        example_lines = read_lines(example, 5, "five step lines from examples/subscribe.py")
+        example_lines = read_lines(example, 6, "five step lines from examples/subscribe.py")
         assert not done.exists(), "the run ended before the subscribers printed: not live"
     finally:
         run_proc.wait(120)
@@ -53,7 +53,8 @@ def test_tail_and_the_example_print_step_records_while_the_run_goes(tm_env, tmp_
     assert all(r["kind"] == "step" for r in records)
     steps = [r["step"] for r in records]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
-    assert all(line.startswith("step ") for line in example_lines)
+    assert example_lines[0] == f"following {run.name}\n"
+    assert all(line.startswith("step ") for line in example_lines[1:])
     # Both end by themselves once the run has ended.
     assert tail.wait(30) == 0 and example.wait(30) == 0
 

@@ -1,4 +1,5 @@
-"""Filling the dashboard's model: the engine's checkpoint, the log up to the first live record, then the bus."""
+"""Filling the dashboard's model: a live run through the one hand-over (its own parts from the log up to the first live
+record, then the bus) with the numbers and the history from the run's engine; a finished run by a replay."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from trainmeter_core import records as rec
-from trainmeter_core.engine import Engine
-from trainmeter_core.engine_component import save_checkpoint
-from trainmeter_web.follow import Follower, log_last_seq, open_run, replay
+from trainmeter_core.components.engine import LiveEngine, Saved
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine import Engine
+from trainmeter_core.model.history_sync import JournaledHistory
+from trainmeter_core.runlog.checkpoint import load_checkpoint, save_checkpoint
+from trainmeter_web.follow import Follower, replayed_model
+from trainmeter_web.model import RunModel
 
 WALL0 = 1_700_000_000.0
 
@@ -31,24 +35,36 @@ def records(n_steps: int, first_seq: int = 1) -> list[rec.Record]:
     return out
 
 
+def as_logged(record: rec.Record) -> dict:
+    """A record as the recorder writes it: the hub appends ``seq`` last."""
+    data = rec.to_builtins(record)
+    data["seq"] = data.pop("seq")
+    return data
+
+
 def write_log(run_dir: Path, recs: list[rec.Record], cut_last: bool = False) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "meta.json").write_text(json.dumps({"run_id": run_dir.name, "name": "t", "command": ["x.py"]}))
-    data = b"".join(rec.to_log_line(rec.to_builtins(r)) for r in recs)
+    data = b"".join(rec.to_log_line(as_logged(r)) for r in recs)
     if cut_last:
         data = data[:-10]
     (run_dir / "events-0001.jsonl").write_bytes(data)
 
 
+def final_of(recs: list[rec.Record]) -> rec.Snapshot:
+    engine = Engine()
+    return [s for r in recs for s in engine.feed(r)][-1]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A finished run: replayed here
+
+
 def test_a_replayed_log_gives_the_same_snapshot_as_feeding_the_engine_directly(tmp_path):
     recs = records(20)
     write_log(tmp_path / "run", recs)
-    model, through = open_run(tmp_path / "run")
-    assert through == 0  # no checkpoint: the whole log is read
-    assert replay(model, tmp_path / "run") == recs[-1].seq
-    engine = Engine()
-    expected = [s for r in recs for s in engine.feed(r)][-1]
-    assert model.snapshot == expected
+    model = replayed_model(tmp_path / "run")  # no checkpoint: the whole log is read
+    assert model.snapshot == final_of(recs)
     assert len(model.alerts) == 1
     assert model.overhead_doc()["agent_us_per_step"] == 5.0
 
@@ -61,83 +77,134 @@ def test_after_a_checkpoint_only_the_tail_reaches_the_engine_but_alerts_come_fro
     for record in recs[:30]:
         engine.feed(record)
     save_checkpoint(run_dir, engine, recs[29].seq)
-    model, through = open_run(run_dir)
-    assert through == recs[29].seq
-    replay(model, run_dir, through)
-    full = Engine()
-    expected = [s for r in recs for s in full.feed(r)][-1]
-    assert model.snapshot == expected  # resumed from the checkpoint, equal to a full replay
+    stats: dict = {}
+    model = replayed_model(run_dir, stats)
+    assert model.snapshot == final_of(recs)  # resumed from the checkpoint, equal to a full replay
     assert [a["rule"] for a in model.alerts] == ["throughput_drop"]  # the alert is before the checkpoint
     assert model.history("train_loss", "step")[0].x == 1.0  # the history came with the checkpoint
+    # 61 records (20 steps × 3, and the alert); the engine decoded the 31 after the checkpoint and nothing before
+    assert stats["decoded"] == len(recs) - 30 == 31
 
 
-def test_replay_stops_before_the_first_live_record(tmp_path):
-    recs = records(5)
-    write_log(tmp_path / "run", recs)
-    model, _ = open_run(tmp_path / "run")
-    assert replay(model, tmp_path / "run", before_seq=recs[4].seq) == recs[3].seq
-    assert model.through_seq == recs[3].seq
+# --------------------------------------------------------------------------------------------------------------------
+# A live run: the bus, as the hub and the engine component would fill it
 
 
-def test_the_last_sequence_number_is_read_from_the_tail_and_a_cut_line_is_skipped(tmp_path):
-    recs = records(5)
-    write_log(tmp_path / "whole", recs)
-    write_log(tmp_path / "cut", recs, cut_last=True)
-    assert log_last_seq(tmp_path / "whole") == recs[-1].seq
-    assert log_last_seq(tmp_path / "cut") == recs[-2].seq
+class Bus:
+    """The records from ``first_live`` on, each followed by what the engine makes of it; the engine, live all along,
+    answers a ``history.request`` as the engine component does (a checkpoint, then ``history.sync``)."""
+
+    def __init__(self, run_dir: Path, recs: list[rec.Record], first_live: int) -> None:
+        self.run_dir = run_dir
+        self.live = LiveEngine(Engine(history=JournaledHistory()))
+        for record in recs[: first_live - 1]:
+            self.live.catch_up(record)  # what the engine saw before the dashboard joined
+        self.live.caught_up()
+        self.saved = Saved(run_dir, self.live)
+        self.upcoming = deque(recs[first_live - 1 :])
+        self.queue: deque[rec.Record] = deque()
+        self.asked: list[str] = []
+
+    def publish(self, record: rec.Record) -> None:  # the engine component's ctx.publish
+        self.queue.append(record)
+
+    def recv(self, timeout_s: float) -> rec.Record | None:
+        if not self.queue and self.upcoming:
+            record = self.upcoming.popleft()
+            self.queue.append(record)
+            for out in self.live.feed(record):
+                self.queue.append(out)
+        return self.queue.popleft() if self.queue else None
+
+    def ask(self, reason: str) -> None:
+        self.asked.append(reason)
+        self.saved.now(self)  # type: ignore[arg-type]
 
 
-def test_an_empty_run_directory_has_no_last_sequence_number(tmp_path):
-    assert log_last_seq(tmp_path) is None
+def follow(run_dir: Path, bus: Bus) -> tuple[RunModel, Follower]:
+    stopping = threading.Event()
+    model = RunModel(run_dir, {})
+    follower = Follower(model, bus.recv, stopping, bus.ask)
+    assert follower.catch_up()
+
+    def changed():
+        if not bus.queue and not bus.upcoming:
+            stopping.set()
+
+    follower.run_live(changed)
+    return model, follower
 
 
 def test_catching_up_reads_the_log_until_the_first_live_record_and_counts_nothing_twice(tmp_path):
     recs = records(10)
     run_dir = tmp_path / "run"
-    write_log(run_dir, recs)
-    live = deque(recs[20:])  # the bus delivers from seq 21 on; the log already holds everything
-    stopping = threading.Event()
-
-    def recv(timeout_s: float):
-        return live.popleft() if live else None
-
-    model, through = open_run(run_dir)
-    follower = Follower(model, recv, stopping, through)
-    assert follower.catch_up()
-    changes = []
-
-    def changed():
-        changes.append(model.version)
-        if not live:
-            stopping.set()
-
-    follower.run_live(changed)
-    engine = Engine()
-    expected = [s for r in recs for s in engine.feed(r)][-1]
-    assert model.snapshot == expected
+    write_log(run_dir, recs)  # the recorder already wrote everything; the bus delivers from seq 21 on
+    bus = Bus(run_dir, recs, first_live=21)
+    model, _ = follow(run_dir, bus)
+    assert bus.asked == ["start"]
+    assert model.snapshot == final_of(recs)  # the engine's last snapshot, taken from the bus
+    # the copy of the history is the engine's, bucket for bucket
+    assert model.replica.history.to_state() == bus.live.history.to_state()
+    assert [p.value for p in model.history("train_loss", "step")] == [10.0 / s for s in range(1, 11)]
     assert (
         model.overhead_doc()["agent_steps"] == 10
     )  # each step once, though the log and the bus both had some
     assert model.through_seq == recs[-1].seq
 
 
+def test_a_missing_delta_makes_the_dashboard_ask_for_the_whole_history_again(tmp_path):
+    recs = records(10)
+    run_dir = tmp_path / "run"
+    write_log(run_dir, recs)
+    bus = Bus(run_dir, recs, first_live=4)
+    lost: list[int] = []
+    recv = bus.recv
+
+    def lossy(timeout_s: float):
+        record = recv(timeout_s)
+        # The subscriber fell behind once: the engine's fifth delta never reaches the dashboard.
+        if isinstance(record, rec.HistoryDelta) and record.n == 5 and not lost:
+            lost.append(record.n)
+            return recv(timeout_s)
+        return record
+
+    bus.recv = lossy  # type: ignore[method-assign]
+    model, _ = follow(run_dir, bus)
+    assert lost == [5] and bus.asked == ["start", "out of step"]
+    assert not model.needs_history
+    assert model.replica.history.to_state() == bus.live.history.to_state()
+
+
+def test_a_restarted_engine_is_a_new_incarnation_and_its_whole_history_is_taken(tmp_path):
+    recs = records(10)
+    run_dir = tmp_path / "run"
+    write_log(run_dir, recs)
+    bus = Bus(run_dir, recs, first_live=4)
+    upcoming = bus.upcoming
+    later = [upcoming.pop() for _ in range(12)][::-1]  # the last four steps come after the engine's restart
+    model = RunModel(run_dir, {})
+    stopping = threading.Event()
+    follower = Follower(model, bus.recv, stopping, bus.ask)
+    assert follower.catch_up()
+    follower.run_live(lambda: not bus.queue and not bus.upcoming and stopping.set())
+    first = bus.live.incarnation
+    # The engine restarts from its checkpoint: a new incarnation, its delta counter from 1.
+    save_checkpoint(run_dir, bus.live.engine, bus.live.through_seq)
+    restarted = LiveEngine(*load_checkpoint(run_dir, JournaledHistory))
+    assert restarted.incarnation != first
+    bus.live, bus.saved = restarted, Saved(run_dir, restarted)
+    bus.upcoming.extend(later)
+    stopping.clear()
+    follower.run_live(lambda: not bus.queue and not bus.upcoming and stopping.set())
+    assert bus.asked == ["start", "out of step"]
+    assert model.replica.incarnation == restarted.incarnation
+    assert model.replica.history.to_state() == restarted.history.to_state()
+    assert model.snapshot == final_of(recs)
+
+
 def test_catching_up_gives_up_when_asked_to_stop_before_anything_came(tmp_path):
     write_log(tmp_path / "run", records(2))
     stopping = threading.Event()
     stopping.set()
-    model, _ = open_run(tmp_path / "run")
-    assert not Follower(model, lambda timeout_s: None, stopping).catch_up()
-
-
-def test_the_engine_components_snapshots_on_the_bus_do_not_mark_the_hand_over(tmp_path):
-    recs = records(3)
-    write_log(tmp_path / "run", recs)
-    snapshot = rec.Snapshot(tick=1, seq=recs[2].seq)
-    live = deque([snapshot, *recs[5:]])
-    model, _ = open_run(tmp_path / "run")
-    follower = Follower(model, lambda timeout_s: live.popleft() if live else None, threading.Event())
-    assert follower.catch_up()
-    # the hand-over is at the first record that is not a snapshot (seq 6): the log gave seq 1..5, the bus seq 6
-    assert recs[5].seq == 6
-    assert model.through_seq == 6
-    assert model.overhead_doc()["agent_steps"] == 2  # steps at seq 1 and 5, each once
+    model = RunModel(tmp_path / "run", {})
+    assert not Follower(model, lambda timeout_s: None, stopping, lambda reason: None).catch_up()

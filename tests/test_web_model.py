@@ -1,10 +1,13 @@
-"""The dashboard's model of a run: the engine fed in hub order, plus alerts, the run's identity and tm's overhead."""
+"""The dashboard's model of a run: the engine's snapshots and history (fed as the bus carries them, by the engine
+component's own code), plus alerts, the run's identity and tm's overhead."""
 
 from __future__ import annotations
 
 import msgspec
+from live_run import feed as feed_both
 
-from trainmeter_core import records as rec
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.history import History
 from trainmeter_web.model import RunModel, encode, series_group
 
 WALL0 = 1_700_000_000.0
@@ -24,7 +27,7 @@ class Feed:
         if not record.t:
             record.t = self.t
             record.wall = WALL0 + self.t
-        return self.model.feed(record)
+        return feed_both(self.model, record)
 
 
 def declared(name: str, value) -> rec.Fact:
@@ -41,10 +44,43 @@ def test_a_snapshot_comes_on_each_tick_and_the_document_version_moves_with_it():
     assert model.snapshot is not None and model.snapshot.tick == 1
 
 
-def test_the_engine_components_own_snapshots_are_ignored():
+def test_the_model_serves_the_engines_snapshot_and_never_an_older_one():
     model = RunModel()
-    assert not model.feed(rec.Snapshot(tick=9, seq=5))
-    assert model.snapshot is None and model.through_seq == 0
+    assert model.feed(rec.Snapshot(tick=9, seq=5, through_seq=4))
+    assert model.snapshot is not None and model.snapshot.tick == 9
+    assert (
+        model.through_seq == 0
+    )  # a snapshot is the engine's: the model's own place in the log does not move
+    assert not model.feed(rec.Snapshot(tick=8, seq=3, through_seq=2))  # older (a checkpoint's, read late)
+    assert model.snapshot.tick == 9
+
+
+def test_history_deltas_wait_for_the_whole_history_then_apply_in_order():
+    model = RunModel()
+    point = (0, 1.0, 10.0, float("nan"), 100.0, 2.5)
+    delta = lambda n, inc="a": rec.HistoryDelta(incarnation=inc, n=n, series=["train_loss"], points=[point])  # noqa: E731
+    assert model.needs_history
+    model.feed(delta(2))
+    model.feed(delta(3))
+    assert model.history("train_loss", "step") == []  # held: no whole history yet
+    whole = History()
+    whole.add_point("train_loss", *point[1:])  # the engine's history after delta 2 holds one point
+    assert model.load_history(whole, "a", 2)
+    # delta 2 is already in the whole history; delta 3 adds the second point
+    assert [(p.x, p.value) for p in model.history("train_loss", "step")] == [(1.0, 2.5), (1.0, 2.5)]
+    assert model.feed(delta(4))
+    assert model.added_points("train_loss") == 3
+    assert not model.feed(
+        delta(6)
+    )  # delta 5 is missing: out of step, left untouched, a whole history is needed
+    assert model.needs_history and model.added_points("train_loss") == 3
+    model.feed(delta(1, inc="b"))  # a restarted engine: held until its whole history comes
+    assert model.needs_history
+    # The whole history that comes may still be the old engine's (written before it died): the new engine's held
+    # delta is dropped rather than asked about forever, and the new engine's next delta asks again.
+    assert model.load_history(History(), "a", 6)
+    assert not model.feed(delta(2, inc="b")) and model.needs_history
+    assert model.load_history(History(), "b", 2) and not model.needs_history
 
 
 def test_an_alert_that_fires_then_clears_is_one_entry_with_both_times():
@@ -166,9 +202,13 @@ def test_history_is_cached_until_the_series_gains_a_point():
     feed = Feed(model)
     feed(rec.Step(step=1))
     feed(rec.Metric(values={"train_loss": 2.0}, step=1))
+    feed(rec.Tick(n=1, interval_s=1.0))  # the engine's points reach the model with its next snapshot
     first = model.history("train_loss", "step")
     assert model.history("train_loss", "step") is first
+    feed(rec.Tick(n=2, interval_s=1.0))
+    assert model.history("train_loss", "step") is first  # a tick without a new loss point
     feed(rec.Metric(values={"train_loss": 1.0}, step=2))
+    feed(rec.Tick(n=3, interval_s=1.0))
     second = model.history("train_loss", "step")
     assert second is not first
     assert [(p.x, p.value) for p in second] == [(1.0, 2.0), (2.0, 1.0)]
@@ -179,6 +219,7 @@ def test_a_history_point_is_json_x_value_min_max_count_and_nan_is_null():
     feed = Feed(model)
     feed(rec.Step(step=1))
     feed(rec.Metric(values={"train_loss": float("nan")}, step=1))
+    feed(rec.Tick(n=1, interval_s=1.0))
     points = model.history("train_loss", "step")
     assert msgspec.json.decode(encode(points)) == [[1.0, None, None, None, 1]]
 
@@ -191,4 +232,14 @@ def test_the_live_document_is_built_once_per_version():
     assert model.live_doc() is doc
     feed(rec.Tick(n=2, interval_s=1.0))
     assert model.live_doc() is not doc
-    assert set(doc) == {"snapshot", "status", "overhead", "alerts", "catalog"}
+    assert set(doc) == {"snapshot", "status", "overhead", "alerts", "catalog", "phases_seen"}
+
+
+def test_the_live_document_says_which_phases_the_probes_reported():
+    model = RunModel()
+    feed = Feed(model)
+    feed(rec.Phase(phase="compile", start_t=1.0, end_t=3.0, probe="torch.compile", t=3.0))
+    feed(rec.Phase(phase="eval", start_t=4.0, end_t=4.5, probe="eval", t=4.5))
+    feed(rec.Phase(phase="eval", start_t=5.0, end_t=5.5, probe="eval", t=5.5))
+    feed(rec.Tick(n=1, interval_s=1.0))
+    assert model.live_doc()["phases_seen"] == {"compile": 1, "eval": 2}

@@ -1,4 +1,5 @@
-"""The dashboard's registration: the ``web`` component and ``tm view`` through the entry point, and nothing heavy."""
+"""The dashboard's registration: the ``web`` component, ``tm view``, ``tm report`` and ``tm compare -o`` through the
+entry point, and nothing heavy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from conftest import REPO
 from trainmeter_core.plugins import Plugins
 
 
-def test_the_plugin_registers_the_web_component_in_its_own_process_and_the_view_command():
+def test_the_plugin_registers_the_web_component_in_its_own_process_and_its_commands():
     from trainmeter_web import plugin
 
     plugins = Plugins()
@@ -19,7 +20,7 @@ def test_the_plugin_registers_the_web_component_in_its_own_process_and_the_view_
     (web,) = classes
     assert web.name == "web" and web.shared is False  # aiohttp never enters the shared components process
     (commands,) = [c for name, c in plugins.per_plugin("trainmeter_commands") if name == "web"]
-    assert [c.name for c in commands] == ["view"]
+    assert [c.name for c in commands] == ["view", "report", "compare"]  # compare completes tm's own with -o
 
 
 def test_loading_the_plugin_and_its_classes_imports_no_aiohttp():
@@ -42,9 +43,20 @@ def test_the_view_command_takes_the_options_tm_view_documents():
     ViewCommand().add_arguments(parser)
     args = parser.parse_args(["myrun", "--port", "9000", "--host", "0.0.0.0", "--runs-dir", "/r"])
     assert (args.run, args.port, args.host, args.runs_dir, args.json) == (
-        "myrun",
+        ["myrun"],
         9000,
         "0.0.0.0",
         "/r",
         False,
     )
+
+
+def test_the_view_command_takes_several_runs_to_show_side_by_side():
+    import argparse
+
+    from trainmeter_web.view import ViewCommand
+
+    parser = argparse.ArgumentParser()
+    ViewCommand().add_arguments(parser)
+    assert parser.parse_args(["a", "b", "c"]).run == ["a", "b", "c"]
+    assert parser.parse_args([]).run == []  # the latest run

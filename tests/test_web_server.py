@@ -8,8 +8,9 @@ import socket
 import time
 
 import pytest
+from live_run import feed
 
-from trainmeter_core import records as rec
+from trainmeter_core.model import records as rec
 from trainmeter_web.guard import Guard
 from trainmeter_web.model import RunModel
 from trainmeter_web.server import Server
@@ -27,7 +28,7 @@ def feed_run(model: RunModel, steps: int, first_seq: int = 1) -> None:
             rec.Tick(n=step, interval_s=1.0),
         ):
             record.seq, record.t, record.wall = seq, 10.0 + seq, WALL0 + 10.0 + seq
-            model.feed(record)
+            feed(model, record)
             seq += 1
 
 
@@ -115,7 +116,7 @@ def test_the_run_snapshot_and_series_describe_the_run(served):
     assert snapshot["kind"] == "snapshot" and snapshot["steps"] == 5 and snapshot["tick"] == 5
     assert snapshot["metrics"]["tokens_per_s"]["unit"] == "tokens/s"
     series = get_json(port, "/api/series")
-    assert series["x_axes"] == ["step", "tokens", "flops", "wall"]
+    assert series["x_axes"] == ["step", "tokens", "flop", "wall"]
     assert series["series"]["train_loss"] == {"group": "loop", "points": 5, "raw_key": "train/loss"}
     assert "<img src=x onerror=alert(1)>" in series["series"]
 
@@ -142,7 +143,7 @@ def test_history_reads_incrementally_and_thins_on_the_server(served):
 @pytest.mark.parametrize(
     ("query", "status", "words"),
     [
-        ("series=train_loss&x=epoch", 400, "step, tokens, flops, wall"),
+        ("series=train_loss&x=epoch", 400, "step, tokens, flop, wall"),
         ("series=train_loss&points=0", 400, "whole number from 1"),
         ("series=train_loss&points=lots", 400, "whole number from 1"),
         ("series=train_loss&since=soon", 400, "a number on the x axis"),

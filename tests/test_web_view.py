@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import urllib.request
 from pathlib import Path
 
 import msgspec
-from conftest import wait_for
+import pytest
+from conftest import TM, log_records, only_run, wait_for
 
-from trainmeter_core import records as rec
-from trainmeter_core.engine import Engine
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine import Engine
 from trainmeter_web import view
 
 WALL0 = 1_700_000_000.0
@@ -98,3 +100,63 @@ def test_a_run_that_never_ended_and_holds_no_lock_is_lost(tmp_path, capsys):
     finally:
         stopping.set()
         thread.join(10)
+
+
+LOOP = """
+import os, sys, time
+from trainmeter_agent import emit
+step = 0
+while not os.path.exists(sys.argv[1]):
+    step += 1
+    emit(step=step, tokens=2048, train_loss=4.0 / step)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.xdist_group("heavy")
+def test_a_live_run_is_followed_with_the_engines_numbers_and_no_engine_of_its_own(
+    tm_env, tmp_path, capsys, monkeypatch
+):
+    from trainmeter_core.model.engine import feed as engine_feed
+    from trainmeter_web.follow import replayed_model
+
+    script, stop = tmp_path / "loop.py", tmp_path / "stop"
+    script.write_text(LOOP)
+    proc = subprocess.Popen([TM, "--no-web", str(script), str(stop)], env=tm_env, stderr=subprocess.DEVNULL)
+    made = []
+    init = engine_feed.Engine.__init__
+    monkeypatch.setattr(
+        engine_feed.Engine, "__init__", lambda self, *a, **kw: made.append(1) or init(self, *a, **kw)
+    )
+    try:
+        runs = tmp_path / "runs"
+        run_dir = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run")
+        wait_for(lambda: any(r["kind"] == "tick" for r in log_records(run_dir)), what="the first tick")
+        port, stopping, thread = serve_in_thread(run_dir, capsys)
+        try:
+            snapshot = wait_for(
+                lambda: (s := get_json(port, "/api/snapshot")).get("steps") and s, what="a snapshot"
+            )
+            assert snapshot["source"] == "engine"  # the run's engine made it
+            stop.touch()
+            assert proc.wait(120) == 0
+            wait_for(
+                lambda: get_json(port, "/api/run")["status"]["state"] == "finished", what="the run's end"
+            )
+            assert made == []  # following a live run built no engine here
+
+            def served_history():
+                return get_json(port, "/api/history?series=train_loss&x=step")["series"]["train_loss"]
+
+            replayed = replayed_model(run_dir).history("train_loss", "step")
+            expected = json.loads(msgspec.json.encode(replayed))
+            # The engine's last delta follows its final snapshot: wait for it, then the copy is the replay's history.
+            wait_for(lambda: served_history() == expected, what="the history to equal the replay's")
+            assert len(expected) == sum(1 for r in log_records(run_dir) if r["kind"] == "metric")
+        finally:
+            stopping.set()
+            thread.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

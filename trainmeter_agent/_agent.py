@@ -3,6 +3,10 @@
 Nothing here may raise into the training process, block it, or touch a device: every entry point catches its own
 failure, says so once on stderr (``tm: agent <probe> stopped: ...``) and stops that probe only; zmq and msgspec are
 imported on the first record to send, so a process that never reports pays nothing for them.
+
+Why one module of a little over 500 lines: it is one object, the process's agent, whose methods are what every probe
+calls (send, fact, phase, stop a probe) and which owns the one producer and buffer; the probes with a life of their
+own already live beside it (``_iterations``, ``_model``, ``_phases``, ``_flops``, ``_taps``).
 """
 
 from __future__ import annotations
@@ -12,16 +16,14 @@ import sys
 import time
 
 from trainmeter_agent._iterations import IterationDetector
+from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
+from trainmeter_agent._outbox import Outbox
 from trainmeter_agent._watch import ModuleWatcher
 
-#: A metrics batch leaves at least this often while the loop keeps emitting ...
-FLUSH_EVERY_S = 0.05
-#: ... or once it holds this many records.
-FLUSH_RECORDS = 1000
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
 PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
 #: The probes that see inside a model's loop (tests/agent_scripts/gpt_loop.py uses every one).
-MODEL_PROBES = ("model", "eval", "data_wait", "checkpoint", "compile", "flops")
+MODEL_PROBES = ("model", "eval", "data_wait", "checkpoint", "compile", "flops", "loss")
 #: The overhead fact goes out after this many steps, then every OVERHEAD_EVERY steps.
 OVERHEAD_FIRST, OVERHEAD_EVERY = 10, 200
 
@@ -75,13 +77,14 @@ class Agent:
         self.bus_on = True
         self._faults = {name for name in os.environ.get("TM_AGENT_FAULT", "").split(",") if name}
         self._warned: set[str] = set()
-        self._rec = None  # trainmeter_core.records, once activated
+        self._rec = None  # trainmeter_core.model.records, once activated
         self.iterations = IterationDetector(self)
         self.watcher = ModuleWatcher(self.stop_probe)
         # The probes that hang off torch are built when the user's code imports it, the taps when a tracker is
         # imported: a Python process that does neither pays nothing for them.
         self.model = None
         self.flops = None
+        self.loss = None  # the loss passed to backward()
         self.phases = None
         self.taps = None
         self.watched_trackers: set[str] = set()  # module names whose import loads the tracker taps
@@ -89,14 +92,13 @@ class Agent:
         self.compiled_functions = 0
         self._probe_states: dict[str, str] = {}
         self._held: list = []  # facts and phases found before hello: they go out right after it
+        # Steps, metrics (as (t, values, step, origin) until they leave), phases, facts and notices, in call order.
+        self.outbox = Outbox(self._send_batch)
         self._reset_buffers()
 
     def _reset_buffers(self) -> None:
-        self._metrics: list[tuple[float, dict[str, float], int | None, str]] = []
-        self._records: list = []  # phases, batched with the metrics
         self._overhead_s = 0.0
         self._overhead_steps = 0
-        self._last_flush_t = 0.0
         self._step_owner: str | None = None  # "hooks" or "emit": whichever sent the first step record
         self._last_emitted_step: int | None = None
         self._last_emitted_step_t: float | None = None
@@ -148,6 +150,8 @@ class Agent:
             self.model.detach()
         elif probe == "flops" and self.flops is not None:
             self.flops.done = True
+        elif probe == "loss" and self.loss is not None:
+            self.loss.on = False
         try:
             detail = f"{type(exc).__name__}: {exc}"
         except Exception:
@@ -166,7 +170,7 @@ class Agent:
 
     def _rec_module(self):
         if self._rec is None:
-            from trainmeter_core import records
+            from trainmeter_core.model import records
 
             self._rec = records
         return self._rec
@@ -180,8 +184,8 @@ class Agent:
             self.check_fault("bus")
             rec = self._rec_module()
             from trainmeter_core import __version__
-            from trainmeter_core.bus import Producer
-            from trainmeter_core.redaction import redact_argv
+            from trainmeter_core.bus.client import Producer
+            from trainmeter_core.model.redaction import redact_argv
 
             if self.producer is None:
                 self.producer = Producer(self.endpoint, "agent", rank=_env_int("RANK"))
@@ -206,6 +210,7 @@ class Agent:
                 held.append(self._probe_fact(name, state))
             if held:
                 self.producer.send_many(held)
+            self.outbox.ready = True
             return True
         except Exception as exc:
             self.stop_probe("bus", exc)
@@ -218,43 +223,45 @@ class Agent:
         return self.bus_on and self.producer is not None
 
     def _send(self, record) -> None:
+        """Queue one record after everything queued before it (hello first, if the process has not said it yet)."""
         if self._ready():
-            self.producer.send(record)
+            self.outbox.put(record, time.monotonic())
 
-    def flush(self, then=None) -> None:
-        """Send the buffered metrics and phases as one batch (every 50 ms, at exit), or with a step record ``then``.
+    def _queue(self, item, now: float) -> None:
+        """Queue a record (or a metric's tuple) to leave with its window; the first one of a process says hello."""
+        if not self.activated:
+            self.activate()
+        self.outbox.put(item, now)
 
-        A step goes out at once, in the same message as the metrics emitted before it (so they stay before it and
-        the loop pays for one send per step); phases wait for the 50 ms clock.
-        """
-        buffered = self._metrics
-        if not buffered and (then is not None or not self._records):
-            if then is not None:
-                self._send(then)
+    def flush(self) -> None:
+        """Send what is queued as one batch now (the window closes on its own every 50 ms, and at exit and fork)."""
+        if self._ready():
+            self.outbox.flush()
+        elif len(self.outbox):
+            self.outbox._items.clear()  # the bus is gone: what was queued is dropped, never kept to grow
+
+    def _send_batch(self, batch: list) -> None:
+        """The outbox's send: metric tuples become records, then one message. Every record is dated on the wall
+        clock when it was made (its ``t``), not when its window left: the producer would stamp the send's time, up to
+        a window late, and a trace's profiled steps are matched to step records by wall time."""
+        if not (self.bus_on and self.producer is not None):
             return
-        self._metrics = []
-        phases: list = []
-        if then is None:
-            phases, self._records = self._records, []
+        metric = None
         now_t, now_wall = time.monotonic(), time.time()
-        if then is None:
-            self._last_flush_t = now_t  # a step's own send leaves the 50 ms clock to the phases
-        if not self._ready():
-            return  # the bus is gone: what was buffered is dropped, never kept to grow
-        metric = self._rec_module().Metric
-        records = [
-            metric(values=values, step=step, t=t, wall=now_wall - (now_t - t), origin=origin)
-            for t, values, step, origin in buffered
-        ]
-        records.extend(phases)
-        if then is not None:
-            records.append(then)
-        self.producer.send_many(records)
+        for i, item in enumerate(batch):
+            if type(item) is tuple:
+                if metric is None:
+                    metric = self._rec_module().Metric
+                t, values, step, origin = item
+                batch[i] = metric(values=values, step=step, t=t, wall=now_wall - (now_t - t), origin=origin)
+            elif item.t and not item.wall:
+                item.wall = now_wall - (now_t - item.t)
+        self.producer.send_many(batch)
 
     # -- steps -----------------------------------------------------------------------------------------------------
 
     def send_step(self, fields: dict) -> None:
-        """A step record from the optimizer hooks, sent at once (after the metrics emitted before it)."""
+        """A step record from the optimizer hooks, queued after the metrics emitted before it."""
         if self._step_owner is None:
             self._step_owner = "hooks"
             waiting, self._waiting_step = self._waiting_step, None
@@ -269,6 +276,11 @@ class Agent:
                     self.flops.end_iteration(fields, self.model)
             except Exception as exc:
                 self.stop_probe("model", exc)
+        if self.loss is not None and self.loss.on:
+            try:
+                self.loss.end_iteration(fields)  # after the model's: it reads the micro-batch count
+            except Exception as exc:
+                self.stop_probe("loss", exc)
         if self._pending_tokens is not None:
             fields["tokens"] = self._pending_tokens
             fields["tokens_source"] = "emitted"
@@ -278,7 +290,7 @@ class Agent:
                 fields["absent"] = {k: v for k, v in absent.items() if k != "tokens"}
         if fields.get("tokens") is not None and fields.get("dp") is not None:
             fields["tokens_global"] = fields["tokens"] * fields["dp"]
-        self.flush(then=self._rec_module().Step(**fields))
+        self._queue(self._rec_module().Step(**fields), fields.get("t") or time.monotonic())
         self._count_overhead(fields)
 
     def _count_overhead(self, fields: dict) -> None:
@@ -307,7 +319,7 @@ class Agent:
         return self._fact_record(f"probe.{name}", state, "probes")
 
     def fact(self, name: str, value: object, probe: str, **extra) -> None:
-        """A detected fact, sent at once (or right after hello, if the process has not said it yet)."""
+        """A detected fact, queued with the window (or sent right after hello, if the process has not said it yet)."""
         try:
             record = self._fact_record(name, value, probe, **extra)
             if self.activated:
@@ -339,16 +351,12 @@ class Agent:
             ):  # a process that never says hello never sends them: keep a few
                 self._held.append(record)
             return
-        self._records.append(record)
-        if end_t - self._last_flush_t >= FLUSH_EVERY_S or len(self._records) >= FLUSH_RECORDS:
-            self.flush()
+        self.outbox.put(record, end_t)
 
     def tapped(self, origin: str, values: dict, step: int | None) -> None:
         """Numbers a tracker tap read, as a metric under the tracker's name."""
         now = time.monotonic()
-        self._metrics.append((now, values, step if step is not None else self.current_step(), origin))
-        if now - self._last_flush_t >= FLUSH_EVERY_S or len(self._metrics) >= FLUSH_RECORDS:
-            self.flush()
+        self._queue((now, values, step if step is not None else self.current_step(), origin), now)
 
     # -- emit ------------------------------------------------------------------------------------------------------
 
@@ -384,9 +392,7 @@ class Agent:
                 if not values:
                     return
             now = time.monotonic()
-            self._metrics.append((now, values, step, "emit"))
-            if now - self._last_flush_t >= FLUSH_EVERY_S or len(self._metrics) >= FLUSH_RECORDS:
-                self.flush()
+            self._queue((now, values, step, "emit"), now)
         except Exception as exc:
             self.stop_probe("emit", exc)
 
@@ -443,7 +449,7 @@ class Agent:
                 self._pending_tokens = (self._pending_tokens or 0) + tokens
             return step  # the loop's own step number labels its metrics
         now = time.monotonic()
-        if self._step_owner is None and self.iterations.watching and not self.iterations.iteration:
+        if self._step_owner is None and self.iterations.watching and not self.iterations.counted:
             waiting = self._waiting_step
             if waiting is None or waiting[0] == step:
                 if waiting is None:
@@ -470,8 +476,7 @@ class Agent:
             fields["tokens"] = tokens
             fields["tokens_source"] = "emitted"
         self._last_emitted_step, self._last_emitted_step_t = step, now
-        self.flush()
-        self._send(self._rec_module().Step(**fields))
+        self._queue(self._rec_module().Step(**fields), now)
 
     def _count(self, value: object, key: str) -> int | None:
         """An int from ``step=`` or ``tokens=`` (an int, or an integral float or 0-dim CPU tensor), else None."""
@@ -495,6 +500,7 @@ class Agent:
             # it here would let the parent's zmq objects be garbage-collected in the child). A child that emits
             # says its own hello first.
             self.activated = False
+            self.outbox.after_fork_child()
             self._held = []
             self._probe_states = {}
             self._reset_buffers()
@@ -503,6 +509,8 @@ class Agent:
                 self.model.reset_iteration()
             if self.flops is not None:
                 self.flops.done = True  # the trainer counts; a fork child never does
+            if self.loss is not None:
+                self.loss.after_fork()
         except Exception as exc:
             self.stop_probe("exit", exc)
 
@@ -525,6 +533,11 @@ class Agent:
                 self._send_emitted_step(
                     *waiting
                 )  # a loop that declared one step and never stepped an optimizer
+            if self.loss is not None and self.loss.on:
+                try:
+                    self.loss.poll()  # the copies that have landed by now; one still in flight is not waited for
+                except Exception as exc:
+                    self.stop_probe("loss", exc)
             self.flush()
             # With the launcher gone nobody will read what is queued: exit at once instead of lingering.
             self.producer.close("exit", linger_ms=None if _launcher_alive() else 0)

@@ -55,7 +55,7 @@ def install() -> Agent | None:
         agent = Agent(os.environ["TM_AGENT_ENDPOINT"], role=_role())
         trainmeter_agent._process_agent = agent
         atexit.register(agent.at_exit)
-        os.register_at_fork(after_in_child=agent.after_fork)
+        os.register_at_fork(before=agent.outbox.before_fork, after_in_child=agent.after_fork)
     except Exception as exc:
         trainmeter_agent._process_agent = None
         trainmeter_agent._disabled = True
@@ -102,14 +102,22 @@ def watch_trackers(agent: Agent) -> None:
             agent.watcher.watch(name, "taps", tracker_imported)
 
 
+def attach_profiler(agent: Agent, profiler) -> None:
+    from trainmeter_agent._profiler import attach
+
+    attach(agent, profiler)
+
+
 def attach_torch_probes(agent: Agent, torch) -> None:
     """The user's code has imported torch: the step hooks, then every probe that hangs off torch."""
     from trainmeter_agent._flops import FlopCount
+    from trainmeter_agent._loss import LossProbe
     from trainmeter_agent._model import ModelProbe
     from trainmeter_agent._phases import Phases
 
     agent.model = ModelProbe(agent)
     agent.flops = FlopCount(agent)
+    agent.loss = LossProbe(agent)
     agent.phases = Phases(agent)
     agent.iterations.attach()
     phases = agent.phases
@@ -118,6 +126,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
         ("data_wait", phases.attach_data_wait),
         ("checkpoint", phases.attach_torch_save),
         ("compile", phases.attach_compile),
+        ("loss", agent.loss.attach),
     ):
         try:
             attach(torch)
@@ -126,6 +135,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
     agent.probe_state("eval", "not attached: the model was not seen yet")
     agent.probe_state("flops", "attached")
     watch = agent.watcher.watch
+    watch("torch.profiler", "profiler", lambda profiler: attach_profiler(agent, profiler))
     watch("safetensors.torch", "checkpoint", phases.attach_safetensors)
     watch("torch.distributed.checkpoint", "checkpoint", phases.attach_dcp)
     watch("transformers.trainer", "eval", phases.attach_hf_trainer)

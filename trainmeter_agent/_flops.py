@@ -1,9 +1,10 @@
 """Counted FLOPs: one real training step counted with ``torch.utils.flop_counter.FlopCounterMode``, early, on rank 0.
 
-The count covers every micro-batch of step 2 (forward and backward, recompute included) from the first forward to
-the optimizer step; shapes only, so no device is synchronized and no extra real forward runs (no RNG drawn, no
-``.grad`` touched). A compiled model runs outside torch's dispatcher, so it is counted on an uncompiled copy on the
-meta device instead, or reported as not counted with the reason: never a partial number passed off as whole.
+The count covers every micro-batch of step 2 (forward and backward, activation-checkpoint recompute included) from
+the first forward to the optimizer step, attention counted as its math whatever kernel runs; shapes only, so no device
+is synchronized and no extra real forward runs (no RNG drawn, no ``.grad`` touched). A compiled model runs outside
+torch's dispatcher, so it is counted on an uncompiled copy on the meta device instead, or reported as not counted with
+the reason: never a partial number passed off as whole.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import sys
 
 from trainmeter_agent import _shape
 
-#: The iteration whose micro-batches are counted: the first one after a whole step has run (lazy inits done).
+#: The iteration whose micro-batches are counted: the first one after a whole step has run (lazy inits done). It is
+#: the process's second, whatever the step numbers say (a resumed training's go on from its checkpoint).
 COUNTED_STEP = 2
 
 
@@ -28,32 +30,79 @@ class _GlobalOnly:
         return None
 
 
-def _counter():
-    """A FlopCounterMode that tracks no modules, and counts the CPU attention kernel as torch counts the GPU ones.
+#: Attention backward kernels whose formula in torch's registry counts five T x T matmuls (the fused kernels recompute
+#: QK^T), with where each takes its query and value: (query index, value index) among its arguments.
+_FUSED_ATTENTION_BACKWARD = {
+    "_scaled_dot_product_flash_attention_backward": (1, 3),
+    "_scaled_dot_product_efficient_attention_backward": (1, 3),
+    "_scaled_dot_product_cudnn_attention_backward": (1, 3),
+    "_flash_attention_backward": (1, 3),
+    "_efficient_attention_backward": (1, 3),
+    "flex_attention_backward": (0, 2),
+}
+#: Attention kernels torch's registry has no formula for (B, H, T, d layout, query, key and value first after
+#: grad_out in the backward): without one their step would be counted without its attention, a partial number.
+_UNREGISTERED_ATTENTION = (
+    ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    (
+        "_scaled_dot_product_fused_attention_overrideable",
+        "_scaled_dot_product_fused_attention_overrideable_backward",
+    ),
+)
 
-    torch 2.13's registry has no formula for ``_scaled_dot_product_flash_attention_for_cpu``: without one a CPU step
-    would be counted without its attention, a partial number. Its shapes are those of the GPU kernels'.
+
+def math_backward(torch_formula, query_index: int, value_index: int):
+    """A fused attention backward counted as the math path's: 4 T x T matmuls where torch's formula counts 5.
+
+    Per (batch, head, query, key) position torch counts 2 x (3 d_q + 2 d_v) FLOPs: the recompute of QK^T (d_q), dS =
+    dO V^T (d_v), dV = P^T dO (d_v), dQ = dS K (d_q), dK = dS^T Q (d_q). The math path stores P and skips the
+    recompute: 2 x (2 d_q + 2 d_v). Scaling torch's own total keeps its handling of layouts and nested batches.
+    """
+
+    def formula(*args, out_val=None, **kwargs):
+        total = torch_formula(*args, out_val=out_val, **kwargs)
+        d_q, d_v = args[query_index].shape[-1], args[value_index].shape[-1]
+        fused, math = 3 * d_q + 2 * d_v, 2 * (d_q + d_v)
+        return total // fused * math if total % fused == 0 else round(total * math / fused)
+
+    formula._get_raw = True  # FlopCounterMode passes the raw arguments, as to the registry's own formula
+    return formula
+
+
+def _counter():
+    """A FlopCounterMode that tracks no modules and counts every attention kernel as the math path would run it.
+
+    Scaled dot-product attention is counted as its math, whatever kernel runs: QK^T and PV forward (over the whole
+    T x T, also when causal), four matmuls backward. An eager step on a GPU (flash kernels, whose backward recomputes
+    QK^T) and a compiled model counted on a meta copy (math kernels) then agree.
     """
     from torch.utils import flop_counter
 
     aten = sys.modules["torch"].ops.aten
+    registry = flop_counter.flop_registry
     mapping = {}
-    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    for target, formula in registry.items():
+        indices = _FUSED_ATTENTION_BACKWARD.get(str(target).rsplit(".", 1)[-1])
+        if indices is not None:
+            mapping[target] = math_backward(formula, *indices)
     count_forward = getattr(flop_counter, "sdpa_flop_count", None)
-    count_backward = getattr(flop_counter, "sdpa_backward_flop_count", None)
-    if forward is not None and count_forward is not None and forward not in flop_counter.flop_registry:
+    for forward_name, backward_name in _UNREGISTERED_ATTENTION:
+        forward = getattr(aten, forward_name, None)
+        backward = getattr(aten, backward_name, None)
+        if count_forward is None:
+            break
+        if forward is not None and forward not in registry:
 
-        def cpu_attention(query, key, value, *args, out_shape=None, **kwargs):
-            return count_forward(query, key, value)
+            def attention(query, key, value, *args, out_shape=None, **kwargs):
+                return count_forward(query, key, value)
 
-        mapping[forward] = cpu_attention
-    if backward is not None and count_backward is not None and backward not in flop_counter.flop_registry:
+            mapping[forward] = attention
+        if backward is not None and backward not in registry:
 
-        def cpu_attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
-            return count_backward(grad_out, query, key, value)
+            def attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
+                return 2 * count_forward(query, key, value)  # four matmuls of the forward's two sizes
 
-        mapping[backward] = cpu_attention_backward
+            mapping[backward] = attention_backward
     counter = flop_counter.FlopCounterMode(display=False, custom_mapping=mapping)
     if hasattr(counter, "mod_tracker"):
         counter.mod_tracker = _GlobalOnly()
@@ -77,14 +126,14 @@ class FlopCount:
 
     def _finish(self, value: float | None, note: str) -> None:
         self.done = True
-        self.agent.fact("counted_flops_per_token", value, "flops", unit="FLOP/token", note=note)
+        self.agent.fact("counted_flop_per_token", value, "flops", unit="FLOP/token", note=note)
 
     def micro_batch(self, model_probe, args, kwargs) -> None:
         """The first micro-batch of an iteration is about to run: start counting if this is the counted step."""
         if self.done or not self._wanted() or self._counter is not None or self._meta_inputs is not None:
             return
         agent = self.agent
-        if agent.iterations.iteration != COUNTED_STEP - 1 or "flops" in agent.stopped:
+        if agent.iterations.counted != COUNTED_STEP - 1 or "flops" in agent.stopped:
             return
         try:
             if agent._faults:
@@ -146,13 +195,19 @@ class FlopCount:
         if not flops:
             self._finish(None, f"{how} saw no matmul or convolution: the work ran outside torch's dispatcher")
         elif not tokens:
+            # The count is real; only its divisor is missing. Send the count, so a declared --tokens-per-step gives
+            # FLOPs per token in the engine, and say that the tokens (not the counting) are what is missing.
+            self.agent.fact("counted_step_flop", flops, "flops", unit="FLOP", note=f"{how}, on rank 0")
             self._finish(
-                None, f"{how} counted {flops} FLOPs but the step's tokens are unknown: pass --tokens-per-step"
+                None,
+                f"the counted step's tokens are unknown: pass --tokens-per-step "
+                f"(FlopCounterMode counted {flops:,} FLOPs in step {COUNTED_STEP})",
             )
         else:
             self._finish(
                 flops / tokens,
-                f"{how}, {tokens} tokens on this rank; recompute included, attention counted over the whole T x T",
+                f"{how}, {tokens} tokens on this rank; activation recompute included, attention counted as its math "
+                "(2 matmuls forward, 4 backward, over the whole T x T)",
             )
 
     def _count_on_meta(self, model_probe, args, kwargs) -> None:

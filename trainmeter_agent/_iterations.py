@@ -2,7 +2,8 @@
 
 An iteration is the first ``Optimizer.step`` after a backward pass; a backward is read from the gradients' identity
 and version counter, never by patching autograd. Nothing here imports torch (it attaches once the user's code has),
-reads a tensor's value, synchronizes a device, or lets an error reach the training loop.
+reads a tensor's value, synchronizes a device, or lets an error reach the training loop. The one number it reads is a
+restored optimizer's ``step`` at a process's first iteration, and only from a CPU tensor or a plain number.
 """
 
 from __future__ import annotations
@@ -10,6 +11,31 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+
+
+def restored_step(optimizer: object) -> int | None:
+    """The ``step`` an optimizer's state holds before this process stepped it: the step a resumed training loaded from
+    its checkpoint (``load_state_dict``), or None (a fresh optimizer's state is empty until its first step).
+
+    Read from the first parameter that has state, and only from a CPU tensor or a number: reading a tensor on a device
+    would synchronize it (a fused or capturable Adam keeps its step there: then the step stays unknown)."""
+    state = getattr(optimizer, "state", None)
+    if not state:
+        return None
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            entry = state.get(param)
+            if not entry or "step" not in entry:
+                continue
+            step = entry["step"]
+            if isinstance(step, (int, float)) and not isinstance(step, bool):
+                value = step
+            elif getattr(getattr(step, "device", None), "type", None) == "cpu" and step.numel() == 1:
+                value = step.item()
+            else:
+                return None
+            return int(value) if value >= 1 and value == int(value) else None
+    return None
 
 
 def _first_grad(optimizer: object):
@@ -40,7 +66,9 @@ class IterationDetector:
 
     def reset(self) -> None:
         """Forget every count (a fork child starts from zero)."""
+        # The step number: this process's iterations, after the step a resumed training loaded.
         self.iteration = 0
+        self.counted = 0  # iterations counted in this process
         self.pre_calls = 0  # optimizer.step entries ever: GradScaler's wrapper compares it around its call
         # id(optimizer) -> (a weakref to it, a weakref to its first gradient, that gradient's version)
         self._marks: dict[int, tuple[object, object, int]] = {}
@@ -87,7 +115,7 @@ class IterationDetector:
             if key in self._closure_steps:
                 self._closure_steps.discard(key)
                 if self._grads_changed(optimizer):
-                    self._count(optimizer, skipped=False, started=started)
+                    self._count(optimizer, skipped=False, started=started, stepped=True)
             grad = _first_grad(optimizer)
             if grad is None:
                 self._marks.pop(key, None)
@@ -120,15 +148,25 @@ class IterationDetector:
             return True
         return mark[1]() is not grad or grad._version != mark[2]
 
-    def _count(self, optimizer: object, *, skipped: bool, started: float) -> None:
+    def _count(self, optimizer: object, *, skipped: bool, started: float, stepped: bool = False) -> None:
         key = id(optimizer)
-        if self.iteration and key not in self._members:
+        if self.counted and key not in self._members:
             self._members.add(key)
             return
         # A new iteration; its step record describes the one that just ended.
         previous_start_t = self._iteration_start_t
         previous_calls = self._calls - 1
         previous_agent_s = self._agent_s + (time.perf_counter() - started)
+        resumed = None
+        if not self.counted:
+            # A process's first iteration: an optimizer restored from a checkpoint goes on from its step (after a
+            # step(closure) the state already counts this one).
+            resumed = restored_step(optimizer)
+            if resumed is not None and stepped:
+                resumed = resumed - 1 if resumed > 1 else None
+            if resumed is not None:
+                self.iteration = resumed
+        self.counted += 1
         self.iteration += 1
         self._members = {key}
         self._calls = 1
@@ -138,6 +176,8 @@ class IterationDetector:
         now = time.monotonic()
         self._iteration_start_t = now
         fields: dict[str, object] = {"step": self.iteration, "t": now}
+        if resumed is not None:
+            fields["resumed_from"] = resumed
         if skipped:
             fields["skipped"] = True
         if previous_start_t is None:

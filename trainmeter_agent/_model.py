@@ -256,7 +256,8 @@ class ModelProbe:
                 mapping = first
                 value = first.get("input_ids")
                 ids = value if isinstance(value, tensor_type) else None
-        if ids is None or ids.dtype not in self._int_dtypes or (ids.device.type == "meta" and not meta):
+        # is_meta rather than device.type: building a device object costs more than the rest of this hook.
+        if ids is None or ids.dtype not in self._int_dtypes or (ids.is_meta and not meta):
             return None, None
         mask = mapping.get("attention_mask") if mapping else None
         return ids, mask if isinstance(mask, tensor_type) else None

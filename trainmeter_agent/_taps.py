@@ -2,7 +2,8 @@
 listed in ``<TM_RUN_DIR>/agent-plugins.json`` are loaded and each tap attaches to its library.
 
 Ranks never scan package metadata unless that file is missing; pluggy is never imported (each plugin's
-``trainmeter_trackers`` is called directly); a failing plugin or tap stops itself only, with one line.
+``trainmeter_trackers`` is called directly, so the ``hookimpl`` options are not read here); a failing plugin or tap
+stops itself only, with one line.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def plugin_entries() -> tuple[list[dict], str]:
 
 
 class TapSink:
-    """The ``emit`` a tap is given: checks the values, sends them as metrics with the tap's origin."""
+    """The ``emit`` a tap is given (``trainmeter_core.api.TapEmit``): checks the values, sends them as metrics with
+    the tap's origin."""
 
     def __init__(self, agent, name: str) -> None:
         self.agent = agent

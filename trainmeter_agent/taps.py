@@ -3,29 +3,19 @@ the ``trainmeter.agent`` entry point group, registered exactly as a third-party 
 
 A tap wraps one logging call of its library and hands the numbers it logged to ``emit``. It never imports its
 library (``attach`` gets the module the user imported), reads numbers and 0-dim CPU tensors only (``emit`` checks),
-ignores the library's calls to itself, and disables only itself on failure. Nothing here imports pluggy: the hook
-marker pluggy would set is written out by hand.
+ignores the library's calls to itself, and disables only itself on failure. Each tap follows
+``trainmeter_core.api.TrackerTap``; the hook marker is the core's dependency-free ``hookimpl`` (the one every plugin
+uses), so nothing here imports pluggy.
 """
 
 from __future__ import annotations
 
 import sys
 
+from trainmeter_core import hookimpl
+
 #: Non-zero while a tapped call runs: a tracker calling another tapped function inside is not logged twice.
 _INSIDE = [0]
-
-
-def hookimpl(function):
-    """What ``pluggy.HookimplMarker("trainmeter")`` sets on a hook implementation, without importing pluggy."""
-    function.trainmeter_impl = {
-        "wrapper": False,
-        "hookwrapper": False,
-        "optionalhook": False,
-        "tryfirst": False,
-        "trylast": False,
-        "specname": None,
-    }
-    return function
 
 
 def wrap_logging_call(original, emit, read):
@@ -85,7 +75,8 @@ def _flatten(data, prefix: str = "") -> dict:
 
 
 class Tap:
-    """One tracker tap: ``name`` (the metric records' origin), ``module`` (whose import attaches it), ``attach``."""
+    """One tracker tap (``trainmeter_core.api.TrackerTap``): ``name`` (the metric records' origin), ``module`` (whose
+    import attaches it), ``attach(module, emit)``."""
 
     name = ""
     module = ""

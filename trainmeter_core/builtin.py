@@ -7,16 +7,16 @@ from trainmeter_core import hookimpl
 
 @hookimpl
 def trainmeter_components():
-    from trainmeter_core.alerts_component import AlertsComponent
-    from trainmeter_core.engine_component import EngineComponent
+    from trainmeter_core.components.alerts import AlertsComponent
+    from trainmeter_core.components.engine import EngineComponent
 
     return [EngineComponent, AlertsComponent]
 
 
 @hookimpl
 def trainmeter_sinks():
-    from trainmeter_core.heartbeat import HeartbeatSink, heartbeat_url
-    from trainmeter_core.sinks import AlertsFileSink, TerminalSink
+    from trainmeter_core.components.heartbeat import HeartbeatSink, heartbeat_url
+    from trainmeter_core.components.sinks import AlertsFileSink, TerminalSink
 
     # The heartbeat is opt-in: without a URL it is not even started.
     return [TerminalSink, AlertsFileSink] + ([HeartbeatSink] if heartbeat_url() else [])
@@ -24,7 +24,7 @@ def trainmeter_sinks():
 
 @hookimpl
 def trainmeter_alert_rules():
-    from trainmeter_core.alert_rules import BUILTIN_RULES
+    from trainmeter_core.model.alerts import BUILTIN_RULES
 
     return [cls() for cls in BUILTIN_RULES]
 
@@ -33,3 +33,10 @@ def trainmeter_alert_rules():
 def trainmeter_secret_options():
     # tm's own options and variables that carry secrets.
     return ["--heartbeat", "TM_HEARTBEAT_URL", "TM_WEB_TOKEN"]
+
+
+@hookimpl
+def trainmeter_profiler_importers():
+    from trainmeter_core.importers.kineto import KinetoImporter
+
+    return [KinetoImporter()]

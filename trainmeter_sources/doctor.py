@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from trainmeter_core.platform import choose_adapter
+from trainmeter_core.model.platform_adapters import choose_adapter
+from trainmeter_core.run.child import agent_boot_dir
 from trainmeter_sources.gpu.facts import gpu_fact_value, plugin_spec_paths, read_specs, spec_adapter
 from trainmeter_sources.gpu.gpm import GpmReader
 from trainmeter_sources.gpu.nvml import FAKE_ENV, INSTALL_HINT, Nvml, NvmlUnavailable, list_devices
@@ -147,7 +148,7 @@ def check_gpus(report: Report, env: dict[str, str], gpus: str | None, plugins) -
         adapter, adapter_warning = choose_adapter(spec_adapter(device, specs), adapters)
         if value["spec_id"] is None:
             report.warn(f"{head}: {value['peak_absent']}; adapter {adapter.name}")
-        elif value["dense_bf16_flops"] is None:
+        elif value["dense_bf16_flop_per_s"] is None:
             report.warn(
                 f"{head}: spec {value['spec_id']} ({value['display_name']}), {value['peak_absent']}: no MFU; "
                 f"adapter {adapter.name}"
@@ -155,7 +156,7 @@ def check_gpus(report: Report, env: dict[str, str], gpus: str | None, plugins) -
         else:
             report.ok(
                 f"{head}: spec {value['spec_id']} ({value['display_name']}), dense BF16 "
-                f"{value['dense_bf16_flops'] / 1e12:g} TFLOPS from {value['peak_source']}, adapter {adapter.name}"
+                f"{value['dense_bf16_flop_per_s'] / 1e12:g} TFLOPS from {value['peak_source']}, adapter {adapter.name}"
             )
         if adapter_warning:
             report.warn(f"{device.label}: {adapter_warning}")
@@ -163,7 +164,7 @@ def check_gpus(report: Report, env: dict[str, str], gpus: str | None, plugins) -
 
 
 def _check_gpm(report: Report, nvml: Nvml, device, value: dict) -> None:
-    from trainmeter_core.platform import GpuReading
+    from trainmeter_core.model.platform_adapters import GpuReading
 
     reader = GpmReader(nvml, device)
     try:
@@ -244,7 +245,7 @@ def check_agent(report: Report, python: str | None) -> None:
     asked = python is not None
     interpreter = python or sys.executable
     env = dict(os.environ)
-    boot = Path(__file__).resolve().parent.parent / "trainmeter_agent" / "boot"
+    boot = agent_boot_dir()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), env.get("PYTHONPATH", "")) if p)
     env["TM_AGENT"] = "0"  # the probe must not start an agent of its own
     say = report.fail if asked else report.warn

@@ -11,11 +11,11 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from trainmeter_core import records as rec
-from trainmeter_core.component import Component, ComponentContext
-from trainmeter_core.platform import FIRST_SAMPLE
+from trainmeter_core.bus.component import Component, ComponentContext
+from trainmeter_core.bus.proctree import ProcessTree, ProcStat, read_io_b, read_rss_b
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 from trainmeter_sources.node import NodeReader
-from trainmeter_sources.proctree import ProcessTree, ProcStat, read_io_b, read_rss_b
 from trainmeter_sources.settings import interval_from_env
 
 INTERVAL_ENV = "TM_HOST_INTERVAL_S"

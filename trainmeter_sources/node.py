@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from trainmeter_core import records as rec
-from trainmeter_core.platform import FIRST_SAMPLE
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 
 SECTOR_B = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own sector size
 # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number; anything this large is no limit.

@@ -19,7 +19,7 @@ def trainmeter_components():
 
 @hookimpl
 def trainmeter_platform_adapters():
-    from trainmeter_core.platform import ServerAdapter
+    from trainmeter_core.model.platform_adapters import ServerAdapter
 
     return {ServerAdapter.name: ServerAdapter}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from trainmeter_sources.proctree import ancestors, read_cmdline, read_environ, read_stat
+from trainmeter_core.bus.proctree import ancestors, read_cmdline, read_environ, read_stat
 
 # Executable names as the Nsight tools install them (``ncu`` was ``nv-nsight-cu-cli`` before Nsight Compute 2021.1).
 PROFILER_PROGRAMS = {

@@ -1,8 +1,10 @@
-"""The ``web`` bus component: catches up from the engine's checkpoint and the log, then serves the dashboard on the
-socket the launcher bound (``TM_WEB_FD``) while feeding its model from the bus.
+"""The ``web`` bus component: follows the run (its own parts from the log through the one hand-over, the numbers from
+the run's engine), then serves the dashboard on the socket the launcher bound (``TM_WEB_FD``) while feeding its model
+from the bus.
 
-It runs in a process of its own (aiohttp never enters the shared components process or a training process), and it
-stops at once when asked: tm never waits for an open page at the end of a run.
+It runs in a process of its own (aiohttp never enters the shared components process or a training process), it never
+builds an engine (the engine component is the run's one), and it stops at once when asked: tm never waits for an open
+page at the end of a run.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import os
 import socket
 import sys
 
-from trainmeter_core.component import ALL_KINDS, Component, ComponentContext
+from trainmeter_core.bus.component import ALL_KINDS, Component, ComponentContext
+from trainmeter_core.model import records as rec
 
 
 class WebComponent(Component):
@@ -28,14 +31,17 @@ class WebComponent(Component):
             )
             ctx.stopping.wait()
             return
-        from trainmeter_web.follow import Follower, open_run
+        from trainmeter_web.follow import Follower, read_meta
         from trainmeter_web.guard import Guard
+        from trainmeter_web.model import RunModel
         from trainmeter_web.server import Server
 
         # dup: the launcher's descriptor stays open for the next incarnation whatever this one does with its copy.
         sock = socket.socket(fileno=os.dup(int(fd)))
-        model, through_seq = open_run(ctx.run_dir)
-        follower = Follower(model, ctx.recv, ctx.stopping, after_seq=through_seq)
+        model = RunModel(ctx.run_dir, read_meta(ctx.run_dir))
+        follower = Follower(
+            model, ctx.recv, ctx.stopping, lambda reason: ctx.publish(rec.HistoryRequest(reason=reason))
+        )
         if not follower.catch_up():
             sock.close()
             return

@@ -1,31 +1,33 @@
-"""Filling a RunModel: from the engine's checkpoint and the log (``tm view``, a restarted web process), then live.
+"""Filling a RunModel. A live run: the model's own parts (alerts, the run's start and end, tm's overhead) through the
+one hand-over from log to bus, the numbers from the run's one engine (its snapshots, and its history copied whole once
+through its checkpoint, then kept in step by its deltas). A finished run: a replay here, since no engine runs then.
 
-The hand-over from log to bus is the engine component's: records up to the first one received live come from the log,
-the rest from the bus, so nothing is lost or counted twice. It only reads the run directory, never writes to it.
+It only reads the run directory, never writes to it, and never builds an engine while the run's own engine runs.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 import threading
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmeter_core import records as rec
-from trainmeter_core.engine_component import load_checkpoint
-from trainmeter_core.logread import read_log, segments
-from trainmeter_web.model import RunModel
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog.checkpoint import load_history
+from trainmeter_core.runlog.handover import HandOver
+from trainmeter_core.runlog.reader import read_log
+from trainmeter_core.runlog.replay import replay_engine
+from trainmeter_web.model import SIDE_KINDS, RunModel
 
-#: How long to wait for the recorder to write what the bus already delivered (it flushes every 100 ms).
-LOG_CATCH_UP_WAIT_S = 30.0
+#: How long a starting dashboard waits for the engine's whole history before it serves without it (and keeps asking).
+HISTORY_WAIT_S = 5.0
+#: How often the whole history is asked for again while it has not come.
+ASK_EVERY_S = 2.0
 #: How long a stopping follower keeps reading what the bus already delivered.
 DRAIN_ON_STOP_S = 0.3
-_TAIL_B = 256 * 1024
+#: The incarnation name of a history a replay computed here (no engine's deltas ever follow it).
+REPLAYED = "replayed"
 
 
 def read_meta(run_dir: Path) -> dict:
@@ -36,124 +38,99 @@ def read_meta(run_dir: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def open_run(run_dir: Path) -> tuple[RunModel, int]:
-    """A model with the engine restored from the run's checkpoint, and the last sequence number it reflects."""
-    engine, through_seq = load_checkpoint(Path(run_dir))
-    return RunModel(run_dir, read_meta(run_dir), engine), through_seq
-
-
-def replay(model: RunModel, run_dir: Path, after_seq: int = 0, before_seq: int | None = None) -> int:
-    """Feed the log to the model: the engine gets records after ``after_seq`` (the checkpoint holds the rest), the
-    model's own parts (alerts, the run's start and end, tm's overhead) every record; stops before ``before_seq``.
-    Returns the last sequence number read."""
-    last = after_seq
-    for record in read_log(Path(run_dir)):
-        seq = record.seq
-        if before_seq is not None and seq is not None and seq >= before_seq:
-            break
-        if seq is not None and seq <= after_seq:
-            model.feed_outside_engine(record)
-        else:
-            model.feed(record)
-        if seq is not None:
-            last = seq
-    return last
-
-
-def log_last_seq(run_dir: Path) -> int | None:
-    """The sequence number of the last complete line of the run log (read from its tail, not the whole log)."""
-    paths = segments(Path(run_dir))
-    if not paths:
-        return None
-    path = paths[-1]
-    try:
-        if path.suffix == ".gz":  # a closed segment: whole, and bounded by the recorder's size limit
-            with gzip.open(path, "rb") as f:
-                tail = f.read()[-_TAIL_B:]
-        else:
-            with open(path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - _TAIL_B))
-                tail = f.read()
-    except (OSError, EOFError, zlib.error):
-        return None
-    lines = tail.split(b"\n")
-    # The last piece has no newline (cut, or empty); the first may be cut by the seek.
-    for line in reversed(lines[1:-1] if len(tail) == _TAIL_B else lines[:-1]):
-        if not line.strip():
-            continue
-        try:
-            record = rec.from_log_line(line + b"\n")
-        except rec.MalformedRecord:
-            continue
-        if record.seq is not None:
-            return record.seq
-    return None
+def replayed_model(run_dir: Path, stats: dict | None = None) -> RunModel:
+    """A run no engine serves any more: the engine's checkpoint plus the log after it replayed here, and the model's
+    own parts (alerts, the run's start and end, tm's overhead) from the whole log (only those kinds are decoded)."""
+    run_dir = Path(run_dir)
+    engine, snapshot = replay_engine(run_dir, stats)
+    model = RunModel(run_dir, read_meta(run_dir))
+    for record in read_log(run_dir, kinds=set(SIDE_KINDS)):
+        model.feed(record)
+    model.load_history(engine.history, REPLAYED, 0, snapshot)
+    return model
 
 
 class Follower:
-    """Catches a model up from the log to the bus, then feeds it live; ``changed`` is called after each change."""
+    """Catches a model up with a live run, then feeds it from the bus; ``ask`` publishes a ``history.request``."""
 
     def __init__(
         self,
         model: RunModel,
         recv: Callable[[float], rec.Record | rec.Unknown | None],
         stopping: threading.Event,
-        after_seq: int = 0,
+        ask: Callable[[str], None],
     ) -> None:
+        assert model.run_dir is not None, "a live run has a run directory"
         self.model = model
-        self.recv = recv
         self.stopping = stopping
-        self.after_seq = after_seq
-        self._pending: deque = deque()
+        self.handover = HandOver(model.run_dir, recv, stopping)
+        self._ask = ask
+        self._asked_at: float | None = None
 
     def catch_up(self) -> bool:
-        """Read the log up to the first record that came live. False when asked to stop before any came."""
-        run_dir = self.model.run_dir
-        assert run_dir is not None
-        first_live = None
-        while first_live is None and not self.stopping.is_set():
-            record = self.recv(0.5)
-            if record is None:
-                continue
-            self._pending.append(record)
-            if rec.kind_of(record) != "snapshot" and record.seq is not None:
-                first_live = record.seq
-        if first_live is None:
+        """Read the model's own parts from the log up to the first record that came live, and wait (a little) for the
+        engine's history. False when asked to stop before any record came."""
+        handover = self.handover
+        if not handover.wait_first_live():
             return False
-        deadline = time.monotonic() + LOG_CATCH_UP_WAIT_S
-        while not self.stopping.is_set() and time.monotonic() < deadline:
-            last = log_last_seq(run_dir)
-            if last is not None and last >= first_live - 1:
-                break
-            self.stopping.wait(0.05)
-        replay(self.model, run_dir, self.after_seq, before_seq=first_live)
-        while self._pending:
-            self._feed(self._pending.popleft())
+        # Asked once a record came: the subscription is live, so the answer cannot pass by unseen.
+        self.ask("start")
+        handover.wait_for_log()
+        for record in handover.from_log(kinds=set(SIDE_KINDS)):
+            self.model.feed(record)
+        deadline = time.monotonic() + HISTORY_WAIT_S
+        while self.model.needs_history and not self.stopping.is_set() and time.monotonic() < deadline:
+            record = handover.next(0.1)
+            if record is not None:
+                self._feed(record)
+            else:
+                self._ask_again()
         return True
 
-    def _feed(self, record) -> bool:
-        seq = record.seq
-        if seq is not None and seq <= self.model.through_seq and rec.kind_of(record) != "snapshot":
-            return False  # already read from the log
-        return self.model.feed(record)
+    def ask(self, reason: str) -> None:
+        self._asked_at = time.monotonic()
+        self._ask(reason)
 
-    def run_live(self, changed: Callable[[], None], until_run_end: bool = False) -> None:
-        """Feed live records until asked to stop (or, with ``until_run_end``, until the run ends)."""
+    def _ask_again(self) -> None:
+        if self.model.needs_history and (
+            self._asked_at is None or time.monotonic() - self._asked_at >= ASK_EVERY_S
+        ):
+            self.ask("start" if self.model.replica.incarnation is None else "out of step")
+
+    def _feed(self, record: rec.Record | rec.Unknown) -> bool:
+        if rec.kind_of(record) == "history.sync":
+            return self._load_history()
+        changed = self.model.feed(record)
+        if self.model.needs_history:
+            self._ask_again()
+        return changed
+
+    def _load_history(self) -> bool:
+        """The engine wrote its history into its checkpoint: take it, if this copy needs it."""
+        if not self.model.needs_history:
+            return False
+        saved = load_history(self.model.run_dir)  # type: ignore[arg-type]
+        if saved is None:
+            return False
+        if self.model.load_history(saved.history, saved.incarnation, saved.history_n, saved.snapshot):
+            self._asked_at = None  # answered: the next gap is asked about at once
+        return True
+
+    def run_live(self, changed: Callable[[], None]) -> None:
+        """Feed live records until asked to stop; ``changed`` is called after each change of the model."""
         changed()
         while not self.stopping.is_set():
-            record = self.recv(0.5)
+            record = self.handover.next(0.5)
             if record is None:
+                self._ask_again()
                 continue
             if self._feed(record):
                 changed()
-            if until_run_end and rec.kind_of(record) == "run.end":
-                return
         # Asked to stop: what already arrived (the run's end, just before tm stops its components) still counts.
         deadline = time.monotonic() + DRAIN_ON_STOP_S
         fed = False
         while time.monotonic() < deadline:
-            record = self.recv(0.0)
+            record = self.handover.next(0.0)
             if record is None:
                 break
             fed = self._feed(record) or fed

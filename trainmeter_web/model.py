@@ -1,28 +1,33 @@
-"""What the dashboard knows of one run: the engine fed in hub order (snapshots and history), plus what the page shows
-beside them (the run's identity, alerts, tm's own overhead), as JSON-ready documents.
+"""What the dashboard knows of one run: the engine's snapshots and a copy of its history (kept in step by the engine's
+``history`` deltas), plus what the page shows beside them (the run's identity, alerts, tm's own overhead), as
+JSON-ready documents.
 
-It owns no socket and no clock; the web component and ``tm view`` feed it. It never changes a number the engine made,
-and every string in it came from the run and is shown by the page as text only.
+It owns no socket, no file and no clock; the web component and ``tm view`` feed it. It never computes a number of the
+engine's (the run has one engine), and every string in it came from the run and is shown by the page as text only.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from trainmeter_core import records as rec
-from trainmeter_core.engine import Engine
-from trainmeter_core.history import X_AXES, HistoryPoint
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.history import AXIS_ALIASES, X_AXES, History, HistoryPoint
+from trainmeter_core.model.history_sync import HistoryReplica
 
 #: Alerts kept for the page (the newest); the run log keeps every one.
 ALERTS_KEPT = 200
 NOTICES_KEPT = 50
 #: History answers cached per (series, axis, since, points) while the series gains no point.
 HISTORY_CACHE_ENTRIES = 512
+#: History deltas kept while the copy waits for a whole history (about ten minutes of ticks).
+DELTAS_HELD = 600
+#: The kinds the model reads besides the engine's (what ``tm view`` and a dashboard take from the log).
+SIDE_KINDS = frozenset({"alert", "step", "run.start", "run.end", "bus.stats", "component", "notice"})
 _PREFIX_METRIC = "tm:"
 _PREFIX_GPU = "tm:gpu:"
 _PREFIX_RANK = "tm:rank:"
@@ -60,12 +65,10 @@ def series_group(name: str) -> dict[str, Any]:
 class RunModel:
     """One run as the dashboard sees it. Thread-safe: one feeder, any number of readers, one lock."""
 
-    def __init__(
-        self, run_dir: Path | None = None, meta: dict | None = None, engine: Engine | None = None
-    ) -> None:
+    def __init__(self, run_dir: Path | None = None, meta: dict | None = None) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.meta: dict[str, Any] = dict(meta or {})
-        self.engine = engine if engine is not None else Engine()
+        self.replica = HistoryReplica()
         self.lock = threading.RLock()
         self.snapshot: rec.Snapshot | None = None
         self.run_start: rec.RunStart | None = None
@@ -79,6 +82,9 @@ class RunModel:
         self.agent_us_last: float | None = None
         self.version = 0  # bumped whenever the live document changes
         self.through_seq = 0
+        #: True while the history copy waits for a whole one (it never had one, or a delta came out of step).
+        self.needs_history = True
+        self._held: deque[rec.HistoryDelta] = deque(maxlen=DELTAS_HELD)
         self._doc: dict[str, Any] | None = None
         self._doc_version = -1
         self._history_cache: OrderedDict[tuple, tuple[list[HistoryPoint], bytes | None]] = OrderedDict()
@@ -88,18 +94,16 @@ class RunModel:
     # Feeding
 
     def feed(self, record: rec.Record | rec.Unknown) -> bool:
-        """Take one record in hub order; True when the live document changed (a snapshot, an alert, the run's end)."""
-        return self._feed(record, engine=True)
-
-    def feed_outside_engine(self, record: rec.Record | rec.Unknown) -> bool:
-        """Take a record the engine already reflects (it is older than the engine's checkpoint)."""
-        return self._feed(record, engine=False)
-
-    def _feed(self, record: rec.Record | rec.Unknown, engine: bool) -> bool:
+        """Take one record in hub order, the engine's included; True when the live document changed (a snapshot, an
+        alert, the run's end, new history points)."""
         kind = rec.kind_of(record)
-        if kind == "snapshot":
-            return False  # the engine component's; this model computes the same from the same records
         with self.lock:
+            if kind == "snapshot":
+                return self._on_snapshot(record)  # type: ignore[arg-type]
+            if kind == "history":
+                return self._on_delta(record)  # type: ignore[arg-type]
+            if kind in rec.DERIVED_KINDS:
+                return False  # requests for the history and their answers: the web component's business
             if record.seq is not None:
                 self.through_seq = record.seq
             changed = False
@@ -114,6 +118,7 @@ class RunModel:
                     self.agent_us_last = agent_us
             elif kind == "run.start":
                 self.run_start = record  # type: ignore[assignment]
+                self.run_end = None  # a resumed run's next attempt: it runs again
                 changed = True
             elif kind == "run.end":
                 self.run_end = record  # type: ignore[assignment]
@@ -134,13 +139,54 @@ class RunModel:
                     }  # type: ignore[union-attr]
                 )
                 del self.notices[:-NOTICES_KEPT]
-            snapshots = self.engine.feed(record) if engine else None
-            if snapshots:
-                self.snapshot = snapshots[-1]
-                changed = True
             if changed:
                 self.version += 1
             return changed
+
+    def _on_snapshot(self, snapshot: rec.Snapshot) -> bool:
+        current = self.snapshot
+        if current is not None and (snapshot.through_seq or 0) < (current.through_seq or 0):
+            return False  # an older one (from a checkpoint read after a newer one came on the bus)
+        self.snapshot = snapshot
+        self.version += 1
+        return True
+
+    def _on_delta(self, delta: rec.HistoryDelta) -> bool:
+        if self.needs_history:
+            self._held.append(delta)
+            return False
+        outcome = self.replica.apply(delta)
+        if outcome == "out of step":
+            self.needs_history = True
+            self._held.append(delta)
+            return False
+        if outcome == "applied" and delta.points:
+            self.version += 1
+            return True
+        return False
+
+    def load_history(
+        self, history: History, incarnation: str, n: int, snapshot: rec.Snapshot | None = None
+    ) -> bool:
+        """Take the engine's whole history (reflecting delta ``n`` of ``incarnation``) and the snapshot beside it, then
+        the deltas held since; True when the copy is in step afterwards."""
+        with self.lock:
+            self.replica.load(history, incarnation, n)
+            self.needs_history = False
+            held, self._held = list(self._held), deque(maxlen=DELTAS_HELD)
+            for delta in held:
+                if self.needs_history:
+                    self._held.append(delta)
+                elif delta.incarnation != incarnation:
+                    continue  # another engine's: if it is the live one, its next delta asks again
+                elif self.replica.apply(delta) == "out of step":
+                    self.needs_history = True
+                    self._held.append(delta)
+            if snapshot is not None:
+                self._on_snapshot(snapshot)
+            self._history_cache.clear()
+            self.version += 1
+            return not self.needs_history
 
     def _on_alert(self, alert: rec.Alert) -> None:
         key = f"{alert.rule}|{alert.subject or ''}|{alert.episode}"
@@ -181,8 +227,9 @@ class RunModel:
     # Documents (plain data, ready for JSON)
 
     def current_snapshot(self) -> rec.Snapshot:
+        """The engine's latest snapshot; before the first, an empty one that says the run is starting."""
         with self.lock:
-            return self.snapshot if self.snapshot is not None else self.engine.snapshot()
+            return self.snapshot if self.snapshot is not None else rec.Snapshot(tick=0, state="starting")
 
     def run_doc(self) -> dict[str, Any]:
         """The run: identity, command (secrets already redacted by the launcher), state, facts with provenance."""
@@ -280,6 +327,8 @@ class RunModel:
                 "overhead": self.overhead_doc(),
                 "alerts": {a["id"]: dict(a) for a in self.alerts},
                 "catalog": self.catalog(points=False),
+                # Which probes reported a phase: the time split calls its first part "startup" until one was compiled.
+                "phases_seen": dict(snapshot.get("phases_seen", {})),
             }
             self._doc, self._doc_version = doc, self.version
             return doc
@@ -290,7 +339,7 @@ class RunModel:
     def catalog(self, points: bool = True) -> dict[str, dict[str, Any]]:
         """Every series with history: its group, raw key (a mapped loop series), unit, convention, points added."""
         with self.lock:
-            history = self.engine.history
+            history = self.replica.history
             snapshot = self.snapshot
             metrics = snapshot.metrics if snapshot is not None else {}
             series_now = snapshot.series if snapshot is not None else {}
@@ -315,13 +364,15 @@ class RunModel:
                         if metric.convention:
                             entry["convention"] = metric.convention
                         if metric.label:
-                            entry["label"] = metric.label
+                            # History holds what each tick showed, the latest sample; a finished run's snapshot
+                            # shows the training window's average under the same key, which is not the chart's.
+                            entry["label"] = metric.label.replace("training window", "latest sample")
                 out[name] = entry
             return out
 
     def added_points(self, series: str) -> int:
         with self.lock:
-            return self.engine.history.added_points(series)
+            return self.replica.history.added_points(series)
 
     def history(
         self, series: str, x_axis: str, since: float | None = None, max_points: int | None = None
@@ -342,11 +393,12 @@ class RunModel:
             return encoded
 
     def _history_key(self, series: str, x_axis: str, since: float | None, max_points: int | None) -> tuple:
-        return (series, x_axis, since, max_points, self.engine.history.added_points(series))
+        return (series, x_axis, since, max_points, self.replica.history.added_points(series))
 
     def _history_entry(
         self, series: str, x_axis: str, since: float | None, max_points: int | None
     ) -> tuple[list[HistoryPoint], bytes | None]:
+        x_axis = AXIS_ALIASES.get(x_axis, x_axis)
         if x_axis not in X_AXES:
             raise ValueError(f"unknown x axis {x_axis!r}; the axes are {', '.join(X_AXES)}")
         with self.lock:
@@ -355,7 +407,7 @@ class RunModel:
             if cached is not None:
                 self._history_cache.move_to_end(key)
                 return cached
-            entry = (self.engine.history.query(series, x_axis, since=since, max_points=max_points), None)
+            entry = (self.replica.history.query(series, x_axis, since=since, max_points=max_points), None)
             self._history_cache[key] = entry
             while len(self._history_cache) > HISTORY_CACHE_ENTRIES:
                 self._history_cache.popitem(last=False)

@@ -1,5 +1,5 @@
-"""The dashboard's registration: the ``web`` component and ``tm view``, through the ``trainmeter`` entry point a
-third-party plugin uses.
+"""The dashboard's registration: the ``web`` component, ``tm view``, ``tm report`` and ``tm compare -o``, through the
+``trainmeter`` entry point a third-party plugin uses.
 
 It must import nothing heavy: aiohttp is imported only when the web process starts serving.
 """
@@ -18,6 +18,8 @@ def trainmeter_components():
 
 @hookimpl
 def trainmeter_commands():
+    from trainmeter_web.compare import CompareCommand
+    from trainmeter_web.report import ReportCommand
     from trainmeter_web.view import ViewCommand
 
-    return [ViewCommand()]
+    return [ViewCommand(), ReportCommand(), CompareCommand()]

@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from trainmeter_core import rundir
-from trainmeter_core.history import X_AXES
+from trainmeter_core.model.history import AXIS_ALIASES, X_AXES
+from trainmeter_core.runlog import rundir
 from trainmeter_web.guard import SECURITY_HEADERS, TOKEN_COOKIE, Guard, without_token
 from trainmeter_web.model import RunModel, encode
 from trainmeter_web.stream import DEFAULT_POINTS, MAX_POINTS, LiveStream
@@ -174,6 +175,7 @@ async def api_series(request: web.Request) -> web.Response:
 
 def _axis(request: web.Request) -> str | web.Response:
     x_axis = request.query.get("x", "step")
+    x_axis = AXIS_ALIASES.get(x_axis, x_axis)  # an old name, kept for one release
     if x_axis not in X_AXES:
         return _error(400, f"x={x_axis!r} is not an x axis; use one of {', '.join(X_AXES)}")
     return x_axis
@@ -246,6 +248,7 @@ async def api_runs(request: web.Request) -> web.Response:
                 "end_wall": info.end_wall,
                 "steps": info.steps,
                 "exit_status": info.exit_status,
+                "attempts": info.attempts,
                 "current": path.resolve() == current,
             }
         )
@@ -325,13 +328,43 @@ def make_app(model: RunModel, guard: Guard, changes: Changes | None = None) -> w
     return app
 
 
-class Server:
-    """The dashboard on a listening socket, served by a thread with its own event loop until ``stop()``."""
+async def compare_page(request: web.Request) -> web.Response:
+    body, content_type = request.app[_STATIC]["compare.html"]
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
-    def __init__(self, model: RunModel, sock: socket.socket, guard: Guard) -> None:
+
+def make_compare_app(document: bytes, guard: Guard) -> web.Application:
+    """``tm view A B``: the comparison page, its static files and its one document (``/api/compare``), behind the
+    same guard and headers as the dashboard."""
+    app = web.Application(middlewares=[guard_middleware])
+    app[_GUARD] = guard
+    app[_STATIC] = load_static()
+    app.on_response_prepare.append(_headers)
+
+    async def api_compare(request: web.Request) -> web.Response:
+        return _body(document)
+
+    app.router.add_get("/", compare_page)
+    app.router.add_get("/static/{name}", static)
+    app.router.add_get("/api/compare", api_compare)
+    return app
+
+
+class Server:
+    """The dashboard on a listening socket, served by a thread with its own event loop until ``stop()``. ``app``
+    makes another application than the run's dashboard (the comparison's)."""
+
+    def __init__(
+        self,
+        model: RunModel | None,
+        sock: socket.socket,
+        guard: Guard,
+        app: Callable[[Changes], web.Application] | None = None,
+    ) -> None:
         self.model = model
         self.sock = sock
         self.guard = guard
+        self._make_app = app
         self.changes = Changes()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -355,7 +388,11 @@ class Server:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        app = make_app(self.model, self.guard, self.changes)
+        if self._make_app is not None:
+            app = self._make_app(self.changes)
+        else:
+            assert self.model is not None, "the dashboard serves a run's model"
+            app = make_app(self.model, self.guard, self.changes)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         site = web.SockSite(runner, self.sock)

@@ -1,7 +1,8 @@
-"""``tm view [RUN]``: a run in the dashboard, rebuilt from its engine checkpoint and log, or its final snapshot as JSON.
+"""``tm view [RUN]``: a run in the dashboard, or its final snapshot as JSON; ``tm view A B ...``: runs side by side.
 
-A finished run is served from the log; a live one is caught up from the log and then followed on its bus, like the web
-component does. It only reads the run directory and binds loopback unless told otherwise (then with a token).
+A finished run is replayed here from its engine's checkpoint and the log after it (no engine runs then); a live one is
+followed like the web component does, its numbers from the run's engine. It only reads the run directory and binds
+loopback unless told otherwise (then with a token).
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ import sys
 import threading
 from pathlib import Path
 
-from trainmeter_core import records as rec
-from trainmeter_core import rundir, webport
+from trainmeter_core.model import records as rec
+from trainmeter_core.run import webport
+from trainmeter_core.runlog import rundir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "run", nargs="?", help="a run directory, a run name or its unique prefix (default: the latest)"
+        "run",
+        nargs="*",
+        metavar="RUN",
+        help="a run directory, a run name or its unique prefix (default: the latest); two or more: side by side",
     )
     p.add_argument(
         "--json", action="store_true", help="print the final snapshot as JSON and exit (no server)"
@@ -54,8 +59,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    refs = args.run if isinstance(args.run, list) else [args.run] if args.run else []
+    if len(refs) > 1:
+        from trainmeter_core.commands.compare import resolve_runs
+        from trainmeter_core.commands.usage import UsageError
+        from trainmeter_web import compare
+
+        try:
+            if args.json:
+                raise UsageError(
+                    "tm view --json prints one run's snapshot: tm compare --json A B compares runs"
+                )
+            return compare.serve(resolve_runs(refs, args.runs_dir), args.host, args.port)
+        except UsageError as exc:
+            print(f"tm: {exc}", file=sys.stderr)
+            return 2
     try:
-        run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
+        run_dir = rundir.resolve_run(
+            refs[0] if refs else None, rundir.runs_dir(args.runs_dir) if args.runs_dir else None
+        )
     except rundir.RunDirError as exc:
         print(f"tm: {exc}", file=sys.stderr)
         return 2
@@ -67,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 def print_final_snapshot(run_dir: Path) -> int:
     import msgspec
 
-    from trainmeter_core.replay import final_snapshot
+    from trainmeter_core.runlog.replay import final_snapshot
 
     stats: dict = {}
     snapshot = final_snapshot(run_dir, stats=stats)
@@ -80,48 +102,104 @@ def print_final_snapshot(run_dir: Path) -> int:
     return 0
 
 
-def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event | None = None) -> int:
-    """Serve the run's dashboard until Ctrl-C (or ``stopping``); follows the run live while it runs."""
-    from trainmeter_web.follow import Follower, open_run, replay
-    from trainmeter_web.guard import Guard
-    from trainmeter_web.server import Server
+class Following:
+    """A live run followed like the web component does: the model's own parts through the one hand-over, its numbers
+    from the run's engine (over the bus). ``model`` is None when asked to stop before any record came."""
 
+    def __init__(self, run_dir: Path, stopping: threading.Event) -> None:
+        from trainmeter_core.bus.client import Producer, Subscriber, read_endpoints
+        from trainmeter_web.follow import Follower, read_meta
+        from trainmeter_web.model import RunModel
+
+        endpoints = read_endpoints(run_dir)
+        self.subscriber = Subscriber(endpoints["out"])
+        self.producer = Producer(endpoints["in"], source="view", linger_ms=0)
+        model = RunModel(run_dir, read_meta(run_dir))
+        producer = self.producer
+        self.follower = Follower(
+            model,
+            self.subscriber.recv,
+            stopping,
+            lambda reason: producer.send(rec.HistoryRequest(reason=reason)),
+        )
+        self.model: RunModel | None = model if self.follower.catch_up() else None
+
+    def close(self) -> None:
+        self.subscriber.close()
+        self.producer.close(linger_ms=0)
+
+
+def finished_model(run_dir: Path, stats: dict | None = None):
+    """A run no engine serves any more, replayed here from its engine's checkpoint and the log after it."""
+    from trainmeter_web.follow import replayed_model
+
+    model = replayed_model(run_dir, stats)
+    if model.run_end is None:
+        model.meta["lost"] = True  # no launcher holds it and it never ended: the run was lost
+    return model
+
+
+def model_now(run_dir: Path, stats: dict | None = None, stopping: threading.Event | None = None):
+    """The run as the dashboard sees it now, once: a finished run replayed here, a live one caught up with its
+    engine's snapshot and history (still one engine). None when stopped before a live run said anything."""
+    if not rundir.is_live(run_dir):
+        return finished_model(run_dir, stats)
+    following = Following(run_dir, stopping or threading.Event())
+    try:
+        return following.model
+    finally:
+        following.close()
+
+
+def listen(
+    host: str, port: int | None, stopping: threading.Event | None
+) -> tuple[webport.WebSocket, threading.Event] | None:
+    """The socket a served page listens on, and the event Ctrl-C or SIGTERM sets (``stopping`` when given; the
+    handlers only from the main thread); None, after one line saying why, when the address cannot be had."""
     try:
         bound = webport.bind(host, port)
     except webport.WebPortError as exc:
         print(f"tm: {exc}", file=sys.stderr)
-        return 2
+        return None
     stopping = stopping or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.set())
-    model, through_seq = open_run(run_dir)
-    subscriber = None
-    if rundir.is_live(run_dir):
-        from trainmeter_core.bus import Subscriber, read_endpoints
+    return bound, stopping
 
-        subscriber = Subscriber(read_endpoints(run_dir)["out"])
-        follower = Follower(model, subscriber.recv, stopping, after_seq=through_seq)
-        if not follower.catch_up():
-            subscriber.close()
+
+def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event | None = None) -> int:
+    """Serve the run's dashboard until Ctrl-C (or ``stopping``). A live run is followed like the web component does
+    (its engine's numbers); a finished one is replayed here, since no engine runs then: either way, one engine."""
+    from trainmeter_web.guard import Guard
+    from trainmeter_web.server import Server
+
+    listening = listen(host, port, stopping)
+    if listening is None:
+        return 2
+    bound, stopping = listening
+    following = None
+    if rundir.is_live(run_dir):
+        following = Following(run_dir, stopping)
+        if following.model is None:
+            following.close()
             return 0
+        model = following.model
     else:
-        replay(model, run_dir, through_seq)
-        if model.run_end is None:
-            model.meta["lost"] = True  # no launcher holds it and it never ended: the run was lost
+        model = finished_model(run_dir)
     server = Server(model, bound.sock, Guard(bound.host, bound.token))
     server.start()
     for line in bound.startup_lines():
         print(f"tm: {line}", file=sys.stderr)
     print(f"tm: viewing {run_dir.name} (Ctrl-C to stop)", file=sys.stderr)
     try:
-        if subscriber is not None:
-            follower.run_live(server.notify, until_run_end=False)
+        if following is not None:
+            following.follower.run_live(server.notify)
         else:
             server.notify()
             stopping.wait()
     finally:
         server.stop()
-        if subscriber is not None:
-            subscriber.close()
+        if following is not None:
+            following.close()
     return 0

@@ -1,9 +1,10 @@
 """A small nanoGPT-style model trained on the CPU, for the agent-in-depth tests; prints one JSON line on stdout.
 
-The line holds every loss as ``float.hex`` and what the model itself says it is (N, E, layers, width, sequence
-length, tokens per step), so a test compares the agent's facts with the model's own counts. Options turn on
-gradient accumulation, eval passes, a DataLoader, checkpoints, torch.compile, the trackers, or a user error.
-Deterministic: the same options always give the same losses.
+The line holds every loss as ``float.hex`` (the last micro-batch's of each step in ``losses``, every micro-batch's in
+``micro_losses``) and what the model itself says it is (N, E, layers, width, sequence length, tokens per step), so a
+test compares the agent's facts with the model's own counts. No tracker and no ``emit`` unless asked: the agent reads
+the loss from ``backward()``. Options turn on gradient accumulation, a GradScaler, eval passes, a DataLoader,
+checkpoints, torch.compile, the trackers, or a user error. Deterministic: the same options always give the same losses.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--worker-context", choices=["fork", "spawn", "forkserver"], default=None)
     parser.add_argument("--compile", action="store_true", help="torch.compile(model, backend='aot_eager')")
+    parser.add_argument("--scaler", type=float, help="a CPU GradScaler with this initial scale")
     parser.add_argument("--save", help="a folder: torch.save and safetensors checkpoints at the end")
     parser.add_argument("--state", help="write the final state_dict and RNG state here (torch.save)")
     parser.add_argument("--tensorboard", help="log the loss with torch.utils.tensorboard into this folder")
@@ -106,15 +108,26 @@ def main() -> None:
         return x, torch.stack([data[i + 1 : i + 1 + cfg.block_size] for i in ix])
 
     batches = iter(data_loader(cfg, args, data)) if args.dataloader else None
-    result: dict = {"losses": []}
+    scaler = torch.amp.GradScaler("cpu", init_scale=args.scaler) if args.scaler else None
+    result: dict = {"losses": [], "micro_losses": []}
     for step in range(1, args.steps + 1):
         optimizer.zero_grad(set_to_none=True)
+        micro = []
         for _ in range(args.accum):
             x, y = next(batches) if batches is not None else batch()
             _, loss = trained(x, y)
-            (loss / args.accum).backward()
-        optimizer.step()
+            micro.append(loss.item().hex())
+            if scaler is not None:
+                scaler.scale(loss / args.accum).backward()
+            else:
+                (loss / args.accum).backward()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         result["losses"].append(loss.item().hex())
+        result["micro_losses"].append(micro)
         for log in loggers:
             log(step, loss)
         if args.eval_every and step % args.eval_every == 0:

@@ -4,8 +4,8 @@ import sys
 
 import msgspec
 
-from trainmeter_core import records as rec
-from trainmeter_core.bus import subscribe
+from trainmeter_core.bus.client import subscribe
+from trainmeter_core.model import records as rec
 
 encoder = msgspec.json.Encoder()
 with open(sys.argv[2], "wb", buffering=0) as out:

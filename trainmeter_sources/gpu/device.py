@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmeter_core import records as rec
-from trainmeter_core.platform import (
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.platform_adapters import (
     FIRST_SAMPLE,
     GPU_LOST,
     NOT_ON_THIS_DEVICE,

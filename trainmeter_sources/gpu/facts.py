@@ -1,7 +1,8 @@
 """What the GPU sampler says once per GPU at start: its identity, the device spec it matches, and the dense peak.
 
 It reads spec files (built-in and the plugins' ``trainmeter_device_specs``) and never hands out another card's peak:
-no match, or a spec without a dense figure, gives no peak and the reason. A MIG device gets its share of the SMs.
+no match, or a spec without a dense figure, gives no peak and the reason. A MIG device gets its share of the SMs. The
+SM count comes from the device where NVML tells it, else from the spec; the engine's rig derives the tensor clock.
 """
 
 from __future__ import annotations
@@ -10,9 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainmeter_core import records as rec
-from trainmeter_core.hardware import DeviceSpec, SpecError, dense_peak_flops, match_spec
-from trainmeter_core.specstore import load_specs
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.device_specs import (
+    DeviceSpec,
+    SpecError,
+    dense_peak_flop_per_s,
+    match_spec,
+    sm_count_from_cores,
+)
+from trainmeter_core.run.specstore import load_specs
 from trainmeter_sources.gpu.nvml import DeviceInfo
 
 SOURCE = "sampler:nvml"
@@ -37,7 +44,8 @@ def read_specs(extra: Sequence[Path]) -> tuple[list[DeviceSpec], str | None]:
 def gpu_fact_value(
     device: DeviceInfo, specs: Sequence[DeviceSpec], fake: bool, specs_error: str | None
 ) -> dict:
-    """The ``gpu`` fact's value (the engine turns it into MFU and OFU): spec, dense peak, tensor clock, bandwidth."""
+    """The ``gpu`` fact's value (the engine turns it into MFU and OFU): spec, dense peak, tensor clock, bandwidth, and
+    the SM count and per-SM rate from which the engine derives a tensor clock the spec does not state."""
     value: dict[str, Any] = {
         "index": device.index,
         "uuid": device.uuid,
@@ -45,11 +53,13 @@ def gpu_fact_value(
         "fake": fake,
         "spec_id": None,
         "display_name": None,
-        "dense_bf16_flops": None,
+        "dense_bf16_flop_per_s": None,
         "peak_absent": None,
         "tensor_clock_mhz": None,
         "memory_bandwidth_bps": None,
         "sm_count": device.mig_sm_count,
+        "sm_count_source": "NVML: the MIG device's multiprocessorCount" if device.mig_sm_count else None,
+        "dense_bf16_flop_per_clock_per_sm": None,
         "peak_source": None,
     }
     spec = match_spec(device.name, specs) if device.name else None
@@ -65,9 +75,10 @@ def gpu_fact_value(
     value["spec_id"] = spec.id
     value["display_name"] = spec.display_name
     value["tensor_clock_mhz"] = spec.tensor_clock_mhz.value
-    full_sm_count = int(spec.sm_count.value) if spec.sm_count.value is not None else None
+    per_sm = spec.dense_bf16_flop_per_clock_per_sm.value
+    value["dense_bf16_flop_per_clock_per_sm"] = int(per_sm) if per_sm is not None else None
     if not device.is_mig:
-        value["sm_count"] = full_sm_count
+        value["sm_count"], value["sm_count_source"] = whole_gpu_sm_count(device, spec)
         bandwidth_gbps = spec.memory_bandwidth_gbps.value
         value["memory_bandwidth_bps"] = bandwidth_gbps * 1e9 if bandwidth_gbps is not None else None
     if device.is_mig and device.mig_sm_count is None:
@@ -76,14 +87,29 @@ def gpu_fact_value(
         )
         return value
     try:
-        peak_flops, reason = dense_peak_flops(spec, device.mig_sm_count if device.is_mig else None)
+        peak_flop_per_s, reason = dense_peak_flop_per_s(spec, device.mig_sm_count if device.is_mig else None)
     except ValueError as exc:  # NVML reported more SMs for a slice than the spec gives the whole GPU
-        peak_flops, reason = None, f"MIG device disagrees with spec {spec.id}: {exc}"
-    value["dense_bf16_flops"] = peak_flops
+        peak_flop_per_s, reason = None, f"MIG device disagrees with spec {spec.id}: {exc}"
+    value["dense_bf16_flop_per_s"] = peak_flop_per_s
     value["peak_absent"] = reason
-    sources = spec.dense_bf16_tflops.sources
-    value["peak_source"] = sources[0].url if peak_flops is not None and sources else None
+    sources = spec.dense_bf16_tflop_per_s.sources
+    value["peak_source"] = sources[0].url if peak_flop_per_s is not None and sources else None
     return value
+
+
+def whole_gpu_sm_count(device: DeviceInfo, spec: DeviceSpec) -> tuple[int | None, str | None]:
+    """A whole GPU's SM count and where it comes from: NVML's SM count, else its cores / the spec's cores per SM,
+    else the spec's SM count; None and None when none of them knows."""
+    if device.sm_count:
+        return device.sm_count, "NVML: nvmlDeviceGetAttributes multiprocessorCount"
+    if device.core_count:
+        sm_count, _ = sm_count_from_cores(device.core_count, spec)
+        if sm_count is not None:
+            per_sm = int(spec.fp32_cores_per_sm.value)  # type: ignore[arg-type]
+            return sm_count, f"NVML: {device.core_count} FP32 cores / {per_sm} per {spec.architecture} SM"
+    if spec.sm_count.value is not None:
+        return int(spec.sm_count.value), f"device spec {spec.id}"
+    return None, None
 
 
 def gpu_fact(device: DeviceInfo, value: dict, host: str) -> rec.Fact:

@@ -59,8 +59,8 @@ class GpuModel:
 # 132 SMs / 700 W and H200 700 W (NVIDIA H100/H200 datasheets, "Hopper Architecture In-Depth"), A100 SXM4 108 SMs
 # / 400 W (A100 whitepaper), L4 72 W and 7,424 CUDA cores = 58 SMs (L4 datasheet), GB10 6,144 CUDA cores = 48
 # SMs (DGX Spark). GB10 memory and power limit are Not Supported, as NVIDIA's DGX Spark known-issues page and
-# nvidia-smi on it show. Memory totals as nvidia-smi prints them, clocks, PCI ids and idle powers are
-# illustrative readings, not datasheet values.
+# nvidia-smi on it show. B200: no NVIDIA datasheet states its SM count, so its 148 SMs (and its 1000 W, 1965 MHz)
+# are illustrative, like the memory totals as nvidia-smi prints them, clocks, PCI ids and idle powers of all models.
 GPU_MODELS = {
     model.key: model
     for model in (
@@ -74,8 +74,14 @@ GPU_MODELS = {
                  16.0, 2040, 6251, 0x27B810DE, False, 0, True),
         GpuModel("GB10", "NVIDIA GB10", ARCH_BLACKWELL, (12, 1), 48, None, None,
                  4.0, 2418, 4266, 0x2E1210DE, False, 0, False),
+        GpuModel("B200", "NVIDIA B200", ARCH_BLACKWELL, (10, 0), 148, 183359 * MIB_B, 1000.0,
+                 140.0, 1965, 3996, 0x290110DE, True, 18, True),
     )
 }  # fmt: skip
+# FP32 CUDA cores per SM, which is how NVML's nvmlDeviceGetNumGpuCores counts a GPU: GA100 64 (A100 whitepaper: 108
+# SMs, 6,912 cores), Ada 128 (L4: 7,424 cores = 58 SMs), Hopper 128 (Hopper whitepaper, "128 FP32 CUDA Cores per
+# SM"), Blackwell 128 (GB10: 6,144 cores = 48 SMs).
+CORES_PER_SM = {ARCH_AMPERE: 64, ARCH_ADA: 128, ARCH_HOPPER: 128, ARCH_BLACKWELL: 128}
 
 GPM_MODES = ("supported", "unsupported", "blocked", "held")
 # Readings integrated over time: busy-seconds for fractions, bytes for rates, joules for power. GPM reports the

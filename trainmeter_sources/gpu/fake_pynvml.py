@@ -1,6 +1,10 @@
 """A stand-in for nvidia-ml-py's `pynvml`, driven by the scriptable fake GPUs of `fake_gpus`, so the real NVML
 backend runs here. Same function names, constant values, `NVMLError_*` classes and return types as pynvml 13.x; it
 must never pass for real hardware: `IS_FAKE` is True and the sampler labels every device from this module "fake".
+
+Why one module of about 1,000 lines: it mirrors one library's surface, module for module (pynvml is one module: its
+constants, ctypes structures, error classes and one function per NVML call the backend makes), so the backend swaps
+one for the other by name; the scriptable machine behind it already lives in ``fake_gpus``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ctypes import (
 )
 
 # The scriptable machine lives in fake_gpus; its names are re-exported here for tests and demos.
+from trainmeter_sources.gpu.fake_gpus import CORES_PER_SM as CORES_PER_SM
 from trainmeter_sources.gpu.fake_gpus import GPM_MODES as GPM_MODES
 from trainmeter_sources.gpu.fake_gpus import GPU_MODELS as GPU_MODELS
 from trainmeter_sources.gpu.fake_gpus import MIB_B as MIB_B
@@ -855,16 +860,24 @@ def nvmlDeviceGetComputeInstanceId(device):
 
 @_device_call(mig_ok=True)
 def nvmlDeviceGetAttributes(device):
-    if isinstance(device, FakeMigDevice):
-        return c_nvmlDeviceAttributes(
-            multiprocessorCount=device.sm_count,
-            gpuInstanceSliceCount=device.slices,
-            computeInstanceSliceCount=device.slices,
-            memorySizeMB=device.memory_total_b // MIB_B,
-        )
+    # nvml.h: "This API currently only supports MIG device handles"; a whole GPU answers Not Supported.
+    if not isinstance(device, FakeMigDevice):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
     return c_nvmlDeviceAttributes(
-        multiprocessorCount=device.model.sm_count, memorySizeMB=(device.model.memory_total_b or 0) // MIB_B
+        multiprocessorCount=device.sm_count,
+        gpuInstanceSliceCount=device.slices,
+        computeInstanceSliceCount=device.slices,
+        memorySizeMB=device.memory_total_b // MIB_B,
     )
+
+
+@_device_call()
+def nvmlDeviceGetNumGpuCores(gpu):
+    # The FP32 CUDA cores, not the SMs: an L4 answers 7,424 (58 SMs of 128). nvml.h: "On MIG-enabled GPUs, querying
+    # the device's core count is currently not supported".
+    if gpu.mig_enabled:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    return gpu.model.sm_count * CORES_PER_SM[gpu.model.arch]
 
 
 nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainmeter_core.platform import (
+from trainmeter_core.model.platform_adapters import (
     FIRST_SAMPLE,
     GPM_BEFORE_HOPPER,
     GPM_BLOCKED,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from trainmeter_core.platform import GPU_LOST, NO_NVML, NO_PERMISSION, NOT_ON_THIS_DEVICE
+from trainmeter_core.model.platform_adapters import GPU_LOST, NO_NVML, NO_PERMISSION, NOT_ON_THIS_DEVICE
 
 FAKE_ENV = "TM_FAKE_GPUS"
 INSTALL_HINT = "pip install nvidia-ml-py (or pip install 'trainmeter[gpu]')"
@@ -181,6 +181,12 @@ class DeviceInfo:
     mig_parent_handle: Any = None
     mig_gpu_instance_id: int | None = None
     mig_sm_count: int | None = None
+    # What a whole GPU says of its size: NVML documents nvmlDeviceGetAttributes (the SM count) for MIG devices only,
+    # so a whole GPU usually answers with its FP32 core count alone; each with the reason it is missing.
+    sm_count: int | None = None
+    sm_count_absent: str | None = None
+    core_count: int | None = None
+    core_count_absent: str | None = None
     migs: list[DeviceInfo] = field(default_factory=list)
     error: str | None = None  # the reason the device could not even be identified
 
@@ -222,12 +228,23 @@ def _describe(nvml: Nvml, index: int, handle: Any) -> DeviceInfo:
         arch=arch if isinstance(arch, int) else None,
         error=uuid_reason if uuid_reason == GPU_LOST else None,
     )
+    attributes, reason = nvml.call("nvmlDeviceGetAttributes", handle)
+    sm_count = getattr(attributes, "multiprocessorCount", None) if attributes is not None else None
+    device.sm_count = _positive(sm_count)
+    device.sm_count_absent = None if device.sm_count else (reason or "NVML reported no SM count")
+    cores, reason = nvml.call("nvmlDeviceGetNumGpuCores", handle)
+    device.core_count = _positive(cores)
+    device.core_count_absent = None if device.core_count else (reason or "NVML reported no core count")
     mode, _ = nvml.call("nvmlDeviceGetMigMode", handle)
     enabled = nvml.constant("NVML_DEVICE_MIG_ENABLE", 1)
     if isinstance(mode, (list, tuple)) and mode and mode[0] == enabled:
         device.mig_enabled = True
         device.migs = _mig_devices(nvml, device)
     return device
+
+
+def _positive(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _mig_devices(nvml: Nvml, parent: DeviceInfo) -> list[DeviceInfo]:

@@ -14,11 +14,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainmeter_core import records as rec
-from trainmeter_core.bus import HOSTNAME
-from trainmeter_core.component import Component, ComponentContext
-from trainmeter_core.hardware import DeviceSpec
-from trainmeter_core.platform import PROFILER_ATTACHED, PlatformAdapter, absent_row, choose_adapter
+from trainmeter_core.bus.client import HOSTNAME
+from trainmeter_core.bus.component import Component, ComponentContext
+from trainmeter_core.bus.proctree import ProcessTree, read_environ
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.device_specs import DeviceSpec
+from trainmeter_core.model.platform_adapters import (
+    PROFILER_ATTACHED,
+    PlatformAdapter,
+    absent_row,
+    choose_adapter,
+)
 from trainmeter_sources.gpu.device import DeviceSampler
 from trainmeter_sources.gpu.facts import gpu_fact, gpu_fact_value, plugin_spec_paths, read_specs, spec_adapter
 from trainmeter_sources.gpu.nvml import DeviceInfo, Nvml, NvmlUnavailable, handle_key, list_devices
@@ -29,7 +35,6 @@ from trainmeter_sources.gpu.selection import (
     narrow_to_processes,
     select,
 )
-from trainmeter_sources.proctree import ProcessTree, read_environ
 from trainmeter_sources.profilers import find_profiler
 from trainmeter_sources.settings import interval_from_env
 

@@ -1,11 +1,14 @@
-// The dashboard page: one live stream (/api/events) carries the whole state first, then merge patches and new history
-// points. Every string from the run (series keys, the command, fact notes) is put on the page with textContent only;
-// nothing here builds HTML from data. No number is invented: what the engine left absent reads "n/a" with its reason.
+// The live dashboard: one stream (/api/events) carries the whole state first, then merge patches and new history
+// points; render.js draws them. Every string from the run (series keys, the command, fact notes) is put on the page
+// with textContent only; nothing here builds HTML from data. No number is invented: what the engine left absent reads
+// "n/a" with its reason.
 
 import { finite } from "./format.js";
-import { $, charts, hideTip, onFocus, onPointer, POINTS, setText, state } from "./page.js";
-import { renderAxisButtons, renderConnection, renderHeader, renderProgress, renderTiles, renderTraining } from "./parts.js";
-import { renderAlerts, renderDetails, renderEfficiency, renderGpus, renderNode, renderPassport } from "./panels.js";
+import { charts, POINTS, state } from "./page.js";
+import { renderConnection, renderHeader } from "./parts.js";
+import { renderDetails, renderPassport } from "./panels.js";
+import { render, startPage } from "./render.js";
+import { getJson } from "./source.js";
 
 function connect() {
   if (state.source) state.source.close();
@@ -77,9 +80,9 @@ function halve(points) {
 
 async function fetchRun() {
   try {
-    const response = await fetch("/api/run", { credentials: "same-origin" });
-    if (response.ok) {
-      state.run = await response.json();
+    const run = await getJson("/api/run");
+    if (run) {
+      state.run = run;
       renderDetails();
       renderHeader();
     }
@@ -90,9 +93,9 @@ async function fetchRun() {
 
 async function fetchPassport() {
   try {
-    const response = await fetch("/api/passport", { credentials: "same-origin" });
-    if (response.ok) {
-      state.passport = await response.json();
+    const passport = await getJson("/api/passport");
+    if (passport) {
+      state.passport = passport;
       renderPassport();
     }
   } catch (err) {
@@ -100,66 +103,8 @@ async function fetchPassport() {
   }
 }
 
-function render() {
-  if (state.renderQueued) return;
-  state.renderQueued = true;
-  requestAnimationFrame(() => {
-    state.renderQueued = false;
-    if (!state.doc) return;
-    renderHeader();
-    renderConnection();
-    renderProgress();
-    renderTiles();
-    renderAxisButtons();
-    renderTraining();
-    renderEfficiency();
-    renderNode();
-    renderGpus();
-    renderAlerts();
-  });
-}
-
-function applyTheme(theme) {
-  document.documentElement.dataset.theme = theme;
-  setText($("theme-toggle"), theme === "dark" ? "Light theme" : "Dark theme");
-  for (const chart of charts.values()) chart.draw();
-  render();
-}
-
 function init() {
-  const saved = localStorage.getItem("tm-theme");
-  const prefersDark = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
-  applyTheme(saved || (prefersDark ? "dark" : "light"));
-  $("theme-toggle").addEventListener("click", () => {
-    const next = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
-    localStorage.setItem("tm-theme", next);
-    applyTheme(next);
-  });
-  for (const button of document.querySelectorAll("#x-axis button")) {
-    button.addEventListener("click", () => {
-      if (button.dataset.axis === state.axis) return;
-      state.axis = button.dataset.axis;
-      localStorage.setItem("tm-axis", state.axis);
-      connect(); // the stream sends every series again on the new axis
-    });
-  }
-  $("model-card").addEventListener("toggle", () => {
-    if ($("model-card").open) fetchPassport();
-  });
-  $("copy-passport").addEventListener("click", async () => {
-    const text = state.passport && state.passport.markdown;
-    if (!text) return;
-    try {
-      await navigator.clipboard.writeText(text);
-      setText($("copy-state"), "copied");
-    } catch (err) {
-      setText($("copy-state"), "the browser refused the clipboard: select the text instead");
-    }
-  });
-  document.addEventListener("mouseover", onPointer);
-  document.addEventListener("focusin", onFocus);
-  document.addEventListener("focusout", hideTip);
-  document.addEventListener("scroll", hideTip, { passive: true });
+  startPage({ onAxis: connect, onModelCard: fetchPassport }); // the stream sends every series again on a new axis
   connect();
 }
 

@@ -1,8 +1,10 @@
-// Flat translucent area charts and sparklines on <canvas>, written for this page: the server already thinned each
+// Flat translucent area charts on <canvas>, written for this page: the server already thinned each
 // series to about the page's width, so a chart draws at most a few thousand points and needs no library. Text (titles,
 // labels, tooltips) is always set with textContent, never parsed as HTML.
 
 import { finite, sig } from "./format.js";
+import { remember, remembered } from "./prefs.js";
+import { highest, logTicks, lowest, nearest, robustLimits, ticks } from "./scale.js";
 
 export function cssVar(name) {
   return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
@@ -12,7 +14,7 @@ export function palette(i) {
   return cssVar(`--c${(i % 8) + 1}`) || "#888";
 }
 
-function alpha(color, a) {
+export function alpha(color, a) {
   // #rrggbb -> rgba(); anything else is used as it is
   const m = /^#([0-9a-f]{6})$/i.exec(color);
   if (!m) return color;
@@ -20,35 +22,7 @@ function alpha(color, a) {
   return `rgba(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
 }
 
-function niceStep(range, count) {
-  const raw = range / Math.max(1, count);
-  const mag = 10 ** Math.floor(Math.log10(raw));
-  const norm = raw / mag;
-  const step = norm >= 5 ? 10 : norm >= 2 ? 5 : norm >= 1 ? 2 : 1;
-  return step * mag;
-}
-
-function ticks(lo, hi, count) {
-  if (!(hi > lo)) return [lo];
-  const step = niceStep(hi - lo, count);
-  const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
-  return out;
-}
-
-function nearest(points, x) {
-  let lo = 0;
-  let hi = points.length - 1;
-  if (hi < 0) return -1;
-  while (hi - lo > 1) {
-    const mid = (lo + hi) >> 1;
-    if (points[mid][0] < x) lo = mid;
-    else hi = mid;
-  }
-  return Math.abs(points[lo][0] - x) <= Math.abs(points[hi][0] - x) ? lo : hi;
-}
-
-function setupCanvas(canvas) {
+export function setupCanvas(canvas) {
   const dpr = window.devicePixelRatio || 1;
   const w = canvas.clientWidth || 300;
   const h = canvas.clientHeight || 150;
@@ -82,10 +56,27 @@ export class Chart {
     this.xLabelEl.className = "x-label";
     this.legendEl = document.createElement("div");
     this.legendEl.className = "legend";
-    this.root.append(head, this.subEl, this.canvas, this.xLabelEl, this.legendEl);
+    this.notesEl = document.createElement("div");
+    this.notesEl.className = "chart-notes";
+    this.root.append(head, this.subEl, this.canvas, this.xLabelEl, this.legendEl, this.notesEl);
     parent.append(this.root);
     this.lines = [];
     this.hover = null;
+    this.log = false;
+    if (opts.logToggle) {
+      // A loss spans orders of magnitude: a log scale shows its early fall and its late creep at once.
+      this.logButton = document.createElement("button");
+      this.logButton.type = "button";
+      this.logButton.className = "scale-toggle";
+      this.logButton.textContent = "log scale";
+      this.log = remembered(`tm-log-${opts.id}`) === "1";
+      this.logButton.addEventListener("click", () => {
+        this.log = !this.log;
+        remember(`tm-log-${opts.id}`, this.log ? "1" : "0");
+        this.draw();
+      });
+      head.append(this.logButton);
+    }
     this.setText(opts.title, opts.sub);
     this.canvas.addEventListener("mousemove", (e) => this.onMove(e));
     this.canvas.addEventListener("mouseleave", () => this.onLeave());
@@ -111,7 +102,8 @@ export class Chart {
     this.root.dataset.xAxis = data.xAxis;
     if (this.xLabelEl.textContent !== data.xLabel) this.xLabelEl.textContent = data.xLabel;
     const last = first ? first.points[first.points.length - 1] : null;
-    this.now.textContent = last && finite(last[1]) ? this.opts.yFormat(last[1]) : "";
+    // the latest value; a latest value that is not a number says so rather than showing the one before
+    this.now.textContent = last ? (finite(last[1]) ? this.opts.yFormat(last[1]) : "NaN") : "";
     this.legendEl.replaceChildren();
     if (this.lines.length > 1 || data.hline) {
       this.lines.forEach((line, i) => {
@@ -128,7 +120,25 @@ export class Chart {
         this.legendEl.append(key);
       }
     }
+    this.callerNotes = data.notes || [];
     this.draw();
+  }
+
+  // The values a y range is made of: each point's value, and its bucket's min and max.
+  yValues() {
+    const out = [];
+    for (const line of this.lines) {
+      for (const p of line.points) {
+        if (!finite(p[0])) continue;
+        for (const v of [p[1], p[2], p[3]]) if (finite(v) && (!this.log || v > 0)) out.push(v);
+      }
+    }
+    return out;
+  }
+
+  // With opts.robust, the y range follows the bulk of the values (scale.js robustLimits); a log scale shows them all.
+  limits(values) {
+    return this.opts.robust && !this.log ? robustLimits(values) : null;
   }
 
   bounds() {
@@ -136,18 +146,35 @@ export class Chart {
     let x1 = -Infinity;
     let y0 = Infinity;
     let y1 = -Infinity;
+    const limits = this.limits(this.yValues());
     for (const line of this.lines) {
       for (const p of line.points) {
         if (!finite(p[0])) continue;
         if (p[0] < x0) x0 = p[0];
         if (p[0] > x1) x1 = p[0];
         for (const v of [p[1], p[2], p[3]]) {
-          if (finite(v)) {
+          if (finite(v) && (!this.log || v > 0) && (!limits || (v >= limits.lo && v <= limits.hi))) {
             if (v < y0) y0 = v;
             if (v > y1) y1 = v;
           }
         }
       }
+    }
+    this.clip = limits;
+    if (this.log) {
+      if (!finite(x0) || !finite(y0)) return null;
+      if (x1 === x0) {
+        x0 -= 1;
+        x1 += 1;
+      }
+      // log10 space, padded by a twentieth of a decade; a flat line gets half a decade each way
+      let l0 = Math.log10(y0);
+      let l1 = Math.log10(y1);
+      if (l1 - l0 < 1e-9) {
+        l0 -= 0.5;
+        l1 += 0.5;
+      }
+      return { x0, x1, y0: l0 - 0.05, y1: l1 + 0.05, log: true };
     }
     const hv = this.data && this.data.hline ? this.data.hline.value : null;
     if (finite(hv)) {
@@ -163,7 +190,7 @@ export class Chart {
       y0 = 0;
       y1 = 1;
     }
-    if (y0 >= 0 && y0 < 0.35 * y1) y0 = 0; // grounded areas read better when the floor is near zero anyway
+    if (y0 >= 0 && y0 < 0.35 * y1 && !limits) y0 = 0; // grounded areas read better when the floor is near zero anyway
     if (y1 === y0) {
       // a flat line: from zero up to a little above it (or down, for a negative one), never around zero both ways
       if (y0 === 0) y1 = 1;
@@ -182,20 +209,39 @@ export class Chart {
   draw() {
     if (!this.data || !this.canvas.isConnected) return;
     const { ctx, w, h } = setupCanvas(this.canvas);
+    const canLog = this.opts.logToggle && this.lines.some((l) => l.points.some((p) => finite(p[1]) && p[1] > 0));
+    if (this.logButton) {
+      // a log scale needs positive values; without any, the toggle waits for them
+      if (!canLog) this.log = false;
+      this.logButton.disabled = !canLog;
+      this.logButton.title = canLog ? "switch between a linear and a logarithmic y axis" : "a log scale needs positive values";
+      this.logButton.setAttribute("aria-pressed", this.log ? "true" : "false");
+      this.root.dataset.scale = this.log ? "log" : "linear";
+    }
     const b = this.bounds();
+    this.renderNotes();
+    // what a test (or a curious reader of the DOM) can check: the y range drawn, where NaN stretches start and where
+    // a resumed run was down (or went back to its checkpoint)
+    const marks = this.data.marks || [];
+    this.root.dataset.nan = marks.filter((m) => m.kind !== "gap").map((m) => m.from).join(",");
+    this.root.dataset.gaps = marks.filter((m) => m.kind === "gap").map((m) => `${m.from}..${m.to}`).join(",");
     if (!b) return;
+    this.root.dataset.yRange = b.log ? `${10 ** b.y0},${10 ** b.y1}` : `${b.y0},${b.y1}`;
     ctx.font = "11px ui-sans-serif, system-ui, sans-serif";
-    const yTicks = ticks(b.y0, b.y1, 3);
-    const yLabels = yTicks.map((v) => this.opts.yFormat(v));
+    const yTicks = b.log ? logTicks(b.y0, b.y1) : ticks(b.y0, b.y1, 3);
+    const yLabels = yTicks.map((v) => this.opts.yFormat(b.log ? 10 ** v : v));
     // room for the widest y label, so "1980 MHz" is never cut
     const left = Math.ceil(Math.max(28, ...yLabels.map((t) => ctx.measureText(t).width)) + 10);
     const right = 8;
-    const top = 6;
+    const top = 10;
     const bottom = 18;
     const pw = Math.max(10, w - left - right);
     const ph = Math.max(10, h - top - bottom);
     const sx = (x) => left + ((x - b.x0) / (b.x1 - b.x0)) * pw;
-    const sy = (y) => top + (1 - (y - b.y0) / (b.y1 - b.y0)) * ph;
+    const syRaw = (y) => top + (1 - (y - b.y0) / (b.y1 - b.y0)) * ph;
+    // a value as the axis places it: its log10 on a log scale (where a value ≤ 0 has no place)
+    const sy = b.log ? (y) => syRaw(Math.log10(y)) : syRaw;
+    const drawable = (v) => finite(v) && (!b.log || v > 0);
     this.scale = { sx, b, left, pw };
     const muted = cssVar("--muted");
     ctx.fillStyle = muted;
@@ -204,7 +250,7 @@ export class Chart {
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
     yTicks.forEach((v, k) => {
-      const y = Math.round(sy(v)) + 0.5;
+      const y = Math.round(syRaw(v)) + 0.5;
       ctx.beginPath();
       ctx.moveTo(left, y);
       ctx.lineTo(w - right, y);
@@ -220,36 +266,48 @@ export class Chart {
       if (x < left + 12 || x > w - right - 12) continue;
       ctx.fillText(xf(v), x, h - bottom + 4);
     }
-    const floor = sy(Math.max(b.y0, Math.min(0, b.y1)));
+    const floor = b.log ? top + ph : syRaw(Math.max(b.y0, Math.min(0, b.y1)));
     // one translucent area per chart reads calmly; with many lines (one per GPU) the areas would stack into mud
     const fillAlpha = this.lines.length > 2 ? 0 : this.lines.length > 1 ? 0.08 : 0.16;
+    const gaps = marks.filter((m) => m.kind === "gap" && m.to > m.from);
+    ctx.save();
+    // lines that leave a clipped range leave the plot at its edge instead of running over the labels
+    ctx.beginPath();
+    ctx.rect(left, top - 2, pw, ph + 4);
+    ctx.clip();
     this.lines.forEach((line, i) => {
       const color = line.color || palette(i);
       const pts = line.points;
       // the min..max band where points are buckets of several
-      if (pts.some((p) => p[4] > 1 && finite(p[2]) && finite(p[3]) && p[3] > p[2])) {
+      if (pts.some((p) => p[4] > 1 && drawable(p[2]) && drawable(p[3]) && p[3] > p[2])) {
         ctx.beginPath();
         let started = false;
         for (const p of pts) {
-          if (!finite(p[0]) || !finite(p[3])) continue;
+          if (!finite(p[0]) || !drawable(p[3])) continue;
           if (!started) ctx.moveTo(sx(p[0]), sy(p[3]));
           else ctx.lineTo(sx(p[0]), sy(p[3]));
           started = true;
         }
         for (let k = pts.length - 1; k >= 0; k -= 1) {
           const p = pts[k];
-          if (!finite(p[0]) || !finite(p[2])) continue;
+          if (!finite(p[0]) || !drawable(p[2])) continue;
           ctx.lineTo(sx(p[0]), sy(p[2]));
         }
         ctx.closePath();
         ctx.fillStyle = alpha(color, 0.14);
         ctx.fill();
       }
-      // the area under the line, in segments broken where a value is not a number
+      // the area under the line, in segments broken where a value is not a number, and for a resumed run where it
+      // was down (wall time) or went back to an earlier step: no line is drawn through time nothing was measured in
       const segments = [];
       let seg = [];
       for (const p of pts) {
-        if (finite(p[0]) && finite(p[1])) seg.push(p);
+        const last = seg[seg.length - 1];
+        if (last && finite(p[0]) && (p[0] < last[0] || gaps.some((g) => last[0] <= g.from && p[0] >= g.to))) {
+          segments.push(seg);
+          seg = [];
+        }
+        if (finite(p[0]) && drawable(p[1])) seg.push(p);
         else if (seg.length) {
           segments.push(seg);
           seg = [];
@@ -274,6 +332,49 @@ export class Chart {
         ctx.stroke();
       }
     });
+    ctx.restore();
+    if (this.clip) {
+      // each point beyond the range: a small triangle on the edge it left by, pointing the way it went
+      this.lines.forEach((line, i) => {
+        ctx.fillStyle = line.color || palette(i);
+        for (const p of line.points) {
+          const side = finite(p[0]) ? this.outside(p) : null;
+          if (!side) continue;
+          const above = side === "above";
+          const x = sx(p[0]);
+          const y = above ? top : top + ph;
+          const d = above ? -1 : 1;
+          ctx.beginPath();
+          ctx.moveTo(x, y + d * 6);
+          ctx.lineTo(x - 4, y);
+          ctx.lineTo(x + 4, y);
+          ctx.closePath();
+          ctx.fill();
+        }
+      });
+    }
+    for (const mark of this.data.marks || []) {
+      // a stretch where a line is not a number (or a resumed run was down): a dashed rule where it starts and a
+      // shaded band to where it ends
+      if (!finite(mark.from)) continue;
+      const x0 = sx(mark.from);
+      const x1 = finite(mark.to) ? sx(mark.to) : x0;
+      const bad = mark.color || cssVar("--bad") || "#b91c1c"; // NaN stretches by default; profiled steps say theirs
+      ctx.fillStyle = alpha(bad, 0.1);
+      ctx.fillRect(x0, top, Math.max(1, x1 - x0), ph);
+      ctx.save();
+      ctx.setLineDash([3, 3]);
+      ctx.strokeStyle = bad;
+      ctx.beginPath();
+      ctx.moveTo(Math.round(x0) + 0.5, top);
+      ctx.lineTo(Math.round(x0) + 0.5, top + ph);
+      ctx.stroke();
+      ctx.restore();
+      ctx.fillStyle = bad;
+      ctx.textAlign = x0 > left + pw - 30 ? "right" : "left";
+      ctx.textBaseline = "top";
+      ctx.fillText(mark.label ?? "NaN", x0 + (ctx.textAlign === "left" ? 3 : -3), top);
+    }
     const hl = this.data.hline;
     if (hl && finite(hl.value)) {
       ctx.save();
@@ -295,12 +396,58 @@ export class Chart {
       this.lines.forEach((line, i) => {
         const k = nearest(line.points, this.hover);
         const p = line.points[k];
-        if (k < 0 || !finite(p[1])) return;
+        if (k < 0 || !drawable(p[1])) return;
+        const y = this.clip ? Math.min(this.clip.hi, Math.max(this.clip.lo, p[1])) : p[1];
         ctx.beginPath();
-        ctx.arc(sx(p[0]), sy(p[1]), 3, 0, Math.PI * 2);
+        ctx.arc(sx(p[0]), sy(y), 3, 0, Math.PI * 2);
         ctx.fillStyle = line.color || palette(i);
         ctx.fill();
       });
+    }
+  }
+
+  // Whether a point (or its bucket's min or max) lies beyond the clipped range: "above", "below" or null.
+  outside(p) {
+    if (!this.clip) return null;
+    const hi = highest(p);
+    const lo = lowest(p);
+    if (finite(hi) && hi > this.clip.hi) return "above";
+    if (finite(lo) && lo < this.clip.lo) return "below";
+    return null;
+  }
+
+  // Below the legend: what the caller wants said (a stretch of NaN), and what this chart left out of its y range.
+  renderNotes() {
+    const notes = [...(this.callerNotes || [])];
+    let clipped = 0;
+    let extreme = null;
+    if (this.clip) {
+      for (const line of this.lines) {
+        for (const p of line.points) {
+          const side = this.outside(p);
+          if (!side) continue;
+          clipped += 1;
+          const v = side === "above" ? highest(p) : lowest(p);
+          if (extreme === null || Math.abs(v) > Math.abs(extreme)) extreme = v;
+        }
+      }
+      const where = extreme > this.clip.hi ? "above" : "below";
+      const word = clipped === 1 ? "point lies" : "points lie";
+      notes.push(
+        `${clipped} ${word} ${where} this range (${extreme > this.clip.hi ? "up to" : "down to"} ` +
+          `${this.opts.yFormat(extreme)}), marked ${extreme > this.clip.hi ? "▲" : "▼"}: the y axis follows ` +
+          `the bulk of the values${this.logButton ? "; the log scale shows them all" : ""}`,
+      );
+    }
+    this.root.dataset.clipped = String(clipped);
+    const text = notes.join("\n");
+    if (this.notesText !== text) {
+      this.notesText = text;
+      this.notesEl.replaceChildren(...notes.map((n) => {
+        const line = document.createElement("div");
+        line.textContent = n;
+        return line;
+      }));
     }
   }
 
@@ -337,38 +484,4 @@ export class Chart {
     if (this.resize) this.resize.disconnect();
     this.root.remove();
   }
-}
-
-export function spark(canvas, points, color) {
-  const { ctx, w, h } = setupCanvas(canvas);
-  const pts = (points || []).filter((p) => finite(p[0]) && finite(p[1]));
-  canvas.dataset.points = String(pts.length);
-  if (pts.length < 2) return;
-  let x0 = pts[0][0];
-  let x1 = pts[pts.length - 1][0];
-  let y0 = Infinity;
-  let y1 = -Infinity;
-  for (const p of pts) {
-    y0 = Math.min(y0, p[1]);
-    y1 = Math.max(y1, p[1]);
-  }
-  if (x1 === x0) x1 = x0 + 1;
-  if (y1 === y0) {
-    y0 -= 1;
-    y1 += 1;
-  }
-  const sx = (x) => ((x - x0) / (x1 - x0)) * (w - 2) + 1;
-  const sy = (y) => h - 2 - ((y - y0) / (y1 - y0)) * (h - 4);
-  ctx.beginPath();
-  ctx.moveTo(sx(pts[0][0]), h);
-  for (const p of pts) ctx.lineTo(sx(p[0]), sy(p[1]));
-  ctx.lineTo(sx(pts[pts.length - 1][0]), h);
-  ctx.closePath();
-  ctx.fillStyle = alpha(color, 0.16);
-  ctx.fill();
-  ctx.beginPath();
-  pts.forEach((p, k) => (k ? ctx.lineTo(sx(p[0]), sy(p[1])) : ctx.moveTo(sx(p[0]), sy(p[1]))));
-  ctx.strokeStyle = color;
-  ctx.lineWidth = 1.5;
-  ctx.stroke();
 }

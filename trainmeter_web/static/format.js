@@ -3,7 +3,8 @@
 
 export const FRACTIONS = new Set([
   "mfu", "mfu_avg", "ofu", "mfu_ofu_gap", "goodput", "progress", "util_gpu", "sm_active", "tensor_active",
-  "dram_active", "plan_mfu", "straggler_spread", "node_cpu_iowait",
+  "dram_active", "plan_mfu", "straggler_spread", "node_cpu_iowait", "profile_mfu", "profile_idle",
+  "profile_exposed_communication",
 ]);
 
 const SI = [
@@ -126,6 +127,45 @@ export function axisValue(v, axis, startWall) {
   if (!finite(v)) return "";
   if (axis === "wall") return duration(v - (startWall || 0));
   if (axis === "step") return Math.abs(v) >= 1e4 ? si(v) : String(Math.round(v));
-  if (axis === "flops") return si(v, "FLOP");
+  if (axis === "flop") return si(v, "FLOP");
   return si(v);
+}
+
+const COUNT_UNITS = new Set(["tokens", "steps", "layers", "params", "ranks"]);
+
+// A whole number as a person writes it: 19,210.
+export function count(v) {
+  return finite(v) ? Math.round(v).toLocaleString("en-US") : "n/a";
+}
+
+// A fact's value as a person reads it: numbers rounded in their unit, the device and peak objects in words, other
+// objects as "key value" pairs; never raw JSON, never an unrounded float. A fact with no value reads "n/a".
+export function factText(fact) {
+  const v = fact.value;
+  if (v === null || v === undefined) return "n/a";
+  if (typeof v === "number") {
+    // a declared count is shown whole (1,024 tokens per step, not 1.02k); rates and sizes in their unit
+    if (Number.isInteger(v) && (!fact.unit || COUNT_UNITS.has(fact.unit))) return `${count(v)}${fact.unit ? ` ${fact.unit}` : ""}`;
+    return fact.unit ? byUnit(v, fact.unit) : sig(v);
+  }
+  if (typeof v === "boolean") return v ? "yes" : "no";
+  if (typeof v === "string") return v;
+  if (Array.isArray(v)) return v.map((x) => factText({ value: x })).join(", ");
+  if (fact.name === "device") {
+    const index = v.index !== null && v.index !== undefined ? `:${v.index}` : "";
+    return `${v.type || "unknown"}${index}${v.uuid ? ` (${v.uuid})` : ""}`;
+  }
+  if (fact.name === "peak") {
+    const rate = finite(v.flop_per_s) ? v.flop_per_s : v.flops; // schema 1 called it flops
+    const label = [v.label, v.device_type].filter(Boolean).join(", ");
+    return `${si(rate, "FLOP/s")}${label ? ` (${label})` : ""}`;
+  }
+  if (fact.name === "gpu") {
+    const peak = finite(v.dense_bf16_flop_per_s) ? `, ${si(v.dense_bf16_flop_per_s, "FLOP/s")} dense BF16` : "";
+    return `${v.display_name || v.name || "GPU"}${finite(v.index) ? ` (index ${v.index})` : ""}${peak}`;
+  }
+  return Object.entries(v)
+    .filter(([, x]) => x !== null && x !== undefined && x !== "")
+    .map(([k, x]) => `${k.replaceAll("_", " ")} ${factText({ value: x })}`)
+    .join(" · ");
 }

@@ -2,24 +2,28 @@
 // metric lookups, chart placement, and the tooltip that shows a number's formula and inputs from the engine's explain.
 // Nothing here builds HTML from data.
 
+import { attemptMarks } from "./attempts.js";
 import { Chart } from "./chart.js";
-import { axisValue, byUnit, clock, finite, metricText, percent } from "./format.js";
+import { axisValue, byUnit, clock, factText, finite, metricText, percent } from "./format.js";
+import { remembered } from "./prefs.js";
 
 export const POINTS = 600;
 
-export const AXES = { step: "step", tokens: "tokens", flops: "FLOPs spent", wall: "wall time" };
+export const AXES = { step: "step", tokens: "tokens", flop: "FLOPs spent", wall: "wall time" };
 
 export const LOOP_KNOWN = new Set(["train_loss", "val_loss", "lr", "grad_norm"]);
 
 export const TITLES = {
   tokens_per_s: "Tokens/s", step_time_s: "Step time", mfu: "MFU", mfu_avg: "MFU (training-window average)",
-  ofu: "OFU", goodput: "Goodput", flops_per_token: "FLOPs per token", progress: "Progress", eta_s: "ETA",
-  flops_spent: "FLOPs spent", flops_required: "FLOPs required", tokens: "Tokens seen", gpu_hours: "GPU-hours",
+  ofu: "OFU", goodput: "Goodput", flop_per_token: "FLOPs per token", progress: "Progress", eta_s: "ETA",
+  spent_flop: "FLOPs spent", required_flop: "FLOPs required", tokens: "Tokens seen", gpu_hours: "GPU-hours",
   util_gpu: "GPU-Util", sm_active: "SM active", tensor_active: "Tensor active", dram_active: "DRAM active",
-  arithmetic_intensity: "Arithmetic intensity", observed_flops: "Observed FLOPs", mfu_ofu_gap: "OFU − MFU",
+  arithmetic_intensity: "Arithmetic intensity", observed_flop: "Observed FLOPs", mfu_ofu_gap: "OFU − MFU",
   straggler_spread: "Straggler spread", plan_mfu: "Planned MFU", plan_hours: "Planned hours",
   projected_hours: "Projected hours", energy_j: "Energy", host_cpu_cores: "Process tree CPU",
   host_rss_b: "Process tree memory", node_cpu_iowait: "Node iowait", node_mem_available_b: "Node memory available",
+  profile_mfu: "MFU in the profiled window", profile_flop_per_s: "FLOP/s in the profiled window",
+  profile_idle: "GPU idle in the profiled window", profile_exposed_communication: "Exposed communication (profiled)",
 };
 
 export const GPU_COUNTERS = {
@@ -31,11 +35,12 @@ export const GPU_COUNTERS = {
 export const state = {
   doc: null, // the live document: snapshot, status, overhead, alerts, catalog
   series: {}, // name -> [[x, value, min, max, count], ...] on state.axis
-  axis: localStorage.getItem("tm-axis") || "step",
+  axis: ({ flops: "flop" })[remembered("tm-axis")] || remembered("tm-axis") || "step",
   run: null, // /api/run
   passport: null,
   source: null,
   connected: false,
+  asOf: null, // a report file: when it was written (it is not live)
   renderQueued: false,
   dirty: new Set(),
 };
@@ -76,7 +81,7 @@ export function explainOf(key) {
 
 export function titleOf(key) {
   if (TITLES[key]) return TITLES[key];
-  if (key.startsWith("flops_per_token.")) return `FLOPs per token (${key.slice(16)})`;
+  if (key.startsWith("flop_per_token.")) return `FLOPs per token (${key.slice(16)})`;
   return key;
 }
 
@@ -91,12 +96,6 @@ export function rawKeyNote(name) {
 
 export function numberFormat(v) {
   return byUnit(v, "");
-}
-
-export function factValue(value) {
-  if (value === null || value === undefined) return "";
-  if (typeof value === "object") return JSON.stringify(value);
-  return String(value);
 }
 
 export function stat(label, key, text, extra) {
@@ -146,8 +145,8 @@ export function clearEmpty(id) {
 export function axisAvailable(axis) {
   const snap = state.doc.snapshot;
   if (axis === "tokens") return snap.tokens !== undefined && snap.tokens !== null ? null : "tokens per step unknown: pass --tokens-per-step";
-  if (axis === "flops") {
-    const spent = metric("flops_spent");
+  if (axis === "flop") {
+    const spent = metric("spent_flop");
     if (spent && finite(spent.value) && spent.convention) return null;
     return spent && spent.absent ? spent.absent : "the FLOPs axis needs one convention: pass --convention";
   }
@@ -155,18 +154,18 @@ export function axisAvailable(axis) {
 }
 
 export function xLabel() {
-  if (state.axis === "flops") {
-    const spent = metric("flops_spent");
+  if (state.axis === "flop") {
+    const spent = metric("spent_flop");
     return `FLOPs spent (${(spent && spent.convention) || "no convention"})`;
   }
   if (state.axis === "wall") return "wall time (since the start)";
   return AXES[state.axis];
 }
 
-export function chartIn(parent, id, title, sub, yFormat) {
+export function chartIn(parent, id, title, sub, yFormat, options = {}) {
   let chart = charts.get(id);
   if (!chart) {
-    chart = new Chart(parent, { id, title, sub, yFormat });
+    chart = new Chart(parent, { id, title, sub, yFormat, robust: options.robust, logToggle: options.logToggle });
     chart.onHover = showChartTip;
     charts.set(id, chart);
   } else chart.setText(title, sub);
@@ -174,7 +173,8 @@ export function chartIn(parent, id, title, sub, yFormat) {
   return chart;
 }
 
-export function plot(parent, id, title, sub, lines, yFormat, hline) {
+// options: robust (the y range follows the bulk of the values), logToggle, marks and notes (see Chart.set)
+export function plot(parent, id, title, sub, lines, yFormat, hline, options = {}) {
   const drawn = lines.filter((l) => state.series[l.name] && state.series[l.name].length);
   if (!drawn.length) {
     // a chart with no data is left out
@@ -185,13 +185,15 @@ export function plot(parent, id, title, sub, lines, yFormat, hline) {
     }
     return false;
   }
-  const chart = chartIn(parent, id, title, sub, yFormat);
+  const chart = chartIn(parent, id, title, sub, yFormat, options);
   chart.set({
     lines: drawn.map((l) => ({ ...l, points: state.series[l.name] })),
     xAxis: state.axis,
     xLabel: xLabel(),
     xFormat: (v) => axisValue(v, state.axis, state.run && state.run.start_wall),
     hline,
+    marks: [...(options.marks || []), ...attemptMarks(state)],
+    notes: options.notes,
   });
   return true;
 }
@@ -240,7 +242,7 @@ export function explainRows(key) {
   if (ex) {
     rows.push(el("div", { class: "t-formula" }, ex.formula));
     for (const [name, input] of Object.entries(ex.inputs || {})) {
-      const value = typeof input.value === "number" ? byUnit(input.value, input.unit || "", "") : factValue(input.value);
+      const value = typeof input.value === "number" ? byUnit(input.value, input.unit || "", "") : factText({ value: input.value, unit: input.unit });
       rows.push(el("div", {}, `${name} = ${value}${input.source ? ` (${input.source})` : ""}`));
     }
     if (ex.note) rows.push(el("div", { class: "muted" }, ex.note));

@@ -2,8 +2,9 @@
 // Strings from the run (facts, the command, alert messages) go in as text nodes only.
 
 import { palette } from "./chart.js";
-import { byUnit, clock, duration, finite, metricText, percent, si } from "./format.js";
-import { $, card, catalog, charts, clearEmpty, el, emptyLine, explainOf, factValue, GPU_COUNTERS, metric, meterRow, plot, setText, stat, state } from "./page.js";
+import { byUnit, clock, duration, factText, finite, metricText, percent, si } from "./format.js";
+import { profiledMarks } from "./profile.js";
+import { $, card, catalog, charts, clearEmpty, el, emptyLine, explainOf, GPU_COUNTERS, metric, meterRow, plot, setText, stat, state } from "./page.js";
 
 export function renderEfficiency() {
   const root = $("efficiency-cards");
@@ -24,10 +25,10 @@ export function renderEfficiency() {
   plot(root, "chart-intensity", "Arithmetic intensity", ai && ai.label ? ai.label : "FLOP per byte of memory traffic",
     [{ name: "tm:arithmetic_intensity", label: "FLOP/B" }], (v) => byUnit(v, "FLOP/byte"));
   const modeled = card(root, "flops-card", "FLOPs modeled and observed", "modeled from the convention, observed from counters (approximate)");
-  const spent = metric("flops_spent");
+  const spent = metric("spent_flop");
   modeled.replaceChildren(el("div", { class: "stats" },
-    stat("modeled (FLOPs spent)", "flops_spent", metricText(spent, "flops_spent"), spent && spent.convention ? spent.convention : "range over the conventions"),
-    stat("observed", "observed_flops", metricText(metric("observed_flops"), "observed_flops"), "counters, approximate"),
+    stat("modeled (FLOPs spent)", "spent_flop", metricText(spent, "spent_flop"), spent && spent.convention ? spent.convention : "range over the conventions"),
+    stat("observed", "observed_flop", metricText(metric("observed_flop"), "observed_flop"), "counters, approximate"),
     stat("OFU − MFU", "mfu_ofu_gap", metricText(metric("mfu_ofu_gap"), "mfu_ofu_gap"),
       (metric("mfu_ofu_gap") || {}).convention || "MFU's convention range"),
   ));
@@ -88,12 +89,49 @@ export function drawRoofline(canvas, x, y, ridge) {
 
 export const SPLIT_ORDER = ["startup_compile", "data_wait", "checkpoint", "eval", "profiler", "compute", "after_last_step"];
 
+const PROBE_PARTS = { compile: "compile", data_wait: "data wait", checkpoint: "checkpoints", eval: "eval" };
+
+// A part's name as a person reads it: the first part is "startup" unless something was compiled in it.
+export function splitName(name) {
+  const seen = state.doc.phases_seen;
+  if (name === "startup_compile") {
+    if (seen && !seen.compile) return "startup";
+    return seen ? "startup and compile" : "startup (and compile, if any)";
+  }
+  return name.replaceAll("_", " ");
+}
+
+// The parts the time split cannot see, as the engine decides it (a part with a phase, or an attached probe, is
+// measured): {part: why}. They stay inside compute.
+export function unmeasured() {
+  const seen = state.doc.phases_seen || {};
+  const facts = state.doc.snapshot.facts || {};
+  const out = {};
+  for (const part of Object.keys(PROBE_PARTS)) {
+    const fact = facts[`probe.${part}`];
+    const status = fact ? fact.value : undefined;
+    if (seen[part] || status === "attached") continue;
+    out[part] = typeof status === "string" ? status.replace(/^not attached: /, "") : "no probe reported";
+  }
+  return out;
+}
+
+// The time split's caption: said plainly, where the engine's note says "stays in compute, its probe never attached".
+export function unmeasuredCaption() {
+  if (!state.doc.phases_seen) {
+    const ex = explainOf("time_split");
+    return ex && ex.note ? ex.note : "where the elapsed time went";
+  }
+  const missing = Object.entries(unmeasured()).map(([part, why]) => `${PROBE_PARTS[part]} (${why})`);
+  if (!missing.length) return "where the elapsed time went; every part was measured";
+  return `where the elapsed time went. Not measured, so counted as compute: ${missing.join("; ")}`;
+}
+
 export function renderNode() {
   const root = $("node-cards");
   const phases = state.doc.snapshot.phases_s || {};
   const total = Object.values(phases).reduce((a, b) => a + (finite(b) ? b : 0), 0);
-  const ex = explainOf("time_split");
-  const body = card(root, "split-card", "Time split", ex && ex.note ? ex.note : "where the elapsed time went");
+  const body = card(root, "split-card", "Time split", unmeasuredCaption());
   if (!total) {
     body.replaceChildren(el("p", { class: "empty" }, "No time split yet: it starts with the run's first step."));
   } else {
@@ -104,18 +142,31 @@ export function renderNode() {
       const ib = SPLIT_ORDER.indexOf(b);
       return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib);
     });
+    const none = [];
+    const blind = state.doc.phases_seen ? unmeasured() : {};
     names.forEach((name, i) => {
       const v = phases[name];
       if (!finite(v)) return;
+      if (v === 0 && name in blind) return; // not measured: the caption says so, and "no time" would be untrue
+      if (v === 0) {
+        none.push(splitName(name)); // no time went there: one line below instead of a row of "0 ms (0%)"
+        return;
+      }
+      if (v < 0) {
+        // a part the engine computed below zero has no width to draw: its number is still shown, as it came
+        legend.append(el("span", { class: "key", "data-part": name }, `${splitName(name)} ${duration(v)}`));
+        return;
+      }
       const seg = el("span");
       seg.style.width = `${(v / total) * 100}%`;
       seg.style.background = palette(i);
       bar.append(seg);
-      const key = el("span", { class: "key" }, `${name.replaceAll("_", " ")} ${duration(v)} (${percent(v / total)})`);
+      const key = el("span", { class: "key", "data-part": name }, `${splitName(name)} ${duration(v)} (${percent(v / total)})`);
       key.style.setProperty("--swatch", palette(i));
       legend.append(key);
     });
-    body.replaceChildren(bar, legend);
+    const rest = none.length ? el("p", { class: "sub", id: "split-none" }, `No time in: ${none.join(", ")}.`) : "";
+    body.replaceChildren(bar, legend, rest);
   }
   const host = card(root, "host-card", "Host", "the run's process tree and the node, latest sample");
   const cores = metric("host_cpu_cores");
@@ -142,11 +193,19 @@ export function renderGpus() {
     drawn = plot(root, `chart-gpu-${counter}`, title, "one line per GPU", lines, fmt) || drawn;
   }
   ranks.sort((a, b) => a[0] - b[0]);
-  drawn = plot(root, "chart-rank-step-time", "Step time per rank", "seconds per step, one line per rank",
-    ranks.map(([rank, name], i) => ({ name, label: `rank ${rank}`, color: palette(i) })), (v) => byUnit(v, "s")) || drawn;
+  const marks = profiledMarks(state.axis);
+  drawn = plot(root, "chart-rank-step-time", "Step time per rank",
+    `seconds per step, one line per rank${marks.length ? "; profiled steps shaded" : ""}`,
+    ranks.map(([rank, name], i) => ({ name, label: `rank ${rank}`, color: palette(i) })), (v) => byUnit(v, "s"), null,
+    { marks }) || drawn;
   if (!drawn) {
     emptyLine(root, "gpus-empty", "No GPU samples and no per-rank step times: NVML sees no GPU of this run, and the agent saw no step yet.");
   } else clearEmpty("gpus-empty");
+}
+
+// A run that ended (or was lost) fires nothing any more: an episode it left open is said as such, not as "firing".
+function runOver() {
+  return Boolean(state.doc && state.doc.status && ["finished", "lost"].includes(state.doc.status.state));
 }
 
 export function renderAlerts() {
@@ -161,7 +220,7 @@ export function renderAlerts() {
     el("span", { class: "dot" }),
     el("div", {}, el("strong", {}, a.rule), " ", a.message, a.subject ? el("div", { class: "muted" }, a.subject) : null),
     el("div", { class: "muted num" },
-      a.state === "cleared" ? `cleared ${a.cleared_wall ? clock(a.cleared_wall) : ""}` : "firing",
+      a.state === "cleared" ? `cleared ${a.cleared_wall ? clock(a.cleared_wall) : ""}` : runOver() ? "still firing when the run ended" : "firing",
       el("br"), a.fired_wall ? `fired ${clock(a.fired_wall)}` : ""))));
 }
 
@@ -181,30 +240,36 @@ export function renderDetails() {
   for (const f of run.facts || []) {
     const scope = f.device || (f.rank !== undefined && f.rank !== null ? `rank ${f.rank}` : null);
     facts.append(el("tr", {}, el("td", {}, scope ? `${f.name} (${scope})` : f.name),
-      el("td", { class: "num" }, factValue(f.value) + (f.unit ? ` ${f.unit}` : "")), el("td", {}, f.provenance),
+      el("td", { class: "num" }, factText(f)), el("td", {}, f.provenance),
       el("td", {}, f.origin), el("td", {}, [f.note, f.warning].filter(Boolean).join(" · "))));
   }
   const conv = el("table", { id: "flops-conventions" }, el("tr", {}, el("th", {}, "convention"), el("th", {}, "FLOPs per token"), el("th", {}, "")));
   for (const name of ["titan", "megatron", "hf", "all_params", "counted"]) {
-    const m = metric(`flops_per_token.${name}`);
+    const m = metric(`flop_per_token.${name}`);
     conv.append(el("tr", {}, el("td", {}, name),
-      el("td", { class: "num", "data-explain": `flops_per_token.${name}`, tabindex: 0 }, metricText(m, "flops_per_token")),
+      el("td", { class: "num", "data-explain": `flop_per_token.${name}`, tabindex: 0 }, metricText(m, "flop_per_token")),
       el("td", { class: "muted" }, m && m.absent ? m.absent : "")));
   }
-  const hardware = el("table", { id: "hardware" }, el("tr", {}, ...["device", "model", "dense BF16 peak", "tensor clock", "memory bandwidth"].map((h) => el("th", {}, h))));
+  const hardware = el("table", { id: "hardware" }, el("tr", {}, ...["device", "model", "dense peak", "tensor clock", "memory bandwidth"].map((h) => el("th", {}, h))));
   for (const f of run.facts || []) {
     if (f.name !== "gpu" || !f.value || typeof f.value !== "object") continue;
     const g = f.value;
     hardware.append(el("tr", {}, el("td", {}, f.device || `gpu${g.index}`),
       el("td", {}, g.display_name || g.name || "unknown"),
-      el("td", {}, finite(g.dense_bf16_flops) ? si(g.dense_bf16_flops, "FLOP/s") : `n/a: ${g.peak_absent || "no datasheet figure"}`),
+      el("td", {}, finite(g.dense_bf16_flop_per_s) ? `${si(g.dense_bf16_flop_per_s, "FLOP/s")} (BF16, datasheet)` : `n/a: ${g.peak_absent || "no datasheet figure"}`),
       el("td", {}, finite(g.tensor_clock_mhz) ? `${g.tensor_clock_mhz} MHz` : "n/a"),
       el("td", {}, finite(g.memory_bandwidth_bps) ? `${si(g.memory_bandwidth_bps)}B/s` : "n/a")));
   }
   for (const f of run.facts || []) {
-    if (f.name !== "device" || !f.value || typeof f.value !== "object") continue;
-    hardware.append(el("tr", {}, el("td", {}, f.device || `rank ${f.rank ?? 0}`), el("td", {}, `${f.value.type} device of a rank`),
-      el("td", {}, ""), el("td", {}, ""), el("td", {}, "")));
+    if (f.name !== "device" || !f.value || typeof f.value !== "object" || f.value.type === "cuda") continue;
+    // A CPU (or other non-GPU) device of a rank: its peak is a declared or measured one (no datasheet gives it).
+    const peak = devicePeak(run.facts, f.host, f.value.type);
+    hardware.append(el("tr", {}, el("td", {}, `${f.host ? `${f.host}/` : ""}${f.value.type}, rank ${f.rank ?? 0}`),
+      el("td", {}, `${f.value.type === "cpu" ? "CPU" : f.value.type} of the rank`),
+      el("td", { title: peak && peak.source ? peak.source : "" }, peak
+        ? `${si(peak.flop_per_s, "FLOP/s")} (${peak.label})`
+        : "n/a: no datasheet gives a CPU's peak: measure one with tm peak, or pass --peak-tflops X --peak-source TEXT"),
+      el("td", {}, "n/a"), el("td", {}, "n/a")));
   }
   const plugins = el("table", {}, el("tr", {}, el("th", {}, "plugin"), el("th", {}, "distribution"), el("th", {}, "provides")));
   for (const p of run.plugins || []) {
@@ -220,6 +285,20 @@ export function renderDetails() {
   body.replaceChildren(kv, warnings || "", notices ? el("h3", {}, "Notices from the run's processes") : "", notices || "",
     el("h3", {}, "Facts"), facts, el("h3", {}, "FLOPs per token under every convention"),
     conv, el("h3", {}, "Hardware"), hardware, el("h3", {}, "Plugins"), plugins);
+}
+
+// The peak tm uses for a non-GPU device, as the engine resolves it: declared before measured, the device's own
+// (host/type) before one for every device of that type.
+export function devicePeak(facts, host, type) {
+  const peaks = (facts || []).filter((f) => f.name === "peak" && f.value && typeof f.value === "object"
+    && (f.device === `${host}/${type}` || (!f.device && [undefined, null, type].includes(f.value.device_type))));
+  const rate = (f) => (finite(f.value.flop_per_s) ? f.value.flop_per_s : f.value.flops);
+  for (const label of ["declared", "measured"]) {
+    const found = peaks.filter((f) => (f.value.label || (f.provenance === "declared" ? "declared" : "measured")) === label && finite(rate(f)));
+    found.sort((a, b) => (a.device ? 0 : 1) - (b.device ? 0 : 1));
+    if (found.length) return { flop_per_s: rate(found[0]), label, source: found[0].value.source || found[0].origin };
+  }
+  return null;
 }
 
 export function renderPassport() {

@@ -1,13 +1,39 @@
 // The top of the page: the header, progress, tiles and the training charts with their x-axis selector.
 // Every MFU and FLOPs number names its convention; an absent number reads "n/a" with the input it lacks.
 
-import { palette, spark } from "./chart.js";
-import { byUnit, duration, finite, metricText, percent, si } from "./format.js";
+import { attemptsText, attemptsTitle } from "./attempts.js";
+import { palette } from "./chart.js";
+import { byUnit, clock, duration, finite, metricText, percent, si } from "./format.js";
+import { nanMarks } from "./nan.js";
+import { spark } from "./spark.js";
 import { $, AXES, axisAvailable, card, catalog, charts, clearEmpty, el, emptyLine, LOOP_KNOWN, metric, numberFormat, plot, rawKeyNote, setText, stat, state, titleOf } from "./page.js";
 
 export function renderConnection() {
-  const finished = state.doc && state.doc.status && state.doc.status.state === "finished";
-  setText($("conn"), state.connected ? "live" : finished ? "disconnected" : "reconnecting…");
+  // A report says when it was written. A page says "live" only while the run runs: a finished (or lost) run is read
+  // from its log, and its badge says so.
+  if (state.asOf) return setText($("conn"), state.asOf);
+  const over = state.doc && state.doc.status && ["finished", "lost"].includes(state.doc.status.state);
+  setText($("conn"), over ? "" : state.connected ? "live" : "reconnecting…");
+}
+
+export function finished() {
+  return Boolean(state.doc && state.doc.status && state.doc.status.state === "finished");
+}
+
+// A finished run leads with the number its summary line gave: the MFU averaged over its training window.
+export function leadingMfuKey() {
+  const avg = metric("mfu_avg");
+  return finished() && avg && (finite(avg.value) || finite(avg.low)) ? "mfu_avg" : "mfu";
+}
+
+// The window a number covers, from the snapshot's window_start_t/window_end_t (monotonic, as wall clock times).
+export function windowText(m) {
+  const snap = state.doc && state.doc.snapshot;
+  if (!m || !finite(m.window_start_t) || !finite(m.window_end_t) || !snap || !finite(snap.wall) || !finite(snap.t)) return "";
+  const offset = snap.wall - snap.t;
+  const start = clock(m.window_start_t + offset).split(", ").pop();
+  const end = clock(m.window_end_t + offset).split(", ").pop();
+  return `${start}–${end}, ${duration(m.window_end_t - m.window_start_t)}`;
 }
 
 export function rigText() {
@@ -29,6 +55,19 @@ export function rigText() {
   return "no device reported";
 }
 
+// A resumed run's attempts, after the state badge; nothing for a run started once.
+function renderAttempts() {
+  let node = $("attempts");
+  const text = attemptsText(state);
+  if (!node) {
+    if (!text) return;
+    node = el("span", { id: "attempts", class: "muted" });
+    $("run-state").after(node);
+  }
+  setText(node, text);
+  node.title = attemptsTitle(state);
+}
+
 export function renderHeader() {
   if (!state.doc) return;
   const status = state.doc.status || {};
@@ -41,6 +80,7 @@ export function renderHeader() {
   }
   setText(badge, text);
   badge.className = `badge ${cls}`;
+  renderAttempts();
   const run = state.run || {};
   setText($("run-name"), run.name ? `· ${run.name}` : "");
   document.title = run.name ? `${run.name} · trainmeter` : "trainmeter";
@@ -61,16 +101,16 @@ export function renderProgress() {
     : (progress && progress.absent) || "budget not declared: pass --budget-tokens";
   setText($("progress-sub"), `Is the run on plan? ${sub}`);
   const snap = state.doc.snapshot;
-  const spent = metric("flops_spent");
-  const required = metric("flops_required");
+  const spent = metric("spent_flop");
+  const required = metric("required_flop");
   const conv = (spent && spent.convention) || (required && required.convention);
   const tokensMetric = metric("tokens");
   const budget = (snap.facts || {}).budget_tokens;
   const stats = [
     stat("tokens", "tokens", metricText(tokensMetric, "tokens"),
       budget && finite(budget.value) ? `of ${si(budget.value)}` : "no token budget"),
-    stat("FLOPs spent", "flops_spent", metricText(spent, "flops_spent"),
-      `of ${metricText(required, "flops_required")}${conv ? ` · ${conv}` : " · range over conventions"}`),
+    stat("FLOPs spent", "spent_flop", metricText(spent, "spent_flop"),
+      `of ${metricText(required, "required_flop")}${conv ? ` · ${conv}` : " · range over conventions"}`),
     stat("ETA", "eta_s", metricText(metric("eta_s"), "eta_s")),
     stat("elapsed", "elapsed", duration(snap.elapsed_s)),
     stat("GPU-hours", "gpu_hours", metricText(metric("gpu_hours"), "gpu_hours")),
@@ -85,7 +125,7 @@ export const TILES = [
   ["mfu", "tm:mfu"],
   ["ofu", "tm:ofu"],
   ["goodput", "tm:goodput"],
-  ["flops_per_token", null],
+  ["flop_per_token", null],
 ];
 
 export function tileLine(key, m) {
@@ -96,16 +136,26 @@ export function tileLine(key, m) {
     return reasons.length > 1 ? `${reasons[0]} (and ${reasons.length - 1} more)` : reasons[0];
   }
   const parts = [];
-  if (key === "mfu" || key === "flops_per_token") {
+  if (key === "mfu_avg") {
+    const window = windowText(m);
+    parts.push(`average over the training window${window ? ` (${window})` : ""}, as in the summary`);
+  }
+  if (key === "mfu" || key === "mfu_avg" || key === "flop_per_token") {
     parts.push(m.convention ? m.convention : "range over the conventions (pass --convention)");
   } else if (m.convention) parts.push(m.convention);
-  if (m.label) parts.push(key === "mfu" ? `${m.label} peak` : m.label);
+  if (m.label) parts.push(key.startsWith("mfu") && PEAK_LABELS.has(m.label) ? `${m.label} peak` : m.label);
   if (key === "mfu") {
     const avg = metric("mfu_avg");
     if (avg && (finite(avg.value) || finite(avg.low))) parts.push(`avg ${metricText(avg, "mfu_avg")}`);
+  } else if (key === "mfu_avg") {
+    const ema = metric("mfu");
+    if (ema && (finite(ema.value) || finite(ema.low))) parts.push(`latest EMA ${metricText(ema, "mfu")}`);
   }
   return parts.join(" · ");
 }
+
+// Labels that name where an MFU's peak came from (anything else is said as the engine wrote it).
+const PEAK_LABELS = new Set(["datasheet", "declared", "measured"]);
 
 export function renderTiles() {
   const root = $("tiles");
@@ -119,11 +169,14 @@ export function renderTiles() {
       if (seriesName) tile.append(el("canvas", { class: "spark", "aria-hidden": "true" }));
       root.append(tile);
     }
-    const m = metric(key);
+    const shown = key === "mfu" ? leadingMfuKey() : key;
+    const m = metric(shown);
     const valueEl = tile.querySelector(".value");
-    setText(valueEl, metricText(m, key));
+    setText(valueEl, metricText(m, shown));
     valueEl.dataset.value = m && finite(m.value) ? String(m.value) : m && finite(m.low) ? `${m.low},${m.high}` : "";
-    setText(tile.querySelector(".line"), tileLine(key, m));
+    valueEl.dataset.explain = shown;
+    valueEl.dataset.metric = shown;
+    setText(tile.querySelector(".line"), tileLine(shown, m));
     const canvas = tile.querySelector("canvas");
     if (canvas) {
       let points = state.series[seriesName];
@@ -151,7 +204,9 @@ export function renderTraining() {
     { name: "val_loss", label: "val loss", color: palette(1) },
   ];
   const lossSub = ["train_loss", "val_loss"].filter((n) => catalog()[n]).map(rawKeyNote).join(" · ");
-  drawn.push(plot(root, "chart-loss", "Loss", lossSub, lossLines, numberFormat));
+  const nan = nanMarks(lossLines, () => renderTraining());
+  drawn.push(plot(root, "chart-loss", "Loss", lossSub, lossLines, numberFormat, null,
+    { robust: true, logToggle: true, marks: nan.marks, notes: nan.notes }));
   const tps = metric("tokens_per_s");
   drawn.push(plot(root, "chart-tokens-per-s", "Tokens/s", tps && tps.label ? `${tps.label} over steps` : "",
     [{ name: "tm:tokens_per_s", label: "tokens/s" }], (v) => si(v)));

@@ -13,10 +13,10 @@ from pathlib import Path
 from trainmeter_spark import plugin
 from trainmeter_spark.adapter import SparkAdapter, unified_memory_b
 
-from trainmeter_core.hardware import dense_peak_flops, match_spec
-from trainmeter_core.platform import GpuReading, choose_adapter, gpu_row
+from trainmeter_core.model.device_specs import dense_peak_flop_per_s, match_spec
+from trainmeter_core.model.platform_adapters import GpuReading, choose_adapter, gpu_row
 from trainmeter_core.plugins import Plugins
-from trainmeter_core.specstore import load_specs
+from trainmeter_core.run.specstore import load_specs
 
 PLUGIN_ROOT = Path(__file__).resolve().parent.parent
 MEMINFO = "MemTotal:       131072000 kB\nMemFree:         90000000 kB\nMemAvailable:   100000000 kB\n"
@@ -63,8 +63,8 @@ def test_the_gb10_spec_validates_names_spark_and_has_no_dense_peak():
     specs = load_specs(plugin.trainmeter_device_specs())
     spec = match_spec("NVIDIA GB10", specs)
     assert spec is not None and spec.id == "gb10" and spec.adapter == "spark"
-    peak_flops, reason = dense_peak_flops(spec)
-    assert peak_flops is None and "no dense BF16 figure" in reason
+    peak_flop_per_s, reason = dense_peak_flop_per_s(spec)
+    assert peak_flop_per_s is None and "no dense BF16 figure" in reason
     assert match_spec("NVIDIA GB200", specs).id != "gb10"  # \bGB10\b keeps the GB200 apart
 
 

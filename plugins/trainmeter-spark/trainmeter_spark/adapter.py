@@ -7,7 +7,7 @@ clock, no PCIe link to the GPU and no NVLink, so those fields are absent with th
 
 from __future__ import annotations
 
-from trainmeter_core.platform import NOT_ON_THIS_DEVICE, GpuReading, PlatformAdapter
+from trainmeter_core.api import NOT_ON_THIS_DEVICE, GpuReading, PlatformAdapter
 
 MEMINFO = "/proc/meminfo"
 # Why each field is missing on a GB10 (docs.nvidia.com/dgx/dgx-spark/known-issues.html: memory "Not Supported").

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainmeter_core import hookimpl
+from trainmeter_core.api import hookimpl
 
 SPECS = Path(__file__).resolve().parent / "specs"
 

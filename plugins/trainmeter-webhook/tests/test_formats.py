@@ -8,7 +8,7 @@ import math
 from trainmeter_webhook.formats import outgoing
 from trainmeter_webhook.settings import Settings
 
-from trainmeter_core import records as rec
+from trainmeter_core.model import records as rec
 
 RUN = {"name": "gpt-small", "run_id": "20270115T080000Z-n1-gpt-small", "host": "n1"}
 FIRED = rec.Alert(

@@ -7,7 +7,7 @@ import pytest
 from trainmeter_webhook import plugin
 from trainmeter_webhook.settings import SECRETS, Settings, SettingsError, from_env
 
-from trainmeter_core.redaction import redact_argv, redact_env
+from trainmeter_core.model.redaction import redact_argv, redact_env
 
 
 def test_no_url_no_webhook():

@@ -19,13 +19,15 @@ BIN = Path(sys.executable).parent
 TM = str(BIN / "tm") if (BIN / "tm").exists() else shutil.which("tm")
 SECRET = "T0A1B2C3/B9Z8Y7X6/q1w2e3r4t5y6u7i8"  # shaped like a Slack webhook's secret path
 TOKEN = "123456:AAH-test-token-0123456789"
-STEPS = 60
+STEPS = 80
+# The loss is NaN for 2 s, two snapshot periods: the first check after it turns NaN sees NaN as the latest value (a
+# stretch shorter than a period may be over by the check, which then fires on the count alone, another message).
 LOOP = f"""
 import math, time
 from trainmeter_agent import emit
 for i in range(1, {STEPS} + 1):
     emit(step=i, tokens=256)
-    emit(train_loss=math.nan if 15 <= i < 20 else 1.0 / i)
+    emit(train_loss=math.nan if 15 <= i < 35 else 1.0 / i)
     time.sleep(0.1)
 """
 

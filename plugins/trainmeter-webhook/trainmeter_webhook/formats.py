@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmeter_core import records as rec
+from trainmeter_core.api import Alert
 from trainmeter_webhook.settings import Settings
 
 # Telegram refuses a message longer than 4096 characters (Bot API, sendMessage: "1-4096 characters").
@@ -33,7 +33,7 @@ class Outgoing:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def alert_text(alert: rec.Alert, run: Mapping[str, Any]) -> str:
+def alert_text(alert: Alert, run: Mapping[str, Any]) -> str:
     """The one line a person reads: the run, ALERT or cleared, the rule, the severity, the message."""
     where = f"tm {run.get('name') or 'run'} on {run.get('host') or alert.host or 'this node'}"
     if alert.state == "fired":
@@ -41,7 +41,7 @@ def alert_text(alert: rec.Alert, run: Mapping[str, Any]) -> str:
     return f"{where}: cleared {alert.rule}: {alert.message}"
 
 
-def alert_document(alert: rec.Alert, run: Mapping[str, Any]) -> dict[str, Any]:
+def alert_document(alert: Alert, run: Mapping[str, Any]) -> dict[str, Any]:
     """The generic JSON body: the run's identity, the text, and the alert's fields (NaN and inf as strings)."""
     numbers = {
         k: (v if math.isfinite(v) else ("NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")))
@@ -75,7 +75,7 @@ def _header(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)
 
 
-def outgoing(alert: rec.Alert, settings: Settings, run: Mapping[str, Any]) -> Outgoing:
+def outgoing(alert: Alert, settings: Settings, run: Mapping[str, Any]) -> Outgoing:
     """The request that delivers ``alert`` in ``settings.format``."""
     fmt = settings.format
     text = alert_text(alert, run)

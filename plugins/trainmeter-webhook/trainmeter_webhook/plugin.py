@@ -6,7 +6,7 @@ webhook was asked for, so a run without one starts no process for it.
 
 from __future__ import annotations
 
-from trainmeter_core import hookimpl
+from trainmeter_core.api import hookimpl
 from trainmeter_webhook import settings
 
 

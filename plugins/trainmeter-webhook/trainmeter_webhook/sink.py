@@ -13,9 +13,7 @@ import sys
 import threading
 import time
 
-from trainmeter_core import records as rec
-from trainmeter_core.component import Component, ComponentContext
-from trainmeter_core.sinks import alerts_until_stopped
+from trainmeter_core.api import Alert, ComponentContext, Notice, Sink, alerts_until_stopped
 from trainmeter_webhook import settings as settings_mod
 from trainmeter_webhook.delivery import deliver, scrub
 from trainmeter_webhook.formats import outgoing
@@ -25,7 +23,7 @@ QUEUE_MAX = 100
 STOP_DELIVERY_S = 1.0
 
 
-class WebhookSink(Component):
+class WebhookSink(Sink):
     name = "webhook"
     subscribes = ("alert",)
     shared = False
@@ -39,7 +37,7 @@ class WebhookSink(Component):
         if settings is None:
             return
         run = {"name": ctx.meta.get("name"), "run_id": ctx.meta.get("run_id"), "host": ctx.meta.get("host")}
-        pending: queue.Queue[rec.Alert | None] = queue.Queue(maxsize=QUEUE_MAX)
+        pending: queue.Queue[Alert | None] = queue.Queue(maxsize=QUEUE_MAX)
         hurry = threading.Event()  # set at stop: backoffs end early, what is left is given up
 
         def deliver_all() -> None:
@@ -99,7 +97,7 @@ def say(ctx: ComponentContext, message: str, level: str = "warning") -> None:
     except settings_mod.SettingsError:
         secrets = None
     message = scrub(message, secrets.secrets() if secrets else [])
-    ctx.publish(rec.Notice(level=level, topic="webhook", message=message))  # type: ignore[arg-type]
+    ctx.publish(Notice(level=level, topic="webhook", message=message))  # type: ignore[arg-type]
     try:
         sys.stderr.write(f"tm: {message}\n")
         sys.stderr.flush()

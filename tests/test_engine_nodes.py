@@ -1,0 +1,210 @@
+"""The job hub's engine: each node's clock mapped onto the hub's, the per-node view, the straggler node, node_lost.
+
+Pure tests: records in hub order (as the job hub writes them: its ``clock`` and ``node`` records before a node's own),
+snapshots out. The hub's host is ``node0``; node 1's monotonic clock runs 1000 s ahead of it, node 2's 2000 s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.alerts import NodeLost
+from trainmeter_core.model.alerts.episodes import Alerter, rule_config
+from trainmeter_core.model.engine import Engine
+
+AHEAD_S = {"node1": 1000.0, "node2": 2000.0}
+JOB = rec.JobPlace(id="j", node_rank=0, nnodes=3, hub="10.0.0.1:29401", found_by="torchrun flags")
+
+
+class Job:
+    def __init__(self) -> None:
+        self.records: list[rec.Record] = []
+        self.add(
+            rec.RunStart(
+                t=100.0,
+                host="node0",
+                run_id="r0",
+                name="job",
+                run_dir="/r0",
+                command=["torchrun"],
+                cwd="/",
+                tm_version="0",
+                python="3.11",
+                platform="linux",
+                job=JOB,
+            )
+        )
+        for rank, host in enumerate(("node0", "node1", "node2")):
+            if host != "node0":
+                node_rank = int(host[-1])
+                self.add(
+                    rec.ClockMap(
+                        t=100.5,
+                        host="node0",
+                        node_rank=node_rank,
+                        node_host=host,
+                        offset_s=-AHEAD_S[host],
+                        basis="round_trip",
+                        uncertainty_s=1e-4,
+                    )
+                )
+                self.add(
+                    rec.NodeEvent(t=100.5, host="node0", node_rank=node_rank, node_host=host, event="joined")
+                )
+            device = {"type": "cpu", "index": None, "uuid": None}
+            self.add(
+                rec.Fact(
+                    t=101.0 + AHEAD_S.get(host, 0.0),
+                    host=host,
+                    rank=rank,
+                    name="device",
+                    value=device,
+                    provenance="detected",
+                    origin="agent:model",
+                )
+            )
+
+    def add(self, record: rec.Record) -> rec.Record:
+        record.seq = len(self.records) + 1
+        self.records.append(record)
+        return record
+
+    def step(self, host: str, rank: int, step: int, hub_t: float) -> None:
+        """A step of ``rank`` on ``host`` at ``hub_t`` on the hub's clock, stamped with its own host's clock."""
+        self.add(rec.Step(t=hub_t + AHEAD_S.get(host, 0.0), host=host, rank=rank, step=step, step_time_s=1.0))
+
+    def tick(self, n: int, t: float) -> None:
+        self.add(rec.Tick(t=t, host="node0", n=n, interval_s=1.0))
+
+
+def snapshots(records: list[rec.Record]) -> list[rec.Snapshot]:
+    engine = Engine()
+    return [snap for record in records for snap in engine.feed(record)]
+
+
+def test_a_nodes_records_are_read_on_the_hubs_clock_and_the_straggler_is_the_node_that_reports_last():
+    job = Job()
+    for step in range(1, 11):
+        base = 110.0 + step
+        job.step("node0", 0, step, base)
+        job.step("node1", 1, step, base + 0.01)  # 10 ms after node 0
+        job.step("node2", 2, step, base + 0.25)  # 250 ms after node 0: the straggler
+    job.tick(1, 121.0)
+    (snap,) = snapshots(job.records)
+    nodes = {n.host: n for n in snap.nodes}
+    assert [n.node_rank for n in snap.nodes] == [0, 1, 2]
+    # Every step of node 1 came 0.01 s after node 0's, node 2's 0.25 s after: an EMA of a constant is that constant.
+    assert nodes["node1"].lag_s == pytest.approx(0.01) and nodes["node2"].lag_s == pytest.approx(0.25)
+    assert nodes["node0"].lag_s == 0.0
+    lag = snap.metrics["straggler_node_lag_s"]
+    assert (lag.label, lag.value) == ("node2", pytest.approx(0.25))
+    # Mapped: node 2's last step at 2000 + 120.25 on its clock is 120.25 on the hub's, 0.75 s before the tick.
+    assert nodes["node2"].last_t == pytest.approx(120.25) and nodes["node2"].silent_s == pytest.approx(0.75)
+    assert (nodes["node2"].clock_offset_s, nodes["node2"].clock_basis) == (-2000.0, "round_trip")
+    assert {r.rank: (r.host, r.node, r.steps) for r in snap.ranks} == {
+        0: ("node0", 0, 10),
+        1: ("node1", 1, 10),
+        2: ("node2", 2, 10),
+    }
+    # Global steps: rank 0's, not the sum over the nodes.
+    assert snap.steps == 10
+    assert snap.job == JOB
+
+
+def test_unmapped_the_same_steps_would_make_node_two_two_thousand_seconds_late():
+    # The control: the same records without the hub's clock records. Node 2 now looks 2000 s late.
+    job = Job()
+    job.records = [r for r in job.records if not isinstance(r, rec.ClockMap)]
+    for step in range(1, 4):
+        for rank, host in enumerate(("node0", "node1", "node2")):
+            job.step(host, rank, step, 110.0 + step)
+    job.tick(1, 121.0)
+    (snap,) = snapshots(job.records)
+    assert snap.metrics["straggler_node_lag_s"].value == pytest.approx(2000.0)
+
+
+def test_another_nodes_run_end_and_host_samples_never_pass_for_the_hubs():
+    job = Job()
+    job.step("node0", 0, 1, 111.0)
+    job.add(rec.SampleHost(t=2111.0, host="node2", root_pid=1, procs=3, cpu_cores=7.0))
+    job.add(rec.SampleHost(t=111.5, host="node0", root_pid=1, procs=3, cpu_cores=1.5))
+    job.add(rec.SampleHost(t=2112.0, host="node2", root_pid=1, procs=3, cpu_cores=9.0))
+    job.add(rec.RunEnd(t=2112.0, host="node2", status=0, reason="exited", elapsed_s=12.0))
+    job.tick(1, 113.0)
+    (snap,) = snapshots(job.records)
+    assert not snap.final and snap.state == "running"
+    assert snap.metrics["host_cpu_cores"].value == 1.5
+
+
+def test_lost_behind_and_gap_show_per_node_and_node_lost_fires_once_per_episode():
+    job = Job()
+    job.tick(1, 101.0)
+    job.add(
+        rec.NodeEvent(
+            t=110.0,
+            host="node0",
+            node_rank=1,
+            node_host="node1",
+            event="lost",
+            last_kind="step",
+            last_t=104.0,
+            silent_s=6.0,
+            through=80,
+        )
+    )
+    for n in range(2, 6):
+        job.tick(n, 109.0 + n)
+    job.add(rec.NodeEvent(t=116.0, host="node0", node_rank=1, node_host="node1", event="resumed", through=80))
+    job.add(
+        rec.NodeEvent(
+            t=116.0, host="node0", node_rank=1, node_host="node1", event="behind", through=80, behind=40
+        )
+    )
+    job.add(
+        rec.NodeEvent(t=116.1, host="node0", node_rank=1, node_host="node1", event="gap", through=80, lost=7)
+    )
+    job.tick(6, 116.5)
+    job.add(
+        rec.NodeEvent(t=117.0, host="node0", node_rank=1, node_host="node1", event="caught_up", through=120)
+    )
+    for n in range(7, 60):
+        job.tick(n, 110.0 + n)
+    snaps = snapshots(job.records)
+    by_tick = {s.tick: {n.host: n for n in s.nodes} for s in snaps}
+    assert by_tick[2]["node1"].state == "lost" and by_tick[2]["node1"].last_kind == "step"
+    assert by_tick[2]["node1"].silent_s == pytest.approx(111.0 - 104.0)
+    assert (
+        snaps[1].metrics["node_lost.node1"].value == 1.0 and snaps[1].metrics["node_lost.node2"].value == 0.0
+    )
+    assert (by_tick[6]["node1"].state, by_tick[6]["node1"].behind) == ("behind", 40)
+    assert (by_tick[6]["node1"].gaps, by_tick[6]["node1"].gap_records) == (1, 7)
+    assert by_tick[7]["node1"].state == "live" and by_tick[7]["node1"].behind is None
+    rule = NodeLost()
+    alerts = Alerter([rule], {rule.name: rule_config(rule, {})})
+    fired = [a for s in snaps for a in alerts.observe(s)]
+    assert [(a.state, a.subject) for a in fired] == [("fired", "node1"), ("cleared", "node1")]
+    assert "node 1 (node1) is lost" in fired[0].message and "a step record" in fired[0].message
+
+
+def test_an_engine_restored_mid_job_continues_exactly():
+    job = Job()
+    for step in range(1, 6):
+        job.step("node0", 0, step, 110.0 + step)
+        job.step("node2", 2, step, 110.2 + step)
+    job.tick(1, 116.0)
+    half = len(job.records)
+    for step in range(6, 9):
+        job.step("node2", 2, step, 110.2 + step)
+        job.step("node0", 0, step, 110.0 + step)
+    job.tick(2, 120.0)
+    whole = Engine()
+    for record in job.records:
+        last = whole.feed(record)
+    first = Engine()
+    for record in job.records[:half]:
+        first.feed(record)
+    restored = Engine.from_state(first.state_bytes())
+    for record in job.records[half:]:
+        again = restored.feed(record)
+    assert again == last

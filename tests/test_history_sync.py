@@ -1,0 +1,43 @@
+"""A copy of the engine's history: the engine's journal gives each point once, and a copy applies deltas only in
+order, from the engine it copied, leaving itself untouched by anything else."""
+
+from __future__ import annotations
+
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.history import History
+from trainmeter_core.model.history_sync import HistoryReplica, JournaledHistory
+
+NAN = float("nan")
+
+
+def test_the_journal_gives_each_point_once_with_each_series_named_once():
+    history = JournaledHistory()
+    history.add("train_loss", {"step": 1, "tokens": 100}, 2.0)
+    history.add_point("lr", 1.0, 100.0, NAN, 5.0, 1e-3)
+    history.add_point("train_loss", 2.0, 200.0, NAN, 6.0, 1.5)
+    names, points = history.take()
+    assert names == ["train_loss", "lr"]
+    assert [p[0] for p in points] == [0, 1, 0] and points[2][1:3] == (2.0, 200.0)
+    assert history.take() == ([], [])  # taken: the next delta starts empty
+    assert history.added_points("train_loss") == 2  # the history itself keeps everything
+
+
+def test_a_copy_ignores_what_it_already_has_and_stays_untouched_by_a_delta_out_of_step():
+    replica = HistoryReplica()
+    assert not replica.synced
+    replica.load(History(), "e1", 4)
+    delta = rec.HistoryDelta(incarnation="e1", n=4, series=["x"], points=[(0, 1.0, NAN, NAN, 1.0, 9.0)])
+    assert replica.apply(delta) == "already"
+    bad = rec.HistoryDelta(
+        incarnation="e1",
+        n=5,
+        series=["x"],
+        points=[(0, 1.0, NAN, NAN, 1.0, 9.0), (1, 2.0, NAN, NAN, 2.0, 8.0)],
+    )
+    assert replica.apply(bad) == "out of step"  # point 2 names a series the delta does not list
+    assert replica.history.added_points("x") == 0 and replica.n == 4  # not even its first point was taken
+    good = rec.HistoryDelta(incarnation="e1", n=5, series=["x"], points=[(0, 1.0, NAN, NAN, 1.0, 9.0)])
+    assert replica.apply(good) == "applied" and replica.n == 5
+    assert replica.apply(rec.HistoryDelta(incarnation="e2", n=6)) == "out of step"  # another engine's
+    assert replica.apply(rec.HistoryDelta(incarnation="e1", n=7)) == "out of step"  # delta 6 is missing
+    assert replica.history.added_points("x") == 1

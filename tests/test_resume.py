@@ -1,0 +1,143 @@
+"""Which run a command resumes: ``--resume RUN`` (refused while it runs), or the newest unfinished run of the same name
+whose checkpoint the command names; and how ``tm runs`` counts a resumed run's steps and attempts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from test_reopen import write_log
+
+from trainmeter_core.commands.runs import count_steps
+from trainmeter_core.model import records as rec
+from trainmeter_core.run import resume
+from trainmeter_core.runlog import rundir
+
+
+def make_run(base, stamp, name, *, checkpoint=None, summary_exit=None, attempts=None):
+    """A run directory as a launcher leaves it: meta.json, a log (with a checkpoint phase), maybe summary.json."""
+    run_dir = base / f"{stamp}-vm-{name}"
+    run_dir.mkdir(parents=True)
+    meta = {"run_id": run_dir.name, "name": name, "start_wall": 1000.0, "command": ["train.py"]}
+    if attempts:
+        meta["attempts"] = [{"attempt": n} for n in range(1, attempts + 1)]
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    records = [(1, rec.Step(step=1))]
+    if checkpoint is not None:
+        records.append(
+            (2, rec.Phase(phase="checkpoint", start_t=1.0, end_t=2.0, paths=[str(checkpoint)], step=1))
+        )
+    write_log(run_dir, records)
+    if summary_exit is not None:
+        (run_dir / "summary.json").write_text(json.dumps({"state": "finished", "exit_status": summary_exit}))
+    return run_dir
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A working folder with a checkpoint folder in it, and the runs folder beside."""
+    cwd = tmp_path / "work"
+    (cwd / "ckpt").mkdir(parents=True)
+    (cwd / "ckpt" / "step-50.pt").write_bytes(b"x")
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def test_an_argument_naming_the_checkpoint_or_its_folder_matches_and_the_working_folder_does_not(work):
+    saved = [str(work / "ckpt" / "step-50.pt")]
+    assert resume.names_checkpoint(["train.py", "--out", "ckpt"], str(work), saved) == "ckpt"
+    assert (
+        resume.names_checkpoint(["train.py", "--from=ckpt/step-50.pt"], str(work), saved)
+        == "--from=ckpt/step-50.pt"
+    )
+    assert resume.names_checkpoint(["train.py", str(work / "ckpt")], "/", saved) == str(work / "ckpt")
+    assert (
+        resume.names_checkpoint(["train.py", ".", ".."], str(work), saved) is None
+    )  # too broad to say anything
+    assert resume.names_checkpoint(["train.py", "other"], str(work), saved) is None
+    assert resume.names_checkpoint(["train.py", "ckpt"], str(work), []) is None
+    (work / "ckpt" / "step-50.pt").unlink()
+    os.rmdir(work / "ckpt")  # the checkpoint is gone: the command cannot be resuming from it
+    assert resume.names_checkpoint(["train.py", "ckpt"], str(work), saved) is None
+
+
+def test_the_newest_lost_run_of_the_name_whose_checkpoint_the_command_names_is_resumed(work, tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "20260101T000000Z", "train", checkpoint=work / "ckpt" / "step-50.pt", summary_exit=0)
+    lost = make_run(runs, "20260102T000000Z", "train", checkpoint=work / "ckpt" / "step-50.pt", attempts=2)
+    make_run(runs, "20260103T000000Z", "other", checkpoint=work / "ckpt" / "step-50.pt")
+    found = resume.matching("train", ["train.py", "--out", "ckpt"], str(work), str(runs))
+    assert found is not None
+    target, arg = found
+    assert (target.run_dir, target.attempt, arg) == (lost, 3, "ckpt")
+    assert target.reason == "the command names ckpt, where it wrote its checkpoints"
+    assert resume.matching("train", ["train.py"], str(work), str(runs)) is None  # names no checkpoint
+
+
+def test_a_run_that_finished_well_or_crashed_without_a_named_checkpoint_starts_a_new_run(work, tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "20260101T000000Z", "train", checkpoint=work / "ckpt" / "step-50.pt", summary_exit=0)
+    assert resume.matching("train", ["train.py", "ckpt"], str(work), str(runs)) is None
+    crashed = make_run(
+        runs, "20260102T000000Z", "train", checkpoint=work / "ckpt" / "step-50.pt", summary_exit=1
+    )
+    target, _ = resume.matching("train", ["train.py", "ckpt"], str(work), str(runs))
+    assert target.run_dir == crashed and target.attempt == 2
+
+
+def test_resuming_a_run_that_still_runs_is_refused_by_its_lock(work, tmp_path):
+    runs = tmp_path / "runs"
+    live = make_run(runs, "20260101T000000Z", "train", checkpoint=work / "ckpt" / "step-50.pt")
+    lock = rundir.RunLock(live)
+    lock.acquire()  # its launcher
+    try:
+        with pytest.raises(resume.ResumeError) as raised:
+            resume.explicit("train", str(runs))
+        assert str(raised.value) == (
+            f"run {live.name} is still running (its launcher holds run.lock): resume it once it has ended, "
+            "or watch it with tm view"
+        )
+        assert "\n" not in str(raised.value)
+        assert resume.matching("train", ["train.py", "ckpt"], str(work), str(runs)) is None
+        assert rundir.run_info(live).state == "running"
+    finally:
+        lock.release()
+    target = resume.explicit("train", str(runs))
+    assert (target.run_dir, target.attempt, target.reason) == (live, 2, "--resume")
+
+
+def test_a_missing_run_is_one_line_naming_it():
+    with pytest.raises(resume.ResumeError) as raised:
+        resume.explicit("nope", "/nonexistent-runs")
+    assert str(raised.value).startswith("--resume nope: no run")
+
+
+def test_a_running_resumed_run_is_running_even_beside_the_summary_of_its_attempt_before(tmp_path):
+    run_dir = make_run(tmp_path, "20260101T000000Z", "train", summary_exit=137, attempts=2)
+    lock = rundir.RunLock(run_dir)
+    lock.acquire()
+    try:
+        info = rundir.run_info(run_dir)
+        assert (info.state, info.attempts) == ("running", 2)
+    finally:
+        lock.release()
+    assert rundir.run_info(run_dir).state == "finished (exit 137)"
+
+
+def test_tm_runs_counts_each_step_once_over_attempts(tmp_path):
+    def start(attempt):
+        return rec.RunStart(
+            run_id="r", name="n", run_dir="/r", command=["x"], cwd="/", tm_version="0", python="3", platform="p",
+            attempt=attempt,
+        )  # fmt: skip
+
+    records = [start(1), *(rec.Step(step=n) for n in range(1, 171))]  # killed after step 170
+    records += [
+        start(2),
+        *(rec.Step(step=n) for n in range(151, 301)),
+    ]  # resumed from the checkpoint of step 150
+    records += [start(3), *(rec.Step(step=n) for n in range(301, 311))]  # and once more, from step 300
+    write_log(tmp_path, list(enumerate(records, start=1)))
+    # 170 + 150 + 10 step records, of which steps 151..170 were done twice: 310 steps
+    assert count_steps(tmp_path) == 310

@@ -1,0 +1,323 @@
+"""The bus client: a producer that never blocks or raises, and a subscriber with a plain iterator API.
+
+Producers PUSH into the launcher's hub (a PUSH queues until connected; a PUB would drop the first records); the hub
+republishes every record it accepted on an XPUB as three frames: topic (the kind), the hub's sequence number (8 bytes,
+big-endian) and the producer's MessagePack bytes unchanged. This module is imported by the agent inside a training
+process, so it imports zmq lazily and nothing heavy at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket as _socket
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainmeter_core.model import records as rec
+
+if TYPE_CHECKING:
+    import zmq
+
+#: Messages a producer queues while the hub is slow or gone; past that it drops and counts.
+DEFAULT_HWM = 100_000
+#: How long a closing producer lets queued messages reach a live hub.
+DEFAULT_LINGER_MS = 2_000
+BATCH_TOPIC = b"batch"
+#: Messages a subscriber takes off its socket per poll.
+RECV_AT_ONCE = 256
+HOSTNAME = _socket.gethostname()
+
+_ARRAY_MARKERS = frozenset([bytes([b]) for b in range(0x90, 0xA0)] + [b"\xdc", b"\xdd"])
+_abandoned: list[Any] = []  # zmq objects inherited through fork: never touched again, never garbage-collected
+
+
+def _zmq():
+    import zmq
+
+    return zmq
+
+
+class Producer:
+    """Sends records to the hub. Never blocks, never raises; counts exactly what it had to drop.
+
+    The drop counter travels in every record's header (``dropped``), so the last record the hub receives from a producer
+    is authoritative; ``close()`` sends a final ``bye`` after everything else. After ``fork`` the child gets a fresh
+    socket (and a fresh identity: its own pid, counters from zero) the next time it sends.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        source: str,
+        *,
+        rank: int | None = None,
+        hwm: int = DEFAULT_HWM,
+        linger_ms: int = DEFAULT_LINGER_MS,
+    ) -> None:
+        self.endpoint = endpoint
+        self.source = source
+        self.rank = rank
+        self.hwm = hwm
+        self.linger_ms = linger_ms
+        self.sent = 0
+        self.dropped = 0
+        self.closed = False
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._error: str | None = None
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (p := ref()) is not None and p._after_fork())
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def _after_fork(self) -> None:
+        # The parent's zmq context has no I/O threads in the child: abandon it untouched and start over.
+        _abandoned.extend(x for x in (self._sock, self._ctx) if x is not None)
+        self._sock = None
+        self._ctx = None
+        self._lock = threading.Lock()
+        self.pid = os.getpid()
+        self.sent = 0
+        self.dropped = 0
+
+    def _socket(self):
+        if self._sock is None:
+            zmq = _zmq()
+            ctx = zmq.Context(io_threads=1)
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, self.hwm)
+            sock.setsockopt(zmq.LINGER, self.linger_ms)
+            sock.connect(self.endpoint)
+            self._ctx, self._sock = ctx, sock
+        return self._sock
+
+    def _stamp(self, record: rec.Record, now_t: float, now_wall: float) -> None:
+        record.v = rec.SCHEMA_VERSION
+        if not record.t:
+            record.t = now_t
+        if not record.wall:
+            record.wall = now_wall
+        record.source = record.source or self.source
+        record.host = record.host or HOSTNAME
+        record.pid = self.pid
+        if record.rank is None:
+            record.rank = self.rank
+
+    # -- sending ---------------------------------------------------------------------------------------------------
+
+    def send(self, record: rec.Record) -> bool:
+        """Send one record now. False (and counted) when it had to be dropped."""
+        return self._send_frames([record], single=True)
+
+    def send_many(self, records: list[rec.Record]) -> bool:
+        """Send records as one batch message; a dropped batch counts every record in it."""
+        if not records:
+            return True
+        return self._send_frames(records, single=False)
+
+    def _send_frames(self, records: list[rec.Record], single: bool) -> bool:
+        try:
+            with self._lock:
+                if self.closed:
+                    self.dropped += len(records)
+                    return False
+                now_t, now_wall = time.monotonic(), time.time()
+                for record in records:
+                    self._stamp(record, now_t, now_wall)
+                    record.dropped = self.dropped
+                if single:
+                    frames = [rec.topic(records[0].__struct_config__.tag), rec.encode(records[0])]
+                else:
+                    frames = [BATCH_TOPIC, rec.encode_many(records)]
+                zmq = _zmq()
+                try:
+                    self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    self.dropped += len(records)
+                    return False
+                self.sent += len(records)
+                return True
+        except Exception as exc:  # never raise into the caller: count, remember why, go on
+            self.dropped += len(records)
+            self._error = f"{type(exc).__name__}: {exc}"
+            return False
+
+    def close(self, reason: str = "exit", linger_ms: int | None = None) -> None:
+        """Send ``bye`` (carrying the final drop count) and close. Waits at most the linger time for a live hub."""
+        try:
+            with self._lock:
+                if self.closed or self.pid != os.getpid():
+                    self.closed = True
+                    return
+                self.closed = True
+                if self._sock is None and not self.sent and not self.dropped:
+                    return  # never used: nothing to say goodbye to
+                zmq = _zmq()
+                sock = self._socket()
+                bye = rec.Bye(sent=self.sent, reason=reason)
+                self._stamp(bye, time.monotonic(), time.time())
+                bye.dropped = self.dropped
+                frames = [rec.topic("bye"), rec.encode(bye)]
+                linger = self.linger_ms if linger_ms is None else linger_ms
+                deadline = time.monotonic() + linger / 1000
+                # The bye must follow everything else: when the queue is full, wait (bounded) for room.
+                while True:
+                    try:
+                        sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                        break
+                    except zmq.Again:
+                        if time.monotonic() >= deadline:
+                            break
+                        time.sleep(0.005)
+                sock.setsockopt(zmq.LINGER, max(0, int((deadline - time.monotonic()) * 1000)))
+                sock.close()
+                self._ctx.term()
+                self._sock = self._ctx = None
+        except Exception as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def error(self) -> str | None:
+        """The last internal error, if any (the producer went on regardless)."""
+        return self._error
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Subscribing
+
+
+def read_endpoints(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run's ``endpoints.json``: where its hub listens."""
+    import json
+
+    return json.loads((Path(run_dir) / "endpoints.json").read_text())
+
+
+class Subscriber:
+    """A SUB socket on the hub's XPUB, filtered by kind. Records come back typed, with their ``seq`` set."""
+
+    def __init__(self, endpoint: str, kinds: Iterable[str] | None = None, *, hwm: int = 1_000_000) -> None:
+        zmq = _zmq()
+        self.kinds = None if kinds is None else set(kinds)
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.RCVHWM, hwm)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if self.kinds is None:
+            self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        else:
+            # run.end always comes, so an iterator knows when the run is over.
+            for kind in self.kinds | {"run.end"}:
+                self._sock.setsockopt(zmq.SUBSCRIBE, rec.topic(kind))
+        self._sock.connect(endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self.malformed = 0
+        self._pending: deque[rec.Record | rec.Unknown] = deque()
+        self.last_seq: int | None = None
+        self.gaps = 0
+
+    def recv(self, timeout_s: float | None = None) -> rec.Record | rec.Unknown | None:
+        """The next record, or None if none came within the timeout."""
+        while not self._pending:
+            if not self._poller.poll(None if timeout_s is None else int(timeout_s * 1000)):
+                return None
+            self._receive_waiting()
+        return self._pending.popleft()
+
+    def _receive_waiting(self) -> None:
+        """Every message already queued (up to RECV_AT_ONCE), after a poll said one is: a poll per message would cost
+        more than the message (a training's step, loss and data wait are three messages of different kinds)."""
+        zmq = _zmq()
+        try:
+            for _ in range(RECV_AT_ONCE):
+                self._receive(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def _receive(self, flags: int = 0) -> None:
+        frames = self._sock.recv_multipart(flags)
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.malformed += 1
+            return
+        kind = frames[0].decode("ascii", "replace")
+        # A SUB filter is a prefix match: "step" would also let "step.x" through.
+        if self.kinds is not None and kind not in self.kinds and kind != "run.end":
+            return
+        seq = int.from_bytes(frames[1], "big")
+        body = frames[2]
+        # A record is a MessagePack map; an array is a group of consecutive records of one kind.
+        try:
+            payloads = rec.split_batch(body) if body[:1] in _ARRAY_MARKERS else [body]
+        except rec.MalformedRecord:
+            self.malformed += 1
+            return
+        if self.last_seq is not None and seq > self.last_seq + 1:
+            self.gaps += 1
+        for payload in payloads:
+            try:
+                record = rec.decode_published(payload)
+            except rec.MalformedRecord:
+                self.malformed += 1
+            else:
+                record.seq = seq
+                self._pending.append(record)
+            seq += 1
+        self.last_seq = seq - 1
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def subscribe(
+    run: str | os.PathLike | None,
+    kinds: Iterable[str] | None = None,
+    *,
+    idle_check_s: float = 1.0,
+) -> Iterator[rec.Record | rec.Unknown]:
+    """Iterate over a live run's records as they happen, filtered by kind.
+
+    ``run`` is a run directory, a name or prefix under the runs directory, or None for the latest run. The iterator
+    ends after the run's ``run.end`` (yielded when asked for) — or, when snapshots are wanted, after the final snapshot
+    that follows it — or when the launcher is gone (its lock on the run is free).
+    """
+    from trainmeter_core.runlog import rundir
+
+    run_dir = rundir.resolve_run(None if run is None else str(run))
+    endpoints = read_endpoints(run_dir)
+    wanted = None if kinds is None else set(kinds)
+    # The engine's final snapshot is computed from run.end, so it comes after it: a subscriber that wants snapshots
+    # waits for it (or for the launcher to be gone).
+    wants_final = wanted is None or "snapshot" in wanted
+    subscribed = None if wanted is None else wanted | ({"snapshot"} if wants_final else set())
+    ended = False
+    with Subscriber(endpoints["out"], subscribed) as sub:
+        while True:
+            record = sub.recv(idle_check_s)
+            if record is None:
+                if not rundir.is_live(run_dir):
+                    return
+                continue
+            kind = rec.kind_of(record)
+            if wanted is None or kind in wanted:
+                yield record
+            if kind == "run.end":
+                ended = True
+                if not wants_final:
+                    return
+            elif kind == "snapshot" and getattr(record, "final", False) and ended:
+                return

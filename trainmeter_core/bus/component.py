@@ -1,0 +1,159 @@
+"""What a bus component is: a class with a name, the kinds it reads, and a run loop; and the context it runs in.
+
+Where a component runs (a thread of the shared ``components`` process, or a process of its own) is a placement chosen
+by the launcher, never a code change: a component only ever talks through its context.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from trainmeter_core.bus.client import Producer, Subscriber
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog.reader import last_seq, read_log
+
+ALL_KINDS = ("*",)
+STOP_CHECK_S = 0.1
+#: After the launcher asks components to stop, alerts from the final snapshot may still be on their way: wait until
+#: the bus has been quiet this long, but never longer than STOP_DRAIN_MAX_S (the supervisor kills at 3 s).
+STOP_QUIET_S = 0.2
+STOP_DRAIN_MAX_S = 1.5
+
+
+class Component:
+    """Base class of every bus component.
+
+    ``name`` identifies it in ``component`` records and on the command line; ``subscribes`` lists the kinds it reads
+    (empty for a pure producer such as a sampler); ``shared`` says whether a built-in may run as a thread of the shared
+    ``components`` process (third-party components always get their own process).
+    """
+
+    name: ClassVar[str] = ""
+    subscribes: ClassVar[tuple[str, ...]] = ()
+    shared: ClassVar[bool] = True
+
+    def run(self, ctx: ComponentContext) -> None:
+        raise NotImplementedError
+
+
+class ComponentContext:
+    """A component's window on the run: publish, read, the run's facts, and the stop signal."""
+
+    def __init__(
+        self, name: str, run_dir: Path, stopping: threading.Event, subscribes: tuple[str, ...] = ()
+    ) -> None:
+        self.name = name
+        self.run_dir = Path(run_dir)
+        self.stopping = stopping
+        endpoints = json.loads((self.run_dir / "endpoints.json").read_text())
+        self.endpoints = endpoints
+        self.meta: dict[str, Any] = json.loads((self.run_dir / "meta.json").read_text())
+        self._producer = Producer(endpoints["in"], source=name, linger_ms=1000)
+        # ("*",) subscribes to every kind; () to none (a pure producer such as a sampler).
+        kinds = None if tuple(subscribes) == ALL_KINDS else subscribes
+        self._subscriber = Subscriber(endpoints["out"], kinds) if subscribes else None
+
+    @property
+    def child_pid(self) -> int | None:
+        return self.meta.get("child_pid")
+
+    def publish(self, record: rec.Record) -> bool:
+        return self._producer.send(record)
+
+    def recv(self, timeout_s: float) -> rec.Record | rec.Unknown | None:
+        """The next record, or None after at most ``timeout_s`` (and never more than 0.1 s, so a stop is noticed
+        at once: the end of a run waits on it)."""
+        if self._subscriber is None:
+            self.stopping.wait(timeout_s)
+            return None
+        return self._subscriber.recv(min(timeout_s, STOP_CHECK_S))
+
+    def records(self, timeout_s: float = 0.5) -> Iterator[rec.Record | rec.Unknown]:
+        """Records of the subscribed kinds until the component is asked to stop."""
+        while not self.stopping.is_set():
+            record = self.recv(timeout_s)
+            if record is not None:
+                yield record
+
+    def close(self) -> None:
+        self._producer.close(reason="stop")
+        if self._subscriber is not None:
+            self._subscriber.close()
+
+
+def alerts_until_stopped(ctx: ComponentContext) -> Iterator[rec.Alert]:
+    """Every alert of the run, once each and in order: first those already in the run log, then the bus's until the
+    component is asked to stop, then those that arrive while the bus drains.
+
+    A component starts after the training did (late on a busy machine), so the alerts raised before it subscribed
+    come from the log. Those of an earlier attempt of a resumed run are not repeated; nor, for a component tm
+    restarted after a crash, those logged before the crash (its earlier incarnation had them). A context without a
+    run directory (a test's stand-in) has no log: it gives the bus's alone.
+    """
+    delivered = 0
+    for alert in _logged_alerts(ctx):
+        delivered = alert.seq or delivered
+        yield alert
+    joined = False  # a live alert came: anything between the log's part and it is filled in from the log
+    drain_until = last_t = None
+    while True:
+        now = time.monotonic()
+        if ctx.stopping.is_set() and drain_until is None:
+            drain_until, last_t = now + STOP_DRAIN_MAX_S, now
+        if drain_until is not None and (now >= drain_until or now - last_t >= STOP_QUIET_S):  # type: ignore[operator]
+            break
+        record = ctx.recv(0.1)
+        if not isinstance(record, rec.Alert):
+            continue
+        last_t = time.monotonic()
+        if record.seq is not None:
+            if record.seq <= delivered:
+                continue  # read from the log already
+            if not joined:
+                joined = True
+                for alert in _logged_alerts(ctx, after_seq=delivered, before_seq=record.seq):
+                    delivered = alert.seq or delivered
+                    yield alert
+            delivered = record.seq
+        yield record
+    if not joined:
+        # None came live: any raised between the first read of the log and the subscription are in the log by now.
+        for alert in _logged_alerts(ctx, after_seq=delivered):
+            yield alert
+
+
+#: How long the hand-over from the log to the bus waits for the recorder (it flushes every 100 ms).
+LOG_WAIT_S = 2.0
+
+
+def _logged_alerts(
+    ctx: ComponentContext, after_seq: int = 0, before_seq: int | None = None
+) -> list[rec.Alert]:
+    """The alerts of this attempt of the run in the log with ``after_seq < seq < before_seq``, after this component's
+    latest crash."""
+    run_dir = getattr(ctx, "run_dir", None)
+    if run_dir is None:
+        return []
+    name = getattr(ctx, "name", None)
+    # A job hub's log holds the other nodes' records too: only this node's run.start and crashes count.
+    host = (getattr(ctx, "meta", None) or {}).get("host")
+    if before_seq is not None:
+        deadline = time.monotonic() + LOG_WAIT_S
+        while ((last_seq(run_dir) or 0) < before_seq - 1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    alerts: list[rec.Alert] = []
+    kinds = {"alert", "run.start", "component"}
+    for record in read_log(run_dir, kinds, after_seq=after_seq, before_seq=before_seq):
+        if isinstance(record, rec.Alert):
+            alerts.append(record)
+        elif (host is None or record.host in (host, "")) and (
+            isinstance(record, rec.RunStart)
+            or (isinstance(record, rec.Component) and record.name == name and record.event == "crashed")
+        ):
+            alerts.clear()
+    return alerts

@@ -1,0 +1,436 @@
+"""The hub in the launcher: PULL -> validate -> sequence number -> recorder -> XPUB.
+
+Every record accepted gets the next sequence number, goes to the recorder, and is republished as the bytes the
+producer sent (never re-encoded) with its topic and sequence number in frames of their own. Once a second the hub
+publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds ``bus.stats``. Malformed
+frames are counted and dropped; kinds and fields from a newer writer are kept and counted as unknown; nothing a
+producer sends can stop the hub.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
+from trainmeter_core.model import records as rec
+from trainmeter_core.runlog.recorder import Recorder
+
+RCVHWM = 1_000_000
+PUBLISH_GROUP_MAX = 1000
+_SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_SEND_LAST = int(zmq.NOBLOCK)
+FINAL_FLUSH_WAIT_S = 2.0
+#: The agent's fact naming a folder torch.profiler wrote traces to (the launcher imports them at the run's end).
+PROFILER_DIR_FACT = "profiler.trace_dir"
+MAX_FRAME_B = (
+    64 * 1024 * 1024
+)  # a bigger frame disconnects its sender rather than eating the launcher's memory
+#: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
+#: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
+NOT_FORWARDED = rec.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
+
+
+class Hub:
+    def __init__(
+        self,
+        in_endpoint: str,
+        out_endpoint: str,
+        recorder: Recorder | None,
+        *,
+        tick_s: float = 1.0,
+        stats_every_s: float = 5.0,
+        child_alive: Callable[[], bool] = lambda: True,
+        after_seq: int = 0,
+        after_tick: int = 0,
+    ) -> None:
+        """``after_seq`` and ``after_tick`` go on with a log already written (a resumed run): the first record gets
+        ``after_seq + 1`` and the first tick ``after_tick + 1``, so sequence numbers and ticks never repeat in a log."""
+        self.in_endpoint = in_endpoint
+        self.out_endpoint = out_endpoint
+        self.recorder = recorder
+        self.tick_s = tick_s
+        self.stats_every_s = stats_every_s
+        self.child_alive = child_alive
+        self.ctx = zmq.Context(io_threads=1)
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.RCVHWM, RCVHWM)
+        self.pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_B)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.SNDHWM, RCVHWM)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pull.bind(in_endpoint)
+        self.pub.bind(out_endpoint)
+        self.seq = (
+            after_seq  # a log already written goes on: a resumed run, a finished run reopened by tm import
+        )
+        self.received = 0
+        self.published = 0
+        self.malformed = 0
+        self.unknown = 0
+        self.kinds: dict[str, int] = {}
+        self.steps = 0
+        self.skipped_steps = 0
+        self.dropped: dict[str, int] = {}
+        self.open_producers: set[str] = set()
+        self.hello_pids: set[int] = (
+            set()
+        )  # processes whose agent said hello (the launcher's silence watch asks)
+        self.last_snapshot: dict[str, Any] | None = None
+        self.topics: set[bytes] = (
+            set()
+        )  # the topic prefixes subscribers hold (XPUB tells the first and the last)
+        self.profiler_dirs: list[
+            str
+        ] = []  # where the agent saw torch.profiler write traces (imported at the end)
+        self.ticks = after_tick
+        self._inbox: deque[rec.Record] = deque()
+        self._out: list = []
+        self._out_kind = ""
+        self._out_first_seq = 0
+        self._finish: rec.RunEnd | None = None
+        self._before_end: Callable[[list[str]], list[rec.Record]] | None = None
+        self.ended_without_bye: list[str] = []  # producers that said hello and never bye, as the run ended
+        self._ended = threading.Event()
+        self._stop_requested = False
+        self.seq_of_end = 0  # run.end's sequence number, once the run has ended
+        self.late_alerts = 0  # alerts written after run.end (from the final snapshot)
+        self.late = 0  # records that arrived after run.end: published if snapshots, never written
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tm-hub", daemon=True)
+        # Other threads wake the hub's poll through a pipe (zmq sockets may only be touched by the hub's thread).
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()
+        self.error: str | None = None
+        self.job: Any = None  # the job hub's tcp side (bus/jobhub.py), on node rank 0 of a job
+        self.forwarder: Any = None  # the forwarder to the job hub (bus/forward.py), on every other node
+
+    def listen_job(self, endpoint: str, keys, nnodes: int, say: Callable[[str], None]) -> str:
+        """Take the records of a job's other nodes on ``endpoint`` (tcp, CURVE); returns the address bound. Call
+        before ``start``."""
+        from trainmeter_core.bus.jobhub import JobListener
+
+        self.job = JobListener(self.ctx, endpoint, keys, nnodes, self._accept, self._own, say)
+        return self.job.endpoint
+
+    # -- control from other launcher threads ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def inject(self, record: rec.Record) -> None:
+        """Publish and record one of the launcher's own records (thread-safe; in hub order within 50 ms)."""
+        self._inbox.append(record)
+        self._wake()
+
+    def end(
+        self,
+        run_end: rec.RunEnd,
+        timeout_s: float = 10.0,
+        before_end: Callable[[list[str]], list[rec.Record]] | None = None,
+    ) -> None:
+        """Drain what producers already sent, then record and publish the final ``bus.stats`` and ``run.end``.
+
+        ``before_end``, given the producers that said hello and never bye, returns records to log before the end (the
+        launcher's notice that their last records were lost).
+
+        After the end only derived kinds and alerts still pass: the engine's final snapshot and its last history delta,
+        computed from ``run.end`` (published, never written), and alerts computed from that snapshot, such as the
+        training process having died (published and written, after ``run.end``). Anything else arriving late is counted
+        in ``late`` and dropped.
+        """
+        self._before_end = before_end
+        self._finish = run_end
+        self._wake()
+        self._ended.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the hub's thread and close its sockets (after ``end``)."""
+        self._stop_requested = True
+        self._wake()
+        self._finished.wait(timeout_s)
+
+    def finish(self, run_end: rec.RunEnd, timeout_s: float = 10.0) -> None:
+        """``end`` then ``stop``: for a run with no engine to wait for."""
+        self.end(run_end, timeout_s)
+        self.stop(timeout_s)
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"w")
+            except OSError:  # the pipe is full: the hub is already awake
+                pass
+
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    # -- the loop --------------------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            self._serve()
+        except Exception as exc:  # a bug here must not take the training down: the launcher reports it
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.job is not None:
+                self.job.close()
+            self.pull.close(0)
+            self.pub.close(0)
+            self.ctx.term()
+            with self._wake_lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
+            self._ended.set()
+            self._finished.set()
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        job = self.job
+        if job is not None:
+            for sock in job.sockets():
+                poller.register(sock, zmq.POLLIN)
+        now = time.monotonic()
+        next_tick = now + self.tick_s
+        next_stats = now + self.stats_every_s
+        while True:
+            due = (
+                min(next_tick, next_stats) if job is None else min(next_tick, next_stats, job.next_timer(now))
+            )
+            timeout_ms = max(0.0, due - time.monotonic()) * 1000
+            events = dict(poller.poll(timeout_ms))
+            if self._wake_r in events:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
+            if self.pub in events:
+                self._drain_subscriptions()
+            if self.pull in events:
+                self._drain_pull(limit=20_000)
+            while self._inbox:
+                self._own(self._inbox.popleft())
+            now = time.monotonic()
+            if job is not None:
+                job.handle({sock for sock in job.sockets() if sock in events})
+                job.tick(now)
+            if self._ended.is_set():
+                next_tick = next_stats = now + 3600  # the run is over: no more clock, no more stats
+            if now >= next_tick:
+                self.ticks += 1
+                self._own(
+                    rec.Tick(n=self.ticks, interval_s=self.tick_s, child_alive=bool(self.child_alive()))
+                )
+                next_tick += self.tick_s
+                if next_tick < now:  # the machine stalled: skip the missed ticks instead of bursting them
+                    next_tick = now + self.tick_s
+            if now >= next_stats:
+                self._own(self.stats())
+                next_stats = now + self.stats_every_s
+            if self._finish is not None and not self._ended.is_set():
+                self._drain_pull(limit=None)
+                while self._inbox:
+                    self._own(self._inbox.popleft())
+                # Everything sent is in: a producer still open now will never say goodbye (its process is gone).
+                self.ended_without_bye = sorted(self.open_producers)
+                if self._before_end is not None:
+                    for record in self._before_end(self.ended_without_bye):
+                        self._own(record)
+                if self.recorder is not None:
+                    # The final stats report the flush of everything before them (a disk that fails gets a bound).
+                    self.recorder.flush(FINAL_FLUSH_WAIT_S)
+                self._own(self.stats(final=True))
+                self._own(self._finish)
+                self.seq_of_end = self.seq
+                self._flush_publish()
+                self._ended.set()
+            self._flush_publish()
+            if self._stop_requested:
+                return
+
+    def listening(self, kind: str) -> bool:
+        """Whether a subscriber receives records of this kind now (so publishing one is worth waiting for)."""
+        topic = rec.topic(kind)
+        return any(topic.startswith(prefix) for prefix in list(self.topics))
+
+    def _drain_subscriptions(self) -> None:
+        while True:
+            try:
+                message = self.pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # b"\x01" + prefix subscribes, b"\x00" + prefix unsubscribes (the last subscriber of that prefix left).
+            if message[:1] == b"\x01":
+                self.topics.add(message[1:])
+            elif message[:1] == b"\x00":
+                self.topics.discard(message[1:])
+
+    def _drain_pull(self, limit: int | None) -> None:
+        n = 0
+        while limit is None or n < limit:
+            try:
+                frames = self.pull.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            n += 1
+            if len(frames) != 2:
+                self.malformed += 1
+                continue
+            if frames[0] == BATCH_TOPIC:
+                try:
+                    items = rec.split_batch(frames[1])
+                except rec.MalformedRecord:
+                    self.malformed += 1
+                    continue
+                for raw in items:
+                    self._accept(raw)
+            else:
+                self._accept(frames[1])
+
+    def _own(self, record: rec.Record) -> None:
+        record.v = rec.SCHEMA_VERSION
+        record.t = record.t or time.monotonic()
+        record.wall = record.wall or time.time()
+        record.source = record.source or "hub"
+        record.host = record.host or HOSTNAME
+        record.pid = record.pid or os.getpid()
+        self._accept(rec.encode(record))
+
+    def _accept(self, payload, node_host: str | None = None) -> bool:
+        """Check, number, record and publish one record; ``node_host`` names the node that forwarded it, on the job
+        hub. False when it is malformed."""
+        if self._ended.is_set():
+            self._late(payload)
+            return True
+        self.received += 1
+        try:
+            checked = rec.check(payload)
+        except rec.MalformedRecord:
+            self.malformed += 1
+            return False
+        if node_host is not None and (checked.kind in NOT_FORWARDED or checked.data.get("host") != node_host):
+            # A node speaks for itself only: never for the hub's host, another node, or in the hub's own kinds.
+            self.malformed += 1
+            return False
+        self.seq += 1
+        data = checked.data
+        data["seq"] = self.seq
+        kind = checked.kind
+        if checked.unknown:
+            self.unknown += 1
+        if kind in rec.DERIVED_KINDS:  # published, never written: replay recomputes them
+            if kind == "snapshot":
+                self.last_snapshot = data
+        elif self.recorder is not None:
+            self.recorder.put(data)
+        self._publish(kind, payload)
+        self._observe(kind, data, node_host is not None)
+        if self.forwarder is not None and kind not in NOT_FORWARDED:
+            self.forwarder.put(payload)
+        return True
+
+    def _publish(self, kind: str, payload) -> None:
+        # Consecutive records of one kind leave as one message (a MessagePack array of the producers' bytes, with
+        # the first one's sequence number): a send costs ~2 µs, so a burst would otherwise cap the hub near 80k/s.
+        # An empty group starts afresh even for the same kind: the last one was flushed with its own first seq.
+        if not self._out or kind != self._out_kind or len(self._out) >= PUBLISH_GROUP_MAX:
+            self._flush_publish()
+            self._out_kind = kind
+            self._out_first_seq = self.seq
+        self._out.append(payload)
+        self.published += 1
+
+    def _flush_publish(self) -> None:
+        out = self._out
+        if not out:
+            return
+        if len(out) == 1:
+            body = out[0]
+        else:
+            body = b"".join([b"\xdd" + len(out).to_bytes(4, "big"), *out])
+        # Frame by frame with plain int flags: send_multipart's per-frame flag arithmetic (enum objects) costs twice the
+        # sends themselves. ZeroMQ still delivers the three frames together or not at all.
+        pub = self.pub
+        try:
+            pub.send(self._out_kind.encode(), _SEND_MORE)
+            pub.send(self._out_first_seq.to_bytes(8, "big"), _SEND_MORE)
+            pub.send(body, _SEND_LAST)
+        except zmq.Again:  # XPUB drops for a slow subscriber instead of blocking; the subscriber sees a gap
+            pass
+        self._out = []
+
+    def _late(self, payload) -> None:
+        try:
+            checked = rec.check(payload)
+        except rec.MalformedRecord:
+            return
+        if checked.kind not in rec.DERIVED_KINDS and checked.kind != "alert":
+            self.late += 1
+            return
+        self.seq += 1
+        checked.data["seq"] = self.seq
+        if checked.kind in rec.DERIVED_KINDS:
+            if checked.kind == "snapshot":
+                self.last_snapshot = checked.data
+        elif self.recorder is not None:
+            # An alert computed from the final snapshot (the training process died) is written after run.end.
+            self.recorder.put(checked.data)
+            self.kinds["alert"] = self.kinds.get("alert", 0) + 1
+            self.late_alerts += 1
+        self._publish(checked.kind, payload)
+
+    def _observe(self, kind: str, data: dict[str, Any], remote: bool = False) -> None:
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        key = f"{data.get('source')}@{data.get('host')}:{data.get('pid')}"
+        dropped = data.get("dropped", 0)
+        if isinstance(dropped, int):
+            if dropped or key in self.dropped:
+                self.dropped[key] = dropped
+        if remote:
+            return  # another node's agents: its own launcher waits for them and watches their silence
+        if kind == "step" and data.get("rank") in (None, 0):
+            self.steps += 1
+            if data.get("skipped"):
+                self.skipped_steps += 1
+        elif kind == "hello":
+            self.open_producers.add(key)
+            pid = data.get("pid")
+            if isinstance(pid, int):
+                self.hello_pids.add(pid)
+        elif kind == "bye":
+            self.open_producers.discard(key)
+        elif kind == "fact" and data.get("name") == PROFILER_DIR_FACT:
+            folder = data.get("value")
+            if isinstance(folder, str) and folder not in self.profiler_dirs and len(self.profiler_dirs) < 64:
+                self.profiler_dirs.append(folder)
+
+    def stats(self, final: bool = False) -> rec.BusStats:
+        recorder = self.recorder
+        return rec.BusStats(
+            received=self.received,
+            published=self.published,
+            malformed=self.malformed,
+            unknown=self.unknown,
+            dropped=dict(self.dropped),
+            dropped_total=self.dropped_total(),
+            flushed_seq=recorder.flushed_seq if recorder else None,
+            log_bytes=recorder.bytes_written if recorder else 0,
+            log_segments=recorder.segments if recorder else 0,
+            log_queue_dropped=recorder.queue_dropped if recorder else 0,
+            log_reserve_active=recorder.reserve_active if recorder else False,
+            log_reserve_skipped=recorder.reserve_skipped if recorder else 0,
+            final=final,
+        )

@@ -1,0 +1,78 @@
+"""``tm runs``: the runs under the runs directory, newest first, one line each; a resumed run once, with its
+attempts."""
+
+from __future__ import annotations
+
+import time
+
+from trainmeter_core.commands.output import Output
+from trainmeter_core.commands.usage import parser_for
+
+
+def cmd_runs(argv: list[str]) -> int:
+    from trainmeter_core.runlog import rundir
+
+    parser = parser_for("runs", "The runs under the runs directory, newest first.")
+    parser.add_argument("--runs-dir")
+    args = parser.parse_args(argv)
+    base = rundir.runs_dir(args.runs_dir)
+    out = Output()
+    runs = rundir.list_runs(base)
+    if not runs:
+        out.line(f"no runs under {base}")
+        return 0
+    for path in runs:
+        info = rundir.run_info(path)
+        steps = info.steps
+        if steps is None:
+            steps = count_steps(path)
+        if info.start_wall is None:
+            duration = "?"
+        else:
+            end = info.end_wall or (time.time() if info.state == "running" else last_wall(path))
+            duration = _duration(end - info.start_wall) if end else "?"
+        attempts = f"  {info.attempts} attempts" if info.attempts > 1 else ""
+        out.line(
+            f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps"
+            f"{attempts}"
+        )
+    return 0
+
+
+def count_steps(run_dir) -> int | None:
+    """Rank 0's steps in the log, each step once: where a resumed attempt went back to an earlier step, the steps
+    after it that the attempt before had done are counted again only once (as the engine counts them)."""
+    from trainmeter_core.model.records import RunStart
+    from trainmeter_core.runlog.reader import read_log
+
+    n = 0
+    last = None  # the last step number before the current attempt's first step
+    new_attempt = False
+    for record in read_log(run_dir, kinds={"step", "run.start"}):
+        if isinstance(record, RunStart):
+            new_attempt = record.attempt > 1
+            continue
+        if getattr(record, "rank", None) not in (None, 0):
+            continue
+        if new_attempt and last is not None:
+            n -= max(0, min(n, last - (record.step - 1)))
+        new_attempt = False
+        n += 1
+        last = record.step
+    return n
+
+
+def last_wall(run_dir) -> float | None:
+    from trainmeter_core.runlog.reader import read_log
+
+    wall = None
+    for record in read_log(run_dir):
+        wall = getattr(record, "wall", wall) or wall
+    return wall
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"

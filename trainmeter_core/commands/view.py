@@ -1,0 +1,60 @@
+"""``tm view``: the dashboard's command when it is installed, else (and with ``--json``) the final snapshot as JSON.
+
+Its options are the dashboard's (``--port``, ``--host``) when the dashboard is installed, so ``tm view --help`` shows
+them; it only reads the run directory.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from trainmeter_core.commands.output import Output
+from trainmeter_core.commands.usage import UsageError, parser_for
+
+DESCRIPTION = "A run in the dashboard, rebuilt from its log (or its final snapshot as JSON)."
+
+
+def cmd_view(argv: list[str]) -> int:
+    from trainmeter_core.commands.cli import plugin_command
+
+    command = plugin_command("view", builtin_ok=True)
+    parser = parser_for("view", command.help if command is not None else DESCRIPTION)
+    if command is not None:
+        command.add_arguments(parser)
+    else:
+        parser.add_argument(
+            "run", nargs="?", help="a run directory, a run name or its unique prefix (default: the latest)"
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="print the run's final snapshot as JSON and exit"
+        )
+        parser.add_argument(
+            "--runs-dir", help="where runs are (default: TM_RUNS_DIR, else ./.trainmeter/runs)"
+        )
+    args = parser.parse_args(argv)
+    if not args.json:
+        if command is None:
+            raise UsageError("the dashboard is not installed (trainmeter_web): use tm view --json RUN")
+        return int(command.run(args) or 0)
+    runs = args.run if isinstance(args.run, list) else [args.run] if args.run else []
+    if len(runs) > 1:
+        raise UsageError("tm view --json prints one run's snapshot: tm compare --json A B compares runs")
+    return print_final_snapshot(runs[0] if runs else None, args.runs_dir)
+
+
+def print_final_snapshot(run: str | None, runs_dir: str | None) -> int:
+    from trainmeter_core.model import records as rec
+    from trainmeter_core.runlog import replay, rundir
+
+    run_dir = rundir.resolve_run(run, rundir.runs_dir(runs_dir) if runs_dir else None)
+    stats: dict = {}
+    snapshot = replay.final_snapshot(run_dir, stats)
+    if stats.get("skipped"):
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted(stats["reasons"].items()))
+        print(f"tm: skipped {stats['skipped']} unreadable lines of the log ({reasons})", file=sys.stderr)
+    if snapshot is None:
+        raise UsageError(f"{run_dir.name} has no records to replay")
+    import msgspec
+
+    Output().line(msgspec.json.encode(rec.to_builtins(snapshot)).decode())
+    return 0

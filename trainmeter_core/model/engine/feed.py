@@ -1,0 +1,481 @@
+"""The engine: records in hub order, a snapshot with every metric of the spec out on each ``tick`` and at ``run.end``.
+
+Pure and deterministic: no I/O, no clock of its own (time is the ``t`` of ticks and records), no globals; its whole
+state serialises, so a restored engine fed the rest of a log gives the same snapshots. It must never show a zero for
+an unknown: a metric that lacks an input is absent and names the input, and every FLOPs number carries its convention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.catalog import canonical, is_explicit_train_key
+from trainmeter_core.model.engine import attempts
+from trainmeter_core.model.engine import nodes as job_nodes
+from trainmeter_core.model.engine import window as win
+from trainmeter_core.model.engine.profiles import on_profile_import
+from trainmeter_core.model.engine.samples import take_gpu_sample, take_host_sample
+from trainmeter_core.model.engine.snapshot import build_snapshot, record_history
+from trainmeter_core.model.engine.state import (
+    _GPU_FIELDS,
+    _LOSS_SERIES,
+    _MAX_TOKENS_PER_STEP,
+    _NAN,
+    _PAUSE_PHASES,
+    HOST_WINDOW_FIELDS,
+    NODE_WINDOW_FIELDS,
+    STEP_WINDOW,
+    EngineState,
+    GpuState,
+    PendingPoint,
+    RankState,
+)
+from trainmeter_core.model.facts import ModelFlops, model_flops, whole
+from trainmeter_core.model.history import History, HistoryState
+from trainmeter_core.model.rig import Rig, resolve_rig
+
+#: The origin of the train loss the agent reads from the tensor passed to backward(): it loses to any other.
+_BACKWARD = "backward"
+
+__all__ = ["STEP_WINDOW", "Engine", "EngineState", "GpuState", "RankState", "build_snapshot"]
+
+
+class _Checkpoint(msgspec.Struct):
+    engine: EngineState
+    history: HistoryState
+
+
+_RUN_START = rec.RunStart
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Checkpoint)
+
+
+class Engine:
+    """Feed it records in hub order; it answers each ``tick`` and the ``run.end`` with a snapshot."""
+
+    def __init__(self, state: EngineState | None = None, history: History | None = None) -> None:
+        self.state = state if state is not None else EngineState()
+        self.history = history if history is not None else History()
+        self._derived_version = -1
+        self._rig = Rig()
+        self._flops = ModelFlops()
+        self._declared_tokens_per_step: int | None = None
+        self._other_tokens_per_step: int | None = None
+        self._dp: int | None = None
+        self._fpt_single = _NAN
+        self.fact_warnings: list[str] = []
+        self._gpu_names: dict[tuple[str, int], tuple[str, tuple[str, ...]]] = {}
+        self._quiet = False
+        self._t_offset = self.state.resume.t_offset  # read on every record: kept here, as the state holds it
+        self._handlers = {
+            rec.Step: self._on_step,
+            rec.Metric: self._on_metric,
+            rec.Fact: self._on_fact,
+            rec.Phase: self._on_phase,
+            rec.SampleGpu: self._on_sample_gpu,
+            rec.SampleHost: self._on_sample_host,
+            rec.SampleNode: self._on_sample_node,
+            rec.Tick: self._on_tick,
+            rec.RunStart: self._on_run_start,
+            rec.RunEnd: self._on_run_end,
+            rec.ProfileImport: self._on_profile_import,
+        }
+
+    #: The kinds ``feed`` reads (set below the class, from the handlers and a job's kinds); a reader may pass the others
+    #: undecoded.
+    FED_KINDS: frozenset[str] = frozenset()
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # Public
+
+    def feed(self, record: rec.Record | rec.Unknown, snapshots: bool = True) -> list[rec.Snapshot]:
+        """Take one record; returns the snapshot a ``tick`` or ``run.end`` produces, else an empty list.
+
+        ``snapshots=False`` is for catching up on a log whose snapshots nobody reads: a tick then only updates the
+        history (computed by the same code, so the state ends up identical) and returns nothing, at a third of the cost.
+        """
+        self._quiet = not snapshots
+        state = self.state
+        seq = record.seq
+        if seq is not None:
+            state.through_seq = seq
+        handler = self._handlers.get(type(record))
+        if handler is None and not isinstance(record, job_nodes.JOB_KINDS):
+            return []
+        if state.nodes or handler is None:
+            record = job_nodes.arrive(state, record)  # a job's record, or another node's on the hub's clock
+            if record is None or handler is None:
+                return []
+        if type(record) is _RUN_START and record.host not in state.nodes:
+            attempts.start(
+                state, record
+            )  # a second run.start of this run opens its next attempt (tm --resume)
+            self._t_offset = state.resume.t_offset
+        if self._t_offset:  # an attempt on another clock joins the run's timeline
+            record = attempts.shifted(record, self._t_offset)
+        if state.start_t is None and not isinstance(record, rec.Fact):
+            state.start_t = record.t
+        return handler(record)
+
+    def snapshot(self) -> rec.Snapshot:
+        """The snapshot of the current state (as the last tick would have it, final once the run ended)."""
+        return build_snapshot(self, final=self.state.finished)
+
+    def state_bytes(self) -> bytes:
+        """The whole state, history included, as MessagePack: ``Engine.from_state`` resumes from it exactly."""
+        return _encoder.encode(_Checkpoint(engine=self.state, history=self.history.to_state()))
+
+    @classmethod
+    def from_state(cls, data: bytes) -> Engine:
+        """An engine restored from ``state_bytes``; raises msgspec.DecodeError or ValueError on bytes that are not."""
+        checkpoint = _decoder.decode(data)
+        return cls(checkpoint.engine, History.from_state(checkpoint.history))
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # What the facts imply, recomputed only when a fact changed (derived, so never part of the state)
+
+    def derived(self) -> tuple[Rig, ModelFlops]:
+        facts = self.state.facts
+        if facts.version != self._derived_version:
+            self._derived_version = facts.version
+            visible = {host: tuple(entries) for host, entries in self.state.visible_devices.items()}
+            self._rig = resolve_rig(facts, visible)
+            self._flops = model_flops(facts)
+            self.fact_warnings = facts.warnings()
+            self._fpt_single = self._flops.value if self._flops.value is not None else _NAN
+            declared = facts.get("tokens_per_step")
+            tokens = whole(declared.value) if declared is not None else None
+            tokens = tokens if tokens is not None and 0 < tokens < _MAX_TOKENS_PER_STEP else None
+            is_declared = declared is not None and declared.provenance == "declared"
+            self._declared_tokens_per_step = tokens if is_declared else None
+            self._other_tokens_per_step = None if is_declared else tokens
+            dp = whole(facts.value("dp"))
+            self._dp = dp if dp is not None and 1 <= dp < _MAX_TOKENS_PER_STEP else None
+        return self._rig, self._flops
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # Handlers
+
+    def _x(self) -> tuple[float, float, float]:
+        """The step, tokens and FLOPs-spent x values of a point recorded now."""
+        state = self.state
+        if self._derived_version != state.facts.version:
+            self.derived()  # a restored engine derives on first use, so its x values match a continuous one
+        step = float(state.last_step) if state.last_step is not None else _NAN
+        if state.steps_with_tokens:
+            return step, float(state.tokens_seen), state.tokens_seen * self._fpt_single
+        return step, _NAN, _NAN
+
+    def _on_step(self, record: rec.Step) -> list[rec.Snapshot]:
+        state = self.state
+        if state.pending_backward and (record.rank or 0) == 0:
+            self._commit_backward(before_step=record.step)  # an earlier iteration is over: its loss stands
+        rank_id = record.rank or 0
+        rank = state.ranks.get(rank_id)
+        if rank is None:
+            rank = state.ranks[rank_id] = RankState(host=record.host)
+        interval = record.step_time_s
+        if interval is None and rank.last_t is not None:
+            previous_t = attempts.previous_reading(state, rank.last_t)  # never across a resume's gap
+            interval = record.t - previous_t if previous_t is not None else None
+        rank.steps += 1
+        rank.last_t = record.t
+        # The host's training window (win.extend_span, inlined: this is the engine's hottest path)
+        span = state.step_spans.get(record.host)
+        if span is None:
+            state.step_spans[record.host] = win.StepSpan(first_t=record.t, last_t=record.t)
+        elif record.t > span.last_t:
+            if span.gap_from is not None:
+                attempts.reopen_span(span, record.t)
+            span.last_t = record.t
+        if interval is not None and not 0.0 < interval < math.inf:
+            interval = None  # a clock that went backwards (or NaN, or infinite) measures nothing
+        if interval is not None and not record.profiled:
+            rank.step_time_ema_s = fm.ema(rank.step_time_ema_s, interval)
+        if rank_id != 0:
+            if interval is not None:
+                step, tokens, flops = self._x()
+                self.history.add_point(
+                    f"tm:rank:{rank_id}:step_time_s", step, tokens, flops, record.wall, interval
+                )
+            return []
+        # Rank 0 is the step clock: steps, tokens and the training window are counted on it alone.
+        if self._derived_version != state.facts.version:
+            self.derived()
+        tokens = self._tokens_of(record)
+        first = state.first_step_t is None
+        first_of_attempt = not state.attempt_stepped
+        if first_of_attempt:
+            state.attempt_stepped = True
+            attempts.first_step(state, record)  # closes a resume's join, takes back the steps done again
+        previous_step_t = state.last_step_t
+        state.steps += 1
+        state.last_step = record.step
+        if first:
+            state.first_step_t = record.t
+        elif first_of_attempt:
+            pass  # a resumed attempt's first step: its work lies in the join, which the window leaves out
+        elif record.profiled:
+            state.profiled_steps += 1
+            state.profiled_s += interval if interval is not None else 0.0
+        elif tokens is None:
+            state.window_steps_without_tokens += 1
+        else:
+            state.window_tokens += tokens
+            if interval is not None:
+                state.tokens_ema = fm.ema(state.tokens_ema, tokens)
+                state.interval_ema_s = fm.ema(state.interval_ema_s, interval)
+        if not first and not record.profiled and interval is not None:
+            _keep_recent(state.recent_intervals_s, interval)
+            if tokens is not None:
+                _keep_recent(state.recent_rates, tokens / interval)
+        state.last_step_t = record.t
+        state.last_step_wall = record.wall
+        if tokens is not None:
+            state.tokens_seen += tokens
+            state.steps_with_tokens += 1
+        # The mark a resume can rewind to (model/engine/attempts.py; here, because this is the engine's hottest path)
+        resume = state.resume
+        if not first_of_attempt:
+            resume.stepping_s += record.t - previous_step_t  # type: ignore[operator]
+        if resume.phase_after_step_s:
+            resume.phase_after_step_s = resume.wait_after_step_s = 0.0
+        marks = resume.marks
+        marks.append((record.step, record.t, state.steps, state.tokens_seen, state.steps_with_tokens,
+                      resume.stepping_s, resume.stepping_phase_s, resume.stepping_wait_s))  # fmt: skip
+        if len(marks) >= attempts.MARKS_KEPT_MAX:
+            del marks[: attempts.RECENT_MARKS]  # in one go, now and then: the latest RECENT_MARKS stay
+        if state.phase_after_last_s:
+            state.phase_after_last_s = {}
+        if interval is not None:
+            step, tokens_x, flops = self._x()
+            self.history.add_point("tm:rank:0:step_time_s", step, tokens_x, flops, record.wall, interval)
+        return []
+
+    def _tokens_of(self, record: rec.Step) -> int | None:
+        """Tokens in this step across all ranks: declared beats detected (a disagreement is warned about)."""
+        state = self.state
+        detected = record.tokens_global
+        source = "tokens_global"
+        state.dp_assumed = False
+        if detected is None and record.tokens is not None:
+            dp = self._dp if self._dp is not None else record.dp
+            state.dp_assumed = dp is None
+            detected = record.tokens * (dp if dp is not None else 1)
+            source = "tokens × dp" if dp is not None else "tokens × dp (dp assumed 1)"
+        if detected is not None and not 0 <= detected < _MAX_TOKENS_PER_STEP:
+            detected = None  # a negative or absurd count is no count
+        declared = self._declared_tokens_per_step
+        if declared is not None:
+            state.tokens_mismatch = detected if detected is not None and detected != declared else None
+            detected, source = declared, "declared --tokens-per-step"
+            state.dp_assumed = False
+        elif detected is None and self._other_tokens_per_step is not None:
+            detected, source = self._other_tokens_per_step, "tokens_per_step fact"
+        if detected is not None:
+            state.last_tokens_per_step = detected
+            state.last_tokens_source = source
+        return detected
+
+    def _on_metric(self, record: rec.Metric) -> list[rec.Snapshot]:
+        state = self.state
+        values = record.values
+        origin = record.origin
+        # The agent's loss from backward() names train_loss itself: it must not turn the loop's bare ``loss`` into
+        # a custom series.
+        if not state.seen_explicit_train and origin != _BACKWARD:
+            for raw_key in values:
+                if is_explicit_train_key(raw_key):
+                    state.seen_explicit_train = True
+                    break
+        from_emit = origin == "emit"
+        emit_series = state.emit_series
+        step, tokens, flops = self._x()
+        if record.step is not None:
+            step = float(record.step)
+        for raw_key, value in values.items():
+            name = canonical(raw_key, state.seen_explicit_train)
+            # Precedence for one series: emit() > a tapped tracker > the loss the agent read from backward().
+            if from_emit:
+                if name not in emit_series:
+                    emit_series[name] = True
+            elif name in emit_series:
+                continue  # emit() beats a tapped tracker for the same series
+            elif origin == _BACKWARD:
+                if name in state.tapped_series:
+                    continue  # the loop's own tracker reports this series
+                point = rec.SeriesPoint(
+                    canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
+                )
+                state.pending_backward[name] = PendingPoint(
+                    point=point, x_step=step, x_tokens=tokens, x_flop=flops, wall=record.wall
+                )
+                continue
+            elif name not in state.tapped_series:
+                state.tapped_series[name] = True
+            state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
+            point = rec.SeriesPoint(
+                canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
+            )
+            self._add_series_point(point, step, tokens, flops, record.wall)
+        return []
+
+    def _add_series_point(
+        self, point: rec.SeriesPoint, step: float, tokens: float, flop: float, wall: float
+    ) -> None:
+        if point.canonical == _LOSS_SERIES:
+            self._on_loss(point.value)
+        self.state.series[point.canonical] = point
+        self.history.add_point(point.canonical, step, tokens, flop, wall, point.value)
+
+    def _commit_backward(self, before_step: int | None = None) -> None:
+        """The held losses from backward() of an iteration that is over (all of them, or those of steps before
+        ``before_step``: a loop reports its own loss after its step, so iteration k is over once step k+1 comes)."""
+        pending = self.state.pending_backward
+        for name, held in list(pending.items()):
+            step = held.point.step
+            if before_step is not None and step is not None and step >= before_step:
+                continue
+            self._add_series_point(held.point, held.x_step, held.x_tokens, held.x_flop, held.wall)
+            del pending[name]
+
+    def _on_loss(self, value: float) -> None:
+        state = self.state
+        state.loss_seen = True
+        if not -math.inf < value < math.inf:
+            state.loss_nonfinite += 1
+        elif state.loss_tick_max is None or value > state.loss_tick_max:
+            state.loss_tick_max = value
+
+    def _on_fact(self, record: rec.Fact) -> list[rec.Snapshot]:
+        self.state.facts.add(record)
+        return []
+
+    def _on_phase(self, record: rec.Phase) -> list[rec.Snapshot]:
+        if record.rank not in (None, 0):
+            return []  # every rank waits alike; rank 0's phases split the step clock's time
+        state = self.state
+        name = record.phase
+        state.phases_seen[name] = state.phases_seen.get(name, 0) + 1
+        if not -math.inf < record.start_t <= record.end_t < math.inf:
+            return []  # a span that ends before it starts (or is not finite) holds no time
+        if name in _PAUSE_PHASES and (state.pause_end_t is None or record.end_t >= state.pause_end_t):
+            state.pause_phase, state.pause_end_t = name, record.end_t
+        first = state.first_step_t
+        before_end = record.end_t if first is None else min(record.end_t, first)
+        if record.start_t < before_end:
+            # Before the first step everything is startup and compile; what a phase says of it names that time.
+            held = state.startup_phase_s
+            held[name] = held.get(name, 0.0) + (before_end - record.start_t)
+        if first is None or record.end_t <= first:
+            return []
+        start = max(record.start_t, first)
+        state.phase_s[name] = state.phase_s.get(name, 0.0) + (record.end_t - start)
+        last = state.last_step_t
+        after = 0.0
+        if last is not None and record.end_t > last:
+            after = record.end_t - max(start, last)
+            state.phase_after_last_s[name] = state.phase_after_last_s.get(name, 0.0) + after
+        attempts.phase(state, record, after)
+        return []
+
+    def _on_sample_gpu(self, record: rec.SampleGpu) -> list[rec.Snapshot]:
+        state = self.state
+        if "index" in record.absent:
+            # The sampler's one row for a node it cannot read at all ("no NVML"): no GPU, so no GPU metric has a value.
+            state.gpu_absent = record.absent["index"]
+            return []
+        names = self._gpu_names.get((record.host, record.index))
+        if names is None:
+            key = f"{record.host}/gpu{record.index}"
+            series = tuple(f"tm:gpu:{key}:{name}" for name, _ in _GPU_FIELDS)
+            names = self._gpu_names[(record.host, record.index)] = (key, series)
+        key, series = names
+        gpu = state.gpus.get(key)
+        if gpu is None:
+            gpu = state.gpus[key] = GpuState(host=record.host, index=record.index)
+        if (
+            record.gpm_window_s is not None
+            and record.gpm_window_s > 0
+            and self._derived_version != state.facts.version
+        ):
+            self.derived()
+        values = take_gpu_sample(state, gpu, record, self._rig.sampled.get(key))
+        step, tokens, flops = self._x()
+        add = self.history.add_point
+        wall = record.wall
+        for name, value in zip(series, values, strict=True):
+            if value is not None:
+                add(name, step, tokens, flops, wall, value)
+        return []
+
+    def _on_sample_host(self, record: rec.SampleHost) -> list[rec.Snapshot]:
+        state = self.state
+        take_host_sample(state, record, state.host_sample, HOST_WINDOW_FIELDS)
+        state.host_sample = record
+        return []
+
+    def _on_sample_node(self, record: rec.SampleNode) -> list[rec.Snapshot]:
+        state = self.state
+        take_host_sample(state, record, state.node_sample, NODE_WINDOW_FIELDS)
+        state.node_sample = record
+        return []
+
+    def _on_run_start(self, record: rec.RunStart) -> list[rec.Snapshot]:
+        state = self.state
+        if job_nodes.own_run_start(state, record) and len(state.attempts) <= 1:
+            state.start_t = record.t  # a resumed run's elapsed time runs from its first start
+        visible = record.env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            state.visible_devices[record.host] = [
+                entry.strip() for entry in visible.split(",") if entry.strip()
+            ]
+            state.facts.version += 1  # the rig maps CUDA indices through these entries
+        return []
+
+    def _on_tick(self, record: rec.Tick) -> list[rec.Snapshot]:
+        state = self.state
+        state.tick = record.n
+        state.now_t = record.t
+        state.now_wall = record.wall
+        state.child_alive = record.child_alive
+        self._commit_backward()
+        snapshot = build_snapshot(self, final=False, lean=self._quiet)
+        record_history(self, snapshot, record.wall)
+        state.loss_tick_max = None  # each snapshot shows the largest loss since the one before
+        return [] if self._quiet else [snapshot]
+
+    def _on_run_end(self, record: rec.RunEnd) -> list[rec.Snapshot]:
+        state = self.state
+        state.finished = True
+        state.now_t = record.t
+        state.now_wall = record.wall
+        state.child_alive = False
+        state.exit_code, state.exit_signal = record.exit_code, record.signal
+        state.exit_signal_name = record.signal_name
+        self._commit_backward()
+        attempts.end(state, record)
+        return [] if self._quiet else [build_snapshot(self, final=True)]
+
+    def _on_profile_import(self, record: rec.ProfileImport) -> list[rec.Snapshot]:
+        on_profile_import(self.state.profiles, record)
+        # Imported after the run ended (tm import of a finished run): the run's final numbers changed, so say them
+        # again, once the trace's last record (the trace itself) is in.
+        if self.state.finished and record.scope == "trace" and not self._quiet:
+            return [build_snapshot(self, final=True)]
+        return []
+
+
+def _keep_recent(values: list[float], value: float) -> None:
+    values.append(value)
+    if len(values) > STEP_WINDOW:
+        del values[0]
+
+
+Engine.FED_KINDS = frozenset(
+    kind.__struct_config__.tag for kind in (*Engine()._handlers, *job_nodes.JOB_KINDS)
+)  # a job's node and clock records have no handler of their own: ``nodes.arrive`` reads them

@@ -1,0 +1,267 @@
+"""A job of several nodes in the job hub's engine: each node's clock mapped onto the hub's, its state (live, behind,
+lost, ended), the straggler node, and the per-node part of the snapshot.
+
+Pure: no I/O, no clock. Time is the hub's: a node's record is moved onto it by the latest ``clock`` record for its host
+before any handler reads it. A single-node run never sees a ``node`` or ``clock`` record, and nothing here changes it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
+from trainmeter_core.model.engine.state import EngineState, NodeState
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+# Times a record carries besides its header's ``t``, all on its own host's clock, so moved with it.
+_TIME_FIELDS: dict[type, tuple[str, ...]] = {
+    rec.Phase: ("start_t", "end_t"),
+    rec.SampleGpu: ("gpm_window_start_t",),
+}
+# Steps whose reports from every node are awaited: a node whose link is down reports its steps when it returns, up to
+# this many steps late; older ones are let go (they then never count towards the straggler).
+MAX_STEP_MARKS = 1024
+#: The kinds this module reads (the job hub's own), and those another node sends about itself that the job's numbers
+#: leave out: its run's end is not the job's, and the host metrics are the job hub's host's.
+JOB_KINDS = (rec.NodeEvent, rec.ClockMap)
+_OWN_HOST_ONLY = (rec.RunEnd, rec.SampleHost, rec.SampleNode)
+_EVENT_STATE = {
+    "joined": "live",
+    "resumed": "live",
+    "caught_up": "live",
+    "behind": "behind",
+    "lost": "lost",
+    "ended": "ended",
+}
+
+
+def map_clock(record: rec.Record, offset_s: float) -> rec.Record:
+    """``record`` with every time it carries moved from its node's monotonic clock onto the hub's."""
+    changes: dict[str, float] = {}
+    if record.t:
+        changes["t"] = record.t + offset_s
+    for name in _TIME_FIELDS.get(type(record), ()):
+        value = getattr(record, name)
+        if value is not None:
+            changes[name] = value + offset_s
+    return msgspec.structs.replace(record, **changes) if changes else record
+
+
+def node_of(state: EngineState, host: str, node_rank: int) -> NodeState:
+    node = state.nodes.get(host)
+    if node is None:
+        node = state.nodes[host] = NodeState(node_rank=node_rank)
+    return node
+
+
+def arrive(state: EngineState, record: rec.Record) -> rec.Record | None:
+    """A record of a job as the engine's handlers read it, or None when it is this module's alone (``node``, ``clock``)
+    or another node's word about its own host (its run's end, its process tree), which the job's numbers leave out.
+    Another node's record is moved onto the hub's clock first; a step, on any node, marks when its host reported it.
+    """
+    if isinstance(record, rec.ClockMap):
+        on_clock(state, record)
+        return None
+    if isinstance(record, rec.NodeEvent):
+        on_node(state, record)
+        return None
+    node = state.nodes.get(record.host)
+    if node is not None:
+        if node.offset_s is not None:
+            record = map_clock(record, node.offset_s)
+        seen(node, record.t)
+        if isinstance(record, _OWN_HOST_ONLY):
+            return None
+    if isinstance(record, rec.Step):
+        mark_step(state, record.host, record.rank or 0, record.step, record.t)
+    return record
+
+
+def own_run_start(state: EngineState, record: rec.RunStart) -> bool:
+    """Whether a ``run.start`` is this run's own (the first one, or its host's), not another node's forwarded one."""
+    if state.host is None:
+        state.host = record.host
+        state.job = record.job
+    return record.host not in state.nodes
+
+
+def on_clock(state: EngineState, record: rec.ClockMap) -> None:
+    node = node_of(state, record.node_host, record.node_rank)
+    node.offset_s = record.offset_s
+    node.uncertainty_s = record.uncertainty_s
+    node.basis = record.basis
+
+
+def on_node(state: EngineState, record: rec.NodeEvent) -> None:
+    node = node_of(state, record.node_host, record.node_rank)
+    node.node_rank = record.node_rank
+    if record.node_run:
+        node.node_run = record.node_run
+    if record.event == "gap":
+        node.gaps += 1
+        node.gap_records += record.lost or 0
+        return
+    node.state = _EVENT_STATE[record.event]
+    if record.last_kind:
+        node.last_kind = record.last_kind
+    node.behind = record.behind if record.event == "behind" else None
+    if record.last_t is not None and (node.last_t is None or record.last_t > node.last_t):
+        node.last_t = record.last_t
+
+
+def seen(node: NodeState, t: float) -> None:
+    if t and (node.last_t is None or t > node.last_t):
+        node.last_t = t
+
+
+def _hosts_stepping(state: EngineState, host: str, rank: int) -> Iterator[tuple[str, int]]:
+    """Each host whose ranks take part in the straggler comparison now, with its number of ranks (``rank`` on
+    ``host`` counted, whose step is being marked before the engine has seen it)."""
+    counts: dict[str, int] = {}
+    for rank_state in state.ranks.values():
+        counts[rank_state.host] = counts.get(rank_state.host, 0) + 1
+    if rank not in state.ranks:
+        counts[host] = counts.get(host, 0) + 1
+    for host, count in counts.items():
+        node = state.nodes.get(host)
+        if node is None or node.state in ("live", "behind"):
+            yield host, count
+
+
+def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> None:
+    """One rank of ``host`` reported ``step`` at ``t`` (the hub's clock). Once every host taking part has reported it
+    from all its ranks, each host's lag behind the first one updates its EMA."""
+    marks = state.step_marks.get(step)
+    if marks is None:
+        marks = state.step_marks[step] = {}
+        if len(state.step_marks) > MAX_STEP_MARKS:
+            del state.step_marks[min(state.step_marks)]
+    # Per host: the latest report of the step (its slowest rank) and how many of its ranks reported; the count rides
+    # in the key "host#n" so the state stays a plain mapping of floats.
+    count_key = host + "#n"
+    marks[host] = max(marks.get(host, t), t)
+    marks[count_key] = marks.get(count_key, 0.0) + 1.0
+    hosts = dict(_hosts_stepping(state, host, rank))
+    if len(hosts) < 2 or any(marks.get(h + "#n", 0.0) < n for h, n in hosts.items()):
+        return
+    first = min(marks[h] for h in hosts)
+    for h in hosts:
+        node = state.nodes.get(h)
+        lag = marks[h] - first
+        if node is not None:
+            node.lag_ema_s = fm.ema(node.lag_ema_s, lag)
+        else:
+            state.own_lag_ema_s = fm.ema(state.own_lag_ema_s, lag)
+    del state.step_marks[step]
+
+
+def node_rank_of(state: EngineState, host: str) -> int | None:
+    node = state.nodes.get(host)
+    if node is not None:
+        return node.node_rank
+    if state.job is not None and host == state.host:
+        return state.job.node_rank
+    return None
+
+
+def nodes(snap: SnapshotBuilder) -> list[rec.NodeStat]:
+    """The per-node part of a job's snapshot, ``node_lost.<host>`` for the alert rule, and the straggler node."""
+    state = snap.state
+    if not state.nodes:
+        return []
+    now = state.now_t
+    ranks_of: dict[str, list[int]] = {}
+    for rank_id, rank in state.ranks.items():
+        ranks_of.setdefault(rank.host, []).append(rank_id)
+    stats = []
+    own_rank = state.job.node_rank if state.job is not None else 0
+    own_host = state.host or ""
+    rows: list[tuple[str, NodeState | None, int]] = [(own_host, None, own_rank)]
+    rows += [(host, node, node.node_rank) for host, node in state.nodes.items()]
+    for host, node, node_rank in sorted(rows, key=lambda row: (row[2], row[0])):
+        ranks = sorted(ranks_of.get(host, []))
+        times = [state.ranks[r].step_time_ema_s for r in ranks if state.ranks[r].step_time_ema_s is not None]
+        steps = sum(state.ranks[r].steps for r in ranks)
+        step_time = statistics.median(times) if times else None  # type: ignore[type-var]
+        if node is None:
+            stats.append(
+                rec.NodeStat(
+                    node_rank=node_rank,
+                    host=host,
+                    state="ended" if state.finished else "live",
+                    ranks=ranks,
+                    steps=steps,
+                    step_time_s=step_time,
+                    lag_s=state.own_lag_ema_s,
+                    last_t=now,
+                    clock_offset_s=0.0,
+                    clock_uncertainty_s=0.0,
+                    clock_basis="the hub's own clock",
+                )
+            )
+            continue
+        silent = now - node.last_t if now is not None and node.last_t is not None else None
+        stats.append(
+            rec.NodeStat(
+                node_rank=node_rank,
+                host=host,
+                state=node.state,  # type: ignore[arg-type]
+                ranks=ranks,
+                steps=steps,
+                step_time_s=step_time,
+                lag_s=node.lag_ema_s,
+                last_t=node.last_t,
+                last_kind=node.last_kind,
+                silent_s=max(0.0, silent) if silent is not None else None,
+                behind=node.behind,
+                gaps=node.gaps,
+                gap_records=node.gap_records,
+                clock_offset_s=node.offset_s,
+                clock_uncertainty_s=node.uncertainty_s,
+                clock_basis=node.basis,
+                node_run=node.node_run,
+            )
+        )
+        lost = 1.0 if node.state == "lost" else 0.0
+        snap.put(
+            f"node_lost.{host}",
+            "1 while the job hub has heard nothing from the node for longer than the heartbeat timeout",
+            value=lost,
+            inputs={"node_rank": EI(value=node_rank), "last_t": EI(value=node.last_t, unit="s")},
+        )
+    _straggler(snap, stats)
+    return stats
+
+
+def _straggler(snap: SnapshotBuilder, stats: list[rec.NodeStat]) -> None:
+    formula = (
+        "the node whose ranks report a step latest, on the hub's clock: EMA of (its time − the first node's)"
+    )
+    timed = [s for s in stats if s.lag_s is not None]
+    if len(timed) < 2:
+        snap.put(
+            "straggler_node_lag_s",
+            formula,
+            absent="needs steps reported by every node of the job",
+            unit="s",
+        )
+        return
+    slowest = max(timed, key=lambda s: (s.lag_s, -s.node_rank))
+    inputs = {f"node {s.node_rank} ({s.host})": EI(value=s.lag_s, unit="s") for s in timed}
+    inputs["straggler_node"] = EI(value=slowest.node_rank, source=slowest.host)
+    snap.put(
+        "straggler_node_lag_s",
+        formula,
+        value=slowest.lag_s,
+        unit="s",
+        label=slowest.host,
+        inputs=inputs,
+        note=f"the straggler is node {slowest.node_rank} ({slowest.host})",
+    )

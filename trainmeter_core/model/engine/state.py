@@ -1,0 +1,273 @@
+"""What the engine knows between records: the step clock, the ranks, the GPUs, the time split, the loop's series.
+
+Pure data: msgspec Structs, so a checkpoint is one encode and a restored engine continues exactly. No logic lives here
+beyond defaults; the engine (``feed``) changes it and the metric families read it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine.profiles import ProfileState
+from trainmeter_core.model.engine.window import StepSpan, WindowSum
+from trainmeter_core.model.facts import FactTable
+
+_NAN = math.nan
+# Beyond any real batch (2**40 tokens in one step); a larger count is a broken emitter's, and would overflow the sums.
+_MAX_TOKENS_PER_STEP = 2**40
+# The sample fields the engine uses, with the largest value that makes sense (fractions 0..1, a generous ceiling
+# else); each is also kept as history, one line per GPU in the dashboard's GPUs part.
+_GPU_FIELDS = (
+    ("util_gpu", 1.0),
+    ("sm_active", 1.0),
+    ("tensor_active", 1.0),
+    ("dram_active", 1.0),
+    ("power_w", 1e5),
+    ("clock_sm_mhz", 1e5),
+)
+# The GPU counters averaged over the training window (OFU is computed per sample), and the host counters: each the
+# snapshot key it shows under and the sample field it reads.
+GPU_WINDOW_FIELDS = (
+    "util_gpu",
+    "sm_active",
+    "tensor_active",
+    "dram_active",
+    "power_w",
+    "clock_sm_mhz",
+    "ofu",
+)
+HOST_WINDOW_FIELDS = (
+    ("host_cpu_cores", "cpu_cores"),
+    ("host_rss_b", "rss_b"),
+)
+NODE_WINDOW_FIELDS = (
+    ("node_cpu_iowait", "cpu_iowait"),
+    ("node_mem_available_b", "mem_available_b"),
+)
+# Alert inputs: how many of rank 0's latest steps the medians look at (odd, so a median is one of them), the clock
+# event reasons that mean power or heat (nvml.h: hw_slowdown is either, so it counts as both), the phases during
+# which a loop is not training on purpose, and the series whose non-finite values the loss rules count.
+STEP_WINDOW = 21
+_POWER_REASONS = ("sw_power_cap", "hw_power_brake", "hw_slowdown")
+_THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
+_PAUSE_PHASES = ("eval", "checkpoint")
+_LOSS_SERIES = "train_loss"
+# A GPU whose latest sample is older than this is no longer watched (the sampler narrowed its selection to the run's
+# GPUs): its health is absent rather than frozen at its last reading.
+_STALE_GPU_S = 30.0
+
+
+class RankState(msgspec.Struct, kw_only=True):
+    """One rank's steps: its count, its step-time EMA and when its last step came (its own host's clock)."""
+
+    host: str = ""
+    steps: int = 0
+    step_time_ema_s: float | None = None
+    last_t: float | None = None
+
+
+class GpuState(msgspec.Struct, kw_only=True):
+    """One GPU's latest sample and what the engine integrates over its samples (energy, OFU × window, the counters
+    over the training window)."""
+
+    host: str
+    index: int
+    uuid: str | None = None
+    t: float | None = None
+    util_gpu: float | None = None
+    sm_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    clock_sm_mhz: float | None = None
+    clock_sm_max_mhz: float | None = None
+    power_w: float | None = None
+    # where the latest sample's rates start (they end at t): GPM's window, and GPU-Util's where NVML says it
+    gpm_start_t: float | None = None
+    util_start_t: float | None = None
+    absent: dict[str, str] = {}
+    energy_j: float = 0.0
+    power_samples: int = 0
+    ofu_s: float = 0.0  # Σ OFU × GPM window, for observed FLOPs
+    ofu_samples: int = 0
+    ofu_missed: int = 0  # samples whose OFU could not be computed (no GPM, no clock basis)
+    ofu_label: str | None = None  # the clock basis of the latest sample's OFU, as the label says it
+    ofu_basis: str | None = None  # … and as the explain says it
+    window: dict[str, WindowSum] = {}  # GPU_WINDOW_FIELDS over the training window of this GPU's host
+    # for the alert rules: the latest clock event reasons, Xids counted over every sample, ECC, lost
+    throttle: list[str] = []
+    xid_count: int = 0
+    xid_last: int | None = None
+    ecc_uncorrected: int | None = None
+    lost: bool = False
+
+
+class PendingPoint(msgspec.Struct, kw_only=True):
+    """A value held back from a series, with the x values and wall time it arrived at."""
+
+    point: rec.SeriesPoint
+    x_step: float
+    x_tokens: float
+    x_flop: float
+    wall: float
+
+
+class NodeState(msgspec.Struct, kw_only=True):
+    """One node of a job, from the job hub's ``node`` and ``clock`` records and the node's own records (mapped)."""
+
+    node_rank: int
+    state: str = "live"
+    node_run: str | None = None
+    last_t: float | None = None  # the latest record from the node, on the hub's clock
+    last_kind: str | None = None
+    behind: int | None = None
+    gaps: int = 0
+    gap_records: int = 0
+    offset_s: float | None = None
+    uncertainty_s: float | None = None
+    basis: str | None = None
+    lag_ema_s: float | None = None  # how long after the first node its ranks report a step (hub's clock)
+    steps: int = 0
+
+
+class AttemptState(msgspec.Struct, kw_only=True):
+    """One start of the run (``run.start``): a resumed run has several in one log. Times are on the engine's timeline,
+    which continues across attempts (``EngineState.t_offset``)."""
+
+    attempt: int
+    host: str = ""
+    start_t: float
+    start_wall: float
+    end: str = "running"
+    first_step: int | None = None
+    first_step_t: float | None = None
+    last_step: int | None = None
+    last_t: float | None = None  # its latest record
+    last_wall: float | None = None
+    gap_s: float | None = None
+    resumed_from: int | None = None
+    resumed_from_source: str | None = None
+    superseded_steps: int = 0
+    superseded_s: float = 0.0
+    superseded_note: str | None = None
+
+
+class Resume(msgspec.Struct, kw_only=True):
+    """What a resumed run's accounting carries: the time between attempts, and the steps done twice.
+
+    ``stepping_s`` is the time from each attempt's first step to its latest (rank 0), summed over attempts;
+    ``stepping_phase_s`` the phases inside those stretches and ``stepping_wait_s`` their data wait: a step mark keeps
+    the three, so the stretch after a checkpoint that a later attempt redid can be taken out of the time that trained.
+    A mark is ``(step, t, steps, tokens_seen, steps_with_tokens, stepping_s, stepping_phase_s, stepping_wait_s)``.
+    """
+
+    t_offset: float = 0.0  # added to the t of every record of the current attempt (another host, or a reboot)
+    attempt_start_t: float | None = (
+        None  # the current attempt's start: readings from before it are no previous one
+    )
+    down_s: float = 0.0  # Σ the time from an attempt's end (its last tick or step) to the next start
+    restart_s: float = (
+        0.0  # Σ, over closed joins, the rest of the time from a last step to the next first step
+    )
+    join_s: float = (
+        0.0  # Σ, over closed joins, the time from the last step before an attempt to its first step
+    )
+    open_down_s: float = 0.0  # the downtime inside the join still open (the current attempt has not stepped)
+    superseded_steps: int = 0
+    superseded_s: float = 0.0  # compute and data wait of the steps done again
+    superseded_tokens: int = 0
+    stepping_s: float = 0.0
+    stepping_phase_s: float = 0.0
+    stepping_wait_s: float = 0.0
+    phase_after_step_s: float = (
+        0.0  # what of stepping_phase_s lies after the latest step (not in a stretch yet)
+    )
+    wait_after_step_s: float = 0.0
+    marks: list[tuple[int, float, int, int, int, float, float, float]] = []  # rank 0's latest steps
+    checkpoint_marks: list[tuple[int, float, int, int, int, float, float, float]] = []  # checkpoints written
+
+
+class EngineState(msgspec.Struct, kw_only=True):
+    """Everything the engine knows; a msgspec Struct so a checkpoint is one encode."""
+
+    facts: FactTable = msgspec.field(default_factory=FactTable)
+    visible_devices: dict[str, list[str]] = {}  # host -> CUDA_VISIBLE_DEVICES entries from run.start
+    start_t: float | None = None
+    now_t: float | None = None
+    now_wall: float = 0.0
+    tick: int = 0
+    through_seq: int | None = None
+    finished: bool = False
+    # the step clock (rank 0, or a single process)
+    steps: int = 0
+    last_step: int | None = None
+    first_step_t: float | None = None
+    last_step_t: float | None = None
+    last_step_wall: float | None = None  # with now_t and now_wall, where an attempt ended (attempts.ended)
+    tokens_seen: int = 0
+    steps_with_tokens: int = 0
+    window_tokens: int = 0
+    window_steps_without_tokens: int = 0
+    profiled_s: float = 0.0
+    profiled_steps: int = 0
+    tokens_ema: float | None = None
+    interval_ema_s: float | None = None
+    last_tokens_per_step: int | None = None
+    last_tokens_source: str | None = None
+    dp_assumed: bool = False
+    tokens_mismatch: int | None = (
+        None  # the latest detected tokens per step that disagreed with the declared one
+    )
+    ranks: dict[int, RankState] = {}
+    # time split (rank 0's phases, after the first step)
+    phase_s: dict[str, float] = {}
+    phase_after_last_s: dict[str, float] = {}
+    phases_seen: dict[str, int] = {}
+    # what the loop reports
+    seen_explicit_train: bool = False
+    emit_series: dict[str, bool] = {}
+    # series a tracker tap reported: they beat the agent's loss from backward()
+    tapped_series: dict[str, bool] = {}
+    # the agent's loss from backward(), held until the iteration is over: the loop's own value for that step (emit()
+    # after optimizer.step(), say) replaces it; otherwise it goes in at the next step, tick or the run's end
+    pending_backward: dict[str, PendingPoint] = {}
+    series: dict[str, rec.SeriesPoint] = {}
+    # samplers
+    gpus: dict[str, GpuState] = {}
+    gpu_absent: str | None = None  # the GPU sampler's row saying the node has no GPU it can read ("no NVML")
+    host_sample: rec.SampleHost | None = None
+    node_sample: rec.SampleNode | None = None
+    # the training window of each host (its first and latest step, any rank), and the host counters over it
+    step_spans: dict[str, StepSpan] = {}
+    host_window: dict[str, WindowSum] = {}
+    startup_phase_s: dict[
+        str, float
+    ] = {}  # rank 0's phases before the first step (compile), which startup holds
+    # what the alert rules read besides the metrics above (docs/metrics.md, "Alert inputs")
+    child_alive: bool | None = None  # from the latest tick; False once the run ended
+    recent_intervals_s: list[float] = []  # rank 0's latest STEP_WINDOW step intervals, profiled ones left out
+    recent_rates: list[float] = []  # tokens / interval of those steps, where a step had tokens
+    pause_phase: str | None = None  # the latest eval or checkpoint span of rank 0, and when it ended
+    pause_end_t: float | None = None
+    loss_seen: bool = False
+    loss_nonfinite: int = 0  # train_loss values that were NaN or infinite, over the run
+    loss_tick_max: float | None = None  # the largest finite train_loss since the previous tick
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    exit_signal_name: str | None = None
+    # imported profiler results (model/engine/profiles.py)
+    profiles: ProfileState = msgspec.field(default_factory=ProfileState)
+    # a job of several nodes (model/engine/nodes.py): the host whose run this is (its first run.start's), the job,
+    # each other node by host, and the mapped time each host's ranks reported the latest steps
+    host: str | None = None
+    job: rec.JobPlace | None = None
+    nodes: dict[str, NodeState] = {}
+    step_marks: dict[int, dict[str, float]] = {}
+    own_lag_ema_s: float | None = None
+
+    # a resumed run: its attempts, and the accounting across them (model/engine/attempts.py)
+    attempts: list[AttemptState] = []
+    resume: Resume = msgspec.field(default_factory=Resume)
+    attempt_stepped: bool = False  # rank 0 stepped in the current attempt (the run's first, or a resumed one)

@@ -1,0 +1,115 @@
+"""Throughput: rank 0's step time and tokens/s (EMAs), tokens seen, and the spread of step times over ranks.
+
+Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine.builder import (
+    EI as _EI,
+)
+from trainmeter_core.model.engine.builder import (
+    NO_STEP as _NO_STEP,
+)
+from trainmeter_core.model.engine.builder import (
+    NO_TOKENS as _NO_TOKENS,
+)
+from trainmeter_core.model.engine.builder import (
+    SnapshotBuilder,
+)
+from trainmeter_core.model.engine.nodes import node_rank_of
+
+
+def throughput(snap: SnapshotBuilder) -> None:
+    state = snap.state
+    rank0 = state.ranks.get(0)
+    alpha = fm.EMA_ALPHA
+    one_step = "one step so far: a rate needs two"
+    if rank0 is not None and rank0.step_time_ema_s is not None:
+        snap.put(
+            "step_time_s",
+            f"EMA of rank 0's seconds per step, alpha {alpha}",
+            value=rank0.step_time_ema_s,
+            unit="s",
+            label="ema",
+            inputs={"steps": _EI(value=state.steps, source="rank 0 step records")},
+        )
+    else:
+        snap.put(
+            "step_time_s",
+            "EMA of rank 0's seconds per step",
+            absent=one_step if state.steps else _NO_STEP,
+        )
+    formula = (
+        f"EMA(tokens per step) / EMA(step interval), alpha {alpha}, rank 0's steps, profiled ones left out"
+    )
+    if state.tokens_ema is not None and state.interval_ema_s:
+        snap.tps = fm.rate_per_s(state.tokens_ema, state.interval_ema_s)
+        note = "dp unknown: tokens × dp assumed dp = 1 (pass --dp)" if state.dp_assumed else None
+        snap.put(
+            "tokens_per_s",
+            formula,
+            value=snap.tps,
+            unit="tokens/s",
+            label="ema",
+            note=note,
+            inputs={
+                "tokens_per_step": _EI(
+                    value=state.last_tokens_per_step, unit="tokens", source=state.last_tokens_source
+                ),
+                "tokens_per_step_ema": _EI(value=state.tokens_ema, unit="tokens"),
+                "step_interval_ema_s": _EI(value=state.interval_ema_s, unit="s"),
+            },
+        )
+    else:
+        snap.tps_absent = (
+            _NO_STEP if not state.steps else (_NO_TOKENS if not state.steps_with_tokens else one_step)
+        )
+        snap.put("tokens_per_s", formula, absent=snap.tps_absent, unit="tokens/s")
+    if state.steps_with_tokens:
+        missing = state.steps - state.steps_with_tokens
+        note = f"{missing} steps without a token count are not included" if missing else None
+        snap.put(
+            "tokens",
+            "Σ tokens per step over rank 0's steps",
+            value=float(state.tokens_seen),
+            unit="tokens",
+            note=note,
+            inputs={"steps": _EI(value=state.steps_with_tokens, source=state.last_tokens_source)},
+        )
+    else:
+        snap.put("tokens", "Σ tokens per step", absent=_NO_TOKENS if state.steps else _NO_STEP, unit="tokens")
+
+
+def ranks(snap: SnapshotBuilder) -> list[rec.RankStat]:
+    state = snap.state
+    device_of = {rank: d.key for d in snap.rig.devices for rank in d.ranks}
+    stats = [
+        rec.RankStat(
+            rank=r,
+            host=s.host,
+            steps=s.steps,
+            step_time_s=s.step_time_ema_s,
+            device=device_of.get(r),
+            node=node_rank_of(state, s.host),
+        )
+        for r, s in sorted(state.ranks.items())
+    ]
+    timed = [s for s in stats if s.step_time_s is not None]
+    formula = "(max − min) / median of the per-rank step-time EMAs"
+    if len(timed) < 2:
+        snap.put("straggler_spread", formula, absent="needs step times from 2 or more ranks")
+    else:
+        spread, slowest = fm.straggler_spread([s.step_time_s for s in timed])  # type: ignore[misc]
+        inputs = {f"rank {s.rank}": _EI(value=s.step_time_s, unit="s", source=s.host) for s in timed}
+        inputs["slowest_rank"] = _EI(value=timed[slowest].rank, source=timed[slowest].host)
+        snap.put(
+            "straggler_spread",
+            formula,
+            value=spread,
+            inputs=inputs,
+            note=f"the slowest rank is {timed[slowest].rank} on {timed[slowest].host}",
+        )
+    return stats

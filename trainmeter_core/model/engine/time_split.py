@@ -1,0 +1,140 @@
+"""Where the run's time went: startup and compile, data wait, checkpoints, eval, profiler, compute; and goodput.
+
+Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine import attempts
+from trainmeter_core.model.engine.builder import (
+    EI as _EI,
+)
+from trainmeter_core.model.engine.builder import (
+    NO_STEP as _NO_STEP,
+)
+from trainmeter_core.model.engine.builder import (
+    SnapshotBuilder,
+)
+
+
+def time_split(snap: SnapshotBuilder) -> dict[str, float]:
+    state = snap.state
+    if state.start_t is None or state.now_t is None:
+        snap.put("goodput", "(compute + data wait after the first step) / elapsed", absent=_NO_STEP)
+        return {}
+    split = fm.time_split(
+        start_t=state.start_t,
+        now_t=state.now_t,
+        first_step_t=state.first_step_t,
+        last_step_t=state.last_step_t,
+        phase_s=state.phase_s,
+        phase_after_last_s=state.phase_after_last_s,
+        final=snap.final,
+    )
+    _between_attempts(snap, split)
+    snap.elapsed_s = state.now_t - state.start_t
+    # The agent says per probe "attached" or "not attached: <why>" (probe.<part> facts). A part with no phase
+    # and no attached probe may be hiding inside compute, and the explain says so.
+    unattached: list[str] = []
+    for part in ("compile", "data_wait", "checkpoint", "eval"):
+        status = state.facts.value(f"probe.{part}")
+        if part in state.phases_seen or status == "attached":
+            continue
+        why = status.removeprefix("not attached: ") if isinstance(status, str) else "no probe reported"
+        unattached.append(f"{part} ({why})")
+    note = None
+    if unattached:
+        note = "stays in compute, its probe never attached: " + "; ".join(unattached)
+    if not snap.lean:
+        snap.explain["time_split"] = rec.Explain(
+            formula="elapsed = startup_compile + data_wait + checkpoint + eval + profiler + compute (+ after_last_step)",
+            inputs={name: _EI(value=value, unit="s") for name, value in split.items()},
+            note=note,
+        )
+    formula = "(compute + data wait after the first step) / elapsed"
+    if "down" in split:
+        formula += (
+            ", the time between and before a resumed run's attempts and its steps done again not counted"
+        )
+    if state.first_step_t is None or snap.elapsed_s <= 0:
+        snap.put("goodput", formula, absent=_NO_STEP)
+    else:
+        inputs = {
+            "compute_s": _EI(value=split["compute"], unit="s"),
+            "data_wait_s": _EI(value=split["data_wait"], unit="s"),
+            "elapsed_s": _EI(value=snap.elapsed_s, unit="s"),
+        }
+        lost_note = lost_time(state.startup_phase_s, split, snap.elapsed_s, inputs)
+        snap.put(
+            "goodput",
+            formula,
+            value=fm.goodput(split["compute"], split["data_wait"], snap.elapsed_s),
+            note="; ".join(n for n in (lost_note, note) if n),
+            inputs=inputs,
+        )
+    return split
+
+
+def _between_attempts(snap: SnapshotBuilder, split: dict[str, float]) -> None:
+    """A resumed run's parts (down, restart, superseded) taken out of compute, so the parts still add up to elapsed.
+
+    At the end of a run whose last attempt never stepped, the time after the run's last step stays there, less the
+    downtime it holds."""
+    state = snap.state
+    assert state.now_t is not None
+    parts = attempts.time_parts(state, state.now_t, snap.final)
+    if not parts or state.first_step_t is None:
+        return
+    open_down_s = state.resume.open_down_s if attempts.awaiting_step(state) else 0.0
+    if snap.final and open_down_s:
+        split["after_last_step"] = split.get("after_last_step", 0.0) - open_down_s
+        split["compute"] -= parts["down"] - open_down_s + parts["restart"] + parts["superseded"]
+    else:
+        split["compute"] -= parts["down"] + parts["restart"] + parts["superseded"]
+    split.update(parts)
+
+
+# The parts of the time split that goodput does not count, in the words a person reads them, largest first.
+_LOST_PARTS = (
+    ("startup_compile", "start-up and compile before the first step"),
+    ("down", "down between attempts"),
+    ("restart", "restarting from a checkpoint"),
+    ("superseded", "steps done again after resuming"),
+    ("checkpoint", "checkpoints"),
+    ("eval", "eval"),
+    ("profiler", "profiled steps"),
+    ("after_last_step", "after the last step"),
+)
+
+
+def lost_time(
+    startup_phase_s: dict[str, float],
+    split: dict[str, float],
+    elapsed_s: float,
+    inputs: dict[str, rec.ExplainInput],
+) -> str | None:
+    """What the time goodput does not count was spent on, as a note; each part also goes into ``inputs``."""
+    parts = []
+    lost = 0.0
+    for part, words in _LOST_PARTS:
+        seconds = split.get(part, 0.0)
+        if seconds <= 0:
+            continue
+        lost += seconds
+        inputs[f"{part}_s"] = _EI(value=seconds, unit="s")
+        if part == "startup_compile" and startup_phase_s.get("compile"):
+            # The compile phases the agent saw before the first step are part of start-up: say how much.
+            compile_s = min(startup_phase_s["compile"], seconds)
+            inputs["compile_before_first_step_s"] = _EI(value=compile_s, unit="s", source="compile phases")
+            words = f"start-up and compile before the first step ({compile_s:.1f} s of it compiling)"
+        parts.append((seconds, f"{words} {seconds:.1f} s"))
+    if not parts:
+        return None
+    inputs["lost_s"] = _EI(value=lost, unit="s", source="elapsed − compute − data wait")
+    named = ", ".join(text for _, text in sorted(parts, key=lambda p: -p[0]))
+    waited = split.get("data_wait", 0.0)
+    # Data wait inside the window counts as training time (SPEC's goodput); say so where there was any.
+    tail = f" (the data wait, {waited:.1f} s, counts as training time)" if waited > 0 else ""
+    return f"lost {lost:.1f} s of {elapsed_s:.1f} s: {named}{tail}"

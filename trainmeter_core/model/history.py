@@ -1,0 +1,261 @@
+"""History: a timeline per series on every x axis (step, tokens, FLOPs spent, wall time), bounded for a week-long run.
+
+Pure: no I/O, no clock. Recent points stay raw; older ones merge into buckets that keep min, max, mean and count, so a
+spike never disappears. It must never grow without bound: each tier holds at most ``capacity`` entries per series.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping
+
+import msgspec
+
+__all__ = ["AXIS_ALIASES", "X_AXES", "History", "HistoryPoint", "HistoryState"]
+
+#: The x axes every point carries; an axis a point does not know (FLOPs without a convention) is NaN and skipped.
+X_AXES = ("step", "tokens", "flop", "wall")
+#: ``flops`` is the FLOPs-spent axis's name before schema 2, accepted for one release.
+AXIS_ALIASES = {"flops": "flop"}
+_AXIS_INDEX = {axis: i for i, axis in enumerate(X_AXES)} | {
+    old: X_AXES.index(new) for old, new in AXIS_ALIASES.items()
+}
+_NAN = math.nan
+# A tier spills this many of its buckets-to-be at a time, so the array moves are rare and the bound stays tight.
+_SPILL_GROUPS = 16
+
+
+class HistoryPoint(msgspec.Struct, array_like=True, frozen=True):
+    """One point of a query: x on the chosen axis, the mean value, the min and max it covers, how many raw points."""
+
+    x: float
+    value: float
+    min: float
+    max: float
+    count: int
+
+
+class HistoryState(msgspec.Struct):
+    """A History as bytes per array (float64, native order): what the engine's checkpoint carries."""
+
+    capacity: int
+    merge: int
+    tiers: int
+    series: dict[str, list[list[bytes]]]  # name -> tiers -> arrays
+    added: dict[str, int]
+
+
+class _Series:
+    """Tier 0 is raw (4 x arrays + value); tiers 1.. are buckets (4 x arrays + mean, min, max, count)."""
+
+    __slots__ = ("tiers", "added")
+
+    def __init__(self, n_tiers: int) -> None:
+        self.tiers = [[array("d") for _ in range(5)]] + [
+            [array("d") for _ in range(8)] for _ in range(n_tiers - 1)
+        ]
+        self.added = 0
+
+
+class History:
+    """Timelines per series. Memory bound: at most ``tiers`` × ``capacity`` entries per series, each 40-64 bytes.
+
+    With the defaults (capacity 4096, merge 16, 3 tiers) a series keeps its last ~4k points raw, the ~65k before them
+    in buckets of 16, and everything older in buckets of 256 or more: at most 12,288 entries (about 0.7 MB), however
+    long the run. When the last tier fills it merges its buckets pairwise, so the oldest history only gets coarser.
+    """
+
+    def __init__(self, capacity: int = 4096, merge: int = 16, tiers: int = 3) -> None:
+        if capacity < merge * _SPILL_GROUPS * 2 or merge < 2 or tiers < 2:
+            raise ValueError(
+                f"history needs merge >= 2, tiers >= 2 and capacity >= {2 * _SPILL_GROUPS} x merge, "
+                f"got capacity {capacity}, merge {merge}, tiers {tiers}"
+            )
+        self._capacity = capacity
+        self._merge = merge
+        self._n_tiers = tiers
+        self._series: dict[str, _Series] = {}
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # Writing
+
+    def add(self, series: str, x: Mapping[str, float | None], value: float) -> None:
+        """Add one point; ``x`` maps axis names (step, tokens, flop, wall) to values, a missing axis is unknown."""
+        values = [x.get(axis) for axis in X_AXES]
+        self.add_point(series, *(_NAN if v is None else float(v) for v in values), value=float(value))
+
+    def add_point(
+        self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
+    ) -> None:
+        """The engine's fast path: every axis as a float (NaN when unknown)."""
+        entry = self._series.get(series)
+        if entry is None:
+            entry = self._series[series] = _Series(self._n_tiers)
+        raw = entry.tiers[0]
+        raw[0].append(step)
+        raw[1].append(tokens)
+        raw[2].append(flop)
+        raw[3].append(wall)
+        raw[4].append(value)
+        entry.added += 1
+        if len(raw[4]) > self._capacity:
+            self._spill(entry, 0)
+
+    def _spill(self, entry: _Series, tier: int) -> None:
+        source = entry.tiers[tier]
+        chunk = self._merge * _SPILL_GROUPS
+        if tier + 1 == self._n_tiers:
+            # The last tier has nowhere to spill: it merges all its buckets pairwise and so halves itself.
+            merged = [array("d") for _ in range(8)]
+            _merge_into(merged, source, 0, len(source[4]), 2, raw=False)
+            entry.tiers[tier] = merged
+            return
+        target = entry.tiers[tier + 1]
+        _merge_into(target, source, 0, chunk, self._merge, raw=tier == 0)
+        for column in source:
+            del column[:chunk]
+        if len(target[4]) > self._capacity:
+            self._spill(entry, tier + 1)
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # Reading
+
+    def series_names(self) -> list[str]:
+        return sorted(self._series)
+
+    def stored_points(self, series: str) -> int:
+        """Entries held for ``series`` across its tiers (raw points and buckets): what memory grows with."""
+        entry = self._series.get(series)
+        return 0 if entry is None else sum(len(tier[4]) for tier in entry.tiers)
+
+    def added_points(self, series: str) -> int:
+        entry = self._series.get(series)
+        return 0 if entry is None else entry.added
+
+    def query(
+        self, series: str, x_axis: str = "step", since: float | None = None, max_points: int | None = None
+    ) -> list[HistoryPoint]:
+        """Points of ``series`` on ``x_axis``, oldest first; ``since`` keeps only points with x > since.
+
+        The x axes grow through a run, so a reader that passes the last x it saw gets only newer points. A bucket's
+        x is that of its newest point. ``max_points`` merges neighbours (keeping min, max, count-weighted mean) until
+        at most that many remain.
+        """
+        axis = _AXIS_INDEX.get(x_axis)
+        if axis is None:
+            raise ValueError(f"unknown x axis {x_axis!r}; the axes are {', '.join(X_AXES)}")
+        if max_points is not None and max_points < 1:
+            raise ValueError(f"max_points must be 1 or more, got {max_points}")
+        entry = self._series.get(series)
+        if entry is None:
+            return []
+        points: list[HistoryPoint] = []
+        for tier_index in range(len(entry.tiers) - 1, -1, -1):
+            tier = entry.tiers[tier_index]
+            xs = tier[axis]
+            if tier_index == 0:
+                for i, x in enumerate(xs):
+                    if x == x and (since is None or x > since):
+                        v = tier[4][i]
+                        points.append(HistoryPoint(x, v, v, v, 1))
+            else:
+                for i, x in enumerate(xs):
+                    if x == x and (since is None or x > since):
+                        points.append(HistoryPoint(x, tier[4][i], tier[5][i], tier[6][i], int(tier[7][i])))
+        if max_points is not None and len(points) > max_points:
+            points = _thin(points, max_points)
+        return points
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # Checkpoint
+
+    def to_state(self) -> HistoryState:
+        return HistoryState(
+            capacity=self._capacity,
+            merge=self._merge,
+            tiers=self._n_tiers,
+            series={
+                name: [[column.tobytes() for column in tier] for tier in entry.tiers]
+                for name, entry in self._series.items()
+            },
+            added={name: entry.added for name, entry in self._series.items()},
+        )
+
+    @classmethod
+    def from_state(cls, state: HistoryState) -> History:
+        history = cls(state.capacity, state.merge, state.tiers)
+        for name, tiers in state.series.items():
+            entry = _Series(state.tiers)
+            if len(tiers) != state.tiers:
+                raise ValueError(f"history state of {name!r} has {len(tiers)} tiers, expected {state.tiers}")
+            for tier_index, columns in enumerate(tiers):
+                arrays = []
+                for raw_bytes in columns:
+                    column = array("d")
+                    column.frombytes(raw_bytes)
+                    arrays.append(column)
+                if len(arrays) != len(entry.tiers[tier_index]):
+                    raise ValueError(f"history state of {name!r}: tier {tier_index} has the wrong columns")
+                entry.tiers[tier_index] = arrays
+            entry.added = state.added.get(name, 0)
+            history._series[name] = entry
+        return history
+
+
+def _merge_into(
+    target: list[array], source: list[array], start: int, stop: int, group: int, *, raw: bool
+) -> None:
+    """Merge source entries [start, stop) in groups of ``group`` and append one bucket per group to ``target``."""
+    for first in range(start, stop, group):
+        last = min(first + group, stop)
+        for axis in range(4):
+            # A bucket sits at its newest point that knows this axis.
+            column = source[axis]
+            x = _NAN
+            for i in range(last - 1, first - 1, -1):
+                if column[i] == column[i]:
+                    x = column[i]
+                    break
+            target[axis].append(x)
+        total = 0.0
+        count = 0.0
+        low = _NAN
+        high = _NAN
+        values = source[4]
+        for i in range(first, last):
+            if raw:
+                n, v, lo, hi = 1.0, values[i], values[i], values[i]
+            else:
+                n, v, lo, hi = source[7][i], values[i], source[5][i], source[6][i]
+            total += v * n
+            count += n
+            # NaN never wins a comparison, so a NaN loss stays out of min/max yet still shows in the mean.
+            if lo == lo and not lo >= low:
+                low = lo
+            if hi == hi and not hi <= high:
+                high = hi
+        target[4].append(total / count)
+        target[5].append(low)
+        target[6].append(high)
+        target[7].append(count)
+
+
+def _thin(points: list[HistoryPoint], max_points: int) -> list[HistoryPoint]:
+    group = -(-len(points) // max_points)
+    thinned: list[HistoryPoint] = []
+    for first in range(0, len(points), group):
+        members = points[first : first + group]
+        count = 0
+        total = 0.0
+        low = _NAN
+        high = _NAN
+        for point in members:
+            total += point.value * point.count
+            count += point.count
+            if point.min == point.min and not point.min >= low:
+                low = point.min
+            if point.max == point.max and not point.max <= high:
+                high = point.max
+        thinned.append(HistoryPoint(members[-1].x, total / count, low, high, count))
+    return thinned

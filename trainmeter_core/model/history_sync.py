@@ -1,0 +1,93 @@
+"""Keeping a copy of the engine's history in step with it: the points the engine adds, journaled and sent as
+``history`` deltas, and a replica (the dashboard's) that applies them in order and knows when it must ask for the
+whole history again.
+
+Pure: no I/O, no clock. A History is deterministic given its ``add_point`` calls, so a replica that makes the same calls
+in the same order holds the same arrays as the engine, bucket for bucket. The replica never guesses: a delta out of
+step leaves it as it was and says so.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.history import History
+
+__all__ = ["JournaledHistory", "HistoryReplica", "Applied"]
+
+Applied = Literal["applied", "already", "out of step"]
+
+
+class JournaledHistory(History):
+    """The engine's History, which also remembers the points added since the last ``take``."""
+
+    def __init__(self, capacity: int = 4096, merge: int = 16, tiers: int = 3) -> None:
+        super().__init__(capacity, merge, tiers)
+        self._journal: list[tuple[str, float, float, float, float, float]] = []
+
+    def add_point(
+        self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
+    ) -> None:
+        super().add_point(series, step, tokens, flop, wall, value)
+        self._journal.append((series, step, tokens, flop, wall, value))
+
+    def take(self) -> tuple[list[str], list[tuple[int, float, float, float, float, float]]]:
+        """The points added since the last ``take`` (series names once, points by name index); empties the journal."""
+        index: dict[str, int] = {}
+        points = []
+        for series, step, tokens, flop, wall, value in self._journal:
+            i = index.get(series)
+            if i is None:
+                i = index[series] = len(index)
+            points.append((i, step, tokens, flop, wall, value))
+        self._journal.clear()
+        return list(index), points
+
+    def journaled(self) -> int:
+        """How many points wait for the next ``take``."""
+        return len(self._journal)
+
+    def forget(self) -> None:
+        """Drop the journal (what it holds reaches replicas another way: a full history)."""
+        self._journal.clear()
+
+
+class HistoryReplica:
+    """A copy of the engine's history: loaded whole once, then kept in step by the engine's deltas.
+
+    ``incarnation`` is None until the first whole history is loaded; ``n`` is the last delta reflected.
+    """
+
+    def __init__(self) -> None:
+        self.history = History()
+        self.incarnation: str | None = None
+        self.n = 0
+
+    @property
+    def synced(self) -> bool:
+        return self.incarnation is not None
+
+    def load(self, history: History, incarnation: str, n: int) -> None:
+        """Take a whole history (from the engine's checkpoint) that reflects delta ``n`` of ``incarnation``."""
+        self.history = history
+        self.incarnation = incarnation
+        self.n = n
+
+    def apply(self, delta: rec.HistoryDelta) -> Applied:
+        """Apply the next delta. ``already``: this copy reflects it; ``out of step``: a delta is missing or another
+        engine sent it, and only a whole history puts the copy right (it is left untouched)."""
+        if delta.incarnation != self.incarnation:
+            return "out of step"
+        if delta.n <= self.n:
+            return "already"
+        if delta.n != self.n + 1:
+            return "out of step"
+        names = delta.series
+        if not all(0 <= point[0] < len(names) for point in delta.points):
+            return "out of step"  # a point names a series the delta does not list: not the engine's
+        add = self.history.add_point
+        for i, step, tokens, flop, wall, value in delta.points:
+            add(names[i], step, tokens, flop, wall, value)
+        self.n = delta.n
+        return "applied"

@@ -1,0 +1,230 @@
+"""The training command as tm starts it: untouched, in its own process group, with the agent's boot folder on its
+``PYTHONPATH``, and the terminal's foreground when tm has it.
+
+Nothing here ever signals the child except to forward a signal tm itself received; its exit status becomes tm's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import select
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trainmeter_core.run.say import Say
+
+#: The signals tm forwards to the child (once each; not under Slurm, which signals every process of the step).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exec_untouched(command: list[str], script_mode: bool) -> int:
+    """Replace tm with the command itself (a tm inside a tm, or inside a torchrun rank)."""
+    argv = [sys.executable, *command] if script_mode else command
+    try:
+        os.execvp(argv[0], argv)
+    except FileNotFoundError:
+        Say()(f"{argv[0]}: command not found", always=True)
+        return 127
+    except PermissionError:
+        Say()(f"{argv[0]}: not executable", always=True)
+        return 126
+
+
+def resolve_command(command: list[str], script_mode: bool, say: Say) -> list[str] | int:
+    """The argv to start, or the exit status (127 not found, 126 not executable) after one clear line."""
+    if script_mode:
+        script = command[0]
+        if not os.path.exists(script):
+            say(
+                f"{script}: no such file (to run a command rather than a script: tm -- CMD ARGS)", always=True
+            )
+            return 127
+        if os.path.isdir(script) and not os.path.exists(os.path.join(script, "__main__.py")):
+            say(f"{script}: is a directory without __main__.py", always=True)
+            return 126
+        return [sys.executable, *command]
+    program = command[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            say(f"{program}: no such file", always=True)
+            return 127
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            say(f"{program}: not executable", always=True)
+            return 126
+        return list(command)
+    if shutil.which(program) is None:
+        say(f"{program}: command not found", always=True)
+        return 127
+    return list(command)
+
+
+def agent_boot_dir() -> Path:
+    """The folder holding the agent's ``sitecustomize.py``, put first on the child's ``PYTHONPATH``.
+
+    Found with ``find_spec``, which locates ``trainmeter_agent`` without importing it: the core never imports the agent,
+    which is a guest of the training process only.
+    """
+    spec = importlib.util.find_spec("trainmeter_agent")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("trainmeter_agent is not installed beside trainmeter_core: reinstall trainmeter")
+    return Path(next(iter(spec.submodule_search_locations))) / "boot"
+
+
+def child_environment(endpoints: dict, run_dir: Path, agent: bool, tap: bool = True) -> dict[str, str]:
+    env = dict(os.environ)
+    if not tap:
+        env["TM_NO_TAP"] = "1"
+    env["TM_ACTIVE"] = "1"
+    env["TM_RUN_DIR"] = str(run_dir)
+    env["TM_LAUNCHER_PID"] = str(os.getpid())
+    env["TM_AGENT_ENDPOINT"] = endpoints["in"]
+    env["TM_AGENT"] = "1" if agent else "0"
+    if agent:
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(agent_boot_dir()) + (os.pathsep + path if path else "")
+    return env
+
+
+def lower_own_priority() -> None:
+    """After the child started (so it inherits neither), tm yields CPU and is the OOM killer's first pick."""
+    try:
+        os.nice(5)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+
+
+class Child:
+    """The training command: its own process group, the terminal's foreground when tm has it."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv = argv
+        self.env = env
+        self.pid: int | None = None
+        self.status: int | None = None  # raw waitpid status
+        self.exited = threading.Event()
+        self.tty: int | None = None
+
+    def start(self) -> None:
+        tty = 0 if _isatty(0) else None
+        foreground = tty is not None and os.tcgetpgrp(tty) == os.getpgrp()
+        # Python ignores SIGPIPE and SIGXFSZ; the child gets the defaults it would have without tm.
+        self.pid = os.posix_spawnp(
+            self.argv[0],
+            self.argv,
+            self.env,
+            setpgroup=0,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            setsigmask=(),
+        )
+        if foreground:
+            self.tty = tty
+            self._give_terminal(self.pid)
+            try:
+                os.killpg(self.pid, signal.SIGCONT)  # in case it read the terminal before it was its own
+            except OSError:
+                pass
+
+    def _give_terminal(self, pgid: int) -> None:
+        if self.tty is None:
+            return
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+        try:
+            os.tcsetpgrp(self.tty, pgid)
+        except OSError:
+            pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def poll(self) -> int | None:
+        """The raw status if the child has already exited (it is then reaped, and ``wait`` returns it), else None."""
+        if self.status is not None:
+            return self.status
+        assert self.pid is not None
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return None  # reaped elsewhere: let wait() tell
+        if pid == 0 or not (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+            return None
+        self.status = status
+        self.exited.set()
+        self._give_terminal(os.getpgrp())
+        return status
+
+    def exited_within(self, timeout_s: float) -> int | None:
+        """The raw status if the child exits within ``timeout_s`` (woken by its exit, not by polling), else None."""
+        if self.poll() is not None or timeout_s <= 0:
+            return self.status
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfd (an old kernel): look every 10 ms
+            deadline = time.monotonic() + timeout_s
+            while self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return self.status
+        try:
+            select.select([fd], [], [], timeout_s)
+        finally:
+            os.close(fd)
+        return self.poll()
+
+    def wait(self) -> int:
+        """Wait for the child to exit, following Ctrl-Z like a shell would. Returns the raw status."""
+        assert self.pid is not None
+        if self.status is not None:
+            return self.status
+        while True:
+            try:
+                _, status = os.waitpid(self.pid, os.WUNTRACED)
+            except ChildProcessError:
+                status = 0
+            if os.WIFSTOPPED(status):
+                # The child was stopped (Ctrl-Z): take the terminal back, stop tm too, hand it over again on resume.
+                self._give_terminal(os.getpgrp())
+                os.kill(os.getpid(), signal.SIGSTOP)
+                self._give_terminal(self.pid)
+                try:
+                    os.killpg(self.pid, signal.SIGCONT)
+                except OSError:
+                    pass
+                continue
+            self.status = status
+            self.exited.set()
+            self._give_terminal(os.getpgrp())
+            return status
+
+    def alive(self) -> bool:
+        return self.pid is not None and not self.exited.is_set()
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def exit_status(status: int) -> tuple[int, str, int | None, int | None]:
+    """tm's exit status, the reason, the exit code and the signal, from a raw wait status."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return 128 + sig, "signaled", None, sig
+    code = os.WEXITSTATUS(status)
+    return code, "exited", code, None

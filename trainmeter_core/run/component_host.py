@@ -1,0 +1,139 @@
+"""The process that runs bus components: several built-ins as threads, or one plugin's component alone.
+
+Started and restarted by the launcher's supervisor as ``python -m trainmeter_core.run.component_host``. It lowers its own
+priority and raises its OOM score so the kernel never picks the trainer first, and it exits as soon as the launcher
+is gone (end of file on the pipe the launcher holds, backed by a parent-death signal). It never touches the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trainmeter_core.bus.component import Component, ComponentContext
+from trainmeter_core.model import records as rec
+
+THREAD_BACKOFF_MAX_S = 10.0
+
+
+def lower_priority() -> None:
+    """Nice 10 and OOM score +500: tm's own processes yield to the trainer, and die first under memory pressure."""
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Exit when the launcher dies: PR_SET_PDEATHSIG, and end of file on stdin (a pipe only the launcher holds)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the launcher died before the signal was armed
+        os._exit(0)
+
+    def watch() -> None:
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="tm-parent-watch", daemon=True).start()
+
+
+def find_components(names: list[str]) -> dict[str, type[Component]]:
+    from trainmeter_core import plugins as plugins_mod
+
+    plugins = plugins_mod.load()
+    found: dict[str, type[Component]] = {}
+    for hook in ("trainmeter_components", "trainmeter_sinks"):
+        for _plugin, classes in plugins.per_plugin(hook):
+            for cls in classes:
+                found.setdefault(cls.name, cls)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise SystemExit(f"tm: no component named {', '.join(missing)} among the loaded plugins")
+    return {n: found[n] for n in names}
+
+
+def run_component(cls: type[Component], run_dir: Path, process: str, stopping: threading.Event) -> None:
+    """Run one component in this thread; a crash is reported and the component restarted with backoff."""
+    crashes = 0
+    while not stopping.is_set():
+        ctx = None
+        started = time.monotonic()
+        try:
+            ctx = ComponentContext(cls.name, run_dir, stopping, cls.subscribes)
+            cls().run(ctx)
+            return
+        except Exception as exc:
+            crashes = 0 if time.monotonic() - started > 30 else crashes + 1
+            backoff = min(0.5 * 2 ** max(crashes - 1, 0), THREAD_BACKOFF_MAX_S)
+            print(f"tm: component {cls.name} crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if ctx is not None:
+                ctx.publish(
+                    rec.Component(
+                        name=cls.name,
+                        event="crashed",
+                        process=process,
+                        child_pid=os.getpid(),
+                        error=f"{type(exc).__name__}: {exc}",
+                        restarts=crashes,
+                        backoff_s=backoff,
+                    )
+                )
+            stopping.wait(backoff)
+        finally:
+            if ctx is not None:
+                ctx.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainmeter_core.run.component_host")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--process", required=True)
+    parser.add_argument("--components", required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    lower_priority()
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when components stop
+    classes = find_components([n for n in args.components.split(",") if n])
+    threads = [
+        threading.Thread(
+            target=run_component,
+            args=(cls, args.run_dir, args.process, stopping),
+            name=f"tm-{name}",
+            daemon=True,
+        )
+        for name, cls in classes.items()
+    ]
+    for thread in threads:
+        thread.start()
+    while not stopping.is_set() and any(t.is_alive() for t in threads):
+        stopping.wait(0.5)
+    stopping.set()
+    for thread in threads:
+        thread.join(5.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

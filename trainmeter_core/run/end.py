@@ -1,0 +1,293 @@
+"""The end of a run: who may still say goodbye (and a notice for each agent that never will), the final snapshot (the
+engine's, else a local replay, published only to a listener), ``summary.json``, the passport, and the one summary line.
+The launcher is the one writer of the summary and the passport while the run lives; nothing here waits for what is not
+pending.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainmeter_core.bus.client import HOSTNAME
+from trainmeter_core.bus.hub import Hub
+from trainmeter_core.model import passport
+from trainmeter_core.model import records as rec
+from trainmeter_core.run.say import Say
+from trainmeter_core.runlog import rundir
+
+if TYPE_CHECKING:
+    from trainmeter_core.runlog.recorder import Recorder
+
+# The live engine answers run.end within milliseconds; past this the launcher replays from its checkpoint instead.
+ENGINE_FINAL_WAIT_S = float(os.environ.get("TM_ENGINE_FINAL_WAIT_S", "0.1"))
+FINAL_GRACE_S = 0.2
+DIED_ALERT_WAIT_S = 3.0  # then the launcher replays from the engine's checkpoint itself
+
+
+def final_snapshot(run_dir: Path, hub: Hub, say: Say) -> rec.Snapshot | None:
+    """The engine's final snapshot as it came over the bus; if the engine could not send it, a replay of the log."""
+    data = hub.last_snapshot
+    if data is not None and data.get("final"):
+        try:
+            snapshot = rec.from_mapping(dict(data))
+            if isinstance(snapshot, rec.Snapshot):
+                return snapshot
+        except rec.MalformedRecord:
+            pass
+    try:
+        from trainmeter_core.runlog import replay
+
+        return replay.final_snapshot(run_dir)
+    except Exception as exc:  # the summary must still be written
+        say(f"could not compute the run's final numbers: {type(exc).__name__}: {exc}")
+        return None
+
+
+def write_passport(run_dir: Path, snapshot: rec.Snapshot | None, say: Say) -> None:
+    if snapshot is None:
+        return
+    try:
+        meta = rundir.read_json(run_dir / "meta.json") or {}
+        data = passport.passport_data(snapshot, meta)
+        (run_dir / "passport.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+        (run_dir / "passport.md").write_text(passport.passport_markdown(data))
+    except Exception as exc:
+        say(f"could not write the passport: {type(exc).__name__}: {exc}")
+
+
+def write_summary(
+    run_dir,
+    hub,
+    recorder,
+    status,
+    reason,
+    code,
+    sig,
+    elapsed_s,
+    start_wall,
+    snapshot: rec.Snapshot | None = None,
+    attempt: int = 1,
+) -> dict:
+    """``summary.json``: the last snapshot (once there is an engine) merged with the launcher's own counters.
+
+    A resumed run's summary counts the run's steps (every attempt's, each step once) and lists its attempts; its
+    elapsed time, exit and bus counters are this attempt's."""
+    attempts = [] if snapshot is None else [rec.to_builtins(a) for a in snapshot.attempts]
+    summary = {
+        "state": "finished",
+        "exit_status": status,
+        "reason": reason,
+        "exit_code": code,
+        "signal": sig,
+        "start_wall": start_wall,
+        "end_wall": time.time(),
+        "elapsed_s": elapsed_s,
+        "steps": snapshot.steps if attempts else hub.steps,
+        "skipped_steps": hub.skipped_steps,
+        "records": dict(sorted(hub.kinds.items())),
+        "bus": {
+            "received": hub.received,
+            "malformed": hub.malformed,
+            "unknown": hub.unknown,
+            "dropped": dict(hub.dropped),
+            "dropped_total": hub.dropped_total(),
+            # Agents killed (or gone without atexit): each lost at most its last flush window of records.
+            "ended_without_bye": list(getattr(hub, "ended_without_bye", [])),
+            "log_queue_dropped": recorder.queue_dropped,
+            "log_reserve_skipped": recorder.reserve_skipped,
+            "log_bytes": recorder.bytes_written,
+            "log_segments": recorder.segments,
+        },
+        "hub_error": hub.error,
+        **({"attempt": attempt, "attempts": attempts} if attempt > 1 or attempts else {}),
+        # The run's counters over its training window and what goodput's lost time went to, read from the final
+        # snapshot (which has them in full) so that a reader of this file finds them at the top.
+        "training_window": None if snapshot is None else passport.window_counters(snapshot),
+        "lost_time": None if snapshot is None else passport.lost_time(snapshot),
+        "snapshot": None if snapshot is None else rec.to_builtins(snapshot),
+    }
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    os.replace(tmp, run_dir / "summary.json")
+    return summary
+
+
+#: Between the ends of a range, as typeset (a hyphen reads as a minus sign before a negative end).
+EN_DASH = "\u2013"
+
+
+def _decimals(magnitude: float) -> int | None:
+    """Decimals that show ``magnitude`` to three significant digits, or None where it needs an exponent."""
+    if magnitude == 0:
+        return 2
+    if not 1e-3 <= magnitude < 1e4:
+        return None
+    return max(0, 2 - math.floor(math.log10(magnitude)))
+
+
+def format_range(low: float, high: float) -> tuple[str, ...]:
+    """Both ends of a range at the same precision (set by the larger), or one value when they read the same.
+
+    ``(5.0, 6.0123)`` gives ``("5.00", "6.01")``; ``(1.3101e10, 1.3102e10)`` gives ``("1.31e+10",)``.
+    """
+    decimals = _decimals(max(abs(low), abs(high)))
+    if decimals is None:
+        ends = (f"{low:.2e}", f"{high:.2e}")
+    else:
+        ends = (f"{low:.{decimals}f}", f"{high:.{decimals}f}")
+    return ends[:1] if ends[0] == ends[1] else ends
+
+
+def _number(metric: rec.MetricValue | None, unit: str = "", scale: float = 1.0) -> str | None:
+    if metric is None:
+        return None
+    labels = [x for x in (metric.convention, metric.label) if x]
+    if metric.value is not None:
+        suffix = f" ({', '.join(labels)})" if labels else ""
+        return f"{metric.value * scale:.3g}{unit}{suffix}"
+    if metric.low is not None and metric.high is not None:
+        ends = format_range(metric.low * scale, metric.high * scale)
+        # No convention was chosen: say whether the conventions differ, or agree (an MLP has no attention term).
+        labels.append("range over conventions" if len(ends) == 2 else "the conventions agree")
+        return f"{EN_DASH.join(ends)}{unit} ({', '.join(labels)})"
+    # The first missing input is enough for one line; `tm view` and the dashboard name them all.
+    return f"n/a ({metric.absent.split('; ')[0]})" if metric.absent else None
+
+
+def _attempt_words(summary: dict) -> str:
+    """``attempt 2, resumed after step 150, 31.2 s down``: a resumed run's last attempt, in the summary line."""
+    words = f"attempt {summary['attempt']}"
+    attempts = summary.get("attempts") or []
+    last = attempts[-1] if attempts else {}
+    if last.get("resumed_from") is not None:
+        words += f", resumed after step {last['resumed_from']}"
+    if last.get("gap_s") is not None:
+        words += f", {last['gap_s']:.1f} s down before it"
+    superseded = sum(a.get("superseded_steps", 0) for a in attempts)
+    if superseded:
+        words += f", {superseded} steps done again"
+    return words
+
+
+def view_command(run_dir: Path, environ: dict | None = None) -> str:
+    """The ``tm view`` that finds this run again as printed: by name where tm looks by default, else by its path."""
+    if run_dir.parent == rundir.runs_dir(None, os.environ if environ is None else environ):
+        return f"tm view {run_dir.name}"
+    try:
+        shown = run_dir.relative_to(Path.cwd())
+    except ValueError:
+        shown = run_dir
+    return f"tm view {shlex.quote(str(shown))}"
+
+
+def summary_line(run_dir: Path, summary: dict, snapshot: rec.Snapshot | None = None) -> str:
+    status = summary["exit_status"]
+    parts = [f"finished in {summary['elapsed_s']:.1f} s", f"exit {status}", f"{summary['steps']} steps"]
+    if summary["skipped_steps"]:
+        parts.append(f"{summary['skipped_steps']} skipped")
+    if summary.get("attempt", 1) > 1:
+        parts.append(_attempt_words(summary))
+    if snapshot is not None and snapshot.steps:
+        m = snapshot.metrics
+        tokens = _number(m.get("tokens"))
+        flops = _number(m.get("spent_flop"), " FLOP")
+        mfu = _number(m.get("mfu_avg"), "%", 100.0)
+        if tokens:
+            parts.append(f"tokens {tokens}")
+        if flops:
+            parts.append(f"FLOPs {flops}")
+        if mfu:
+            parts.append(f"MFU {mfu}")
+        losses = [
+            f"{k} {p.value:.4g}"
+            for k, p in sorted(snapshot.series.items())
+            if k in ("train_loss", "val_loss")
+        ]
+        parts.extend(losses)
+    drops = summary["bus"]["dropped_total"]
+    parts.append(f"{drops} records dropped" if drops else "nothing dropped")
+    parts.append(f"see it again: {view_command(run_dir)}")
+    return " · ".join(parts)
+
+
+def final_with_components(supervisor, hub: Hub, recorder: Recorder, run_dir: Path, say: Say, tm_status: int):
+    """The final snapshot while components run: the engine's when it is live, else the launcher's own replay, published
+    only when a component listens for it. Returns the launcher's snapshot, or None when the engine's came."""
+    placed = {name for p in supervisor.placements for name in p.components}
+    # The engine's last snapshot is computed from run.end: the one engine of the run makes it, and a live engine (one
+    # that already published a snapshot) answers within milliseconds. Only when it does not (it is not up yet in a
+    # short run, or it is gone) does the launcher replay from the engine's checkpoint and the log's tail itself.
+    if hub.last_snapshot is not None and "engine" in placed:
+        deadline = time.monotonic() + ENGINE_FINAL_WAIT_S
+        while not (hub.last_snapshot or {}).get("final") and time.monotonic() < deadline:
+            time.sleep(0.005)
+    wants_alert = tm_status != 0 and "alerts" in placed
+    if wants_alert:
+        # A run that ended badly has an alert to say so, computed from the final snapshot by the alerts component:
+        # it must be listening when the snapshot is published (a short run's components may still be starting).
+        deadline = time.monotonic() + DIED_ALERT_WAIT_S
+        while not hub.listening("snapshot") and time.monotonic() < deadline:
+            time.sleep(0.01)
+    snapshot = None
+    if not (hub.last_snapshot or {}).get("final") and hub.listening("snapshot"):
+        # Replay what the recorder has flushed (run.end included), and publish the result as the final snapshot, so
+        # subscribers, the dashboard and the alert rules (a died run) get it all the same, unless the engine's came
+        # meanwhile. With nobody listening, the launcher computes it after the log is closed, off the bus.
+        recorder.flush(5.0)
+        snapshot = final_snapshot(run_dir, hub, say)
+        if snapshot is not None and not (hub.last_snapshot or {}).get("final"):
+            hub.inject(snapshot)
+            if not wants_alert:
+                time.sleep(FINAL_GRACE_S)  # let the components act on it before they are asked to stop
+    if wants_alert and hub.listening("snapshot"):
+        deadline = time.monotonic() + DIED_ALERT_WAIT_S
+        while not hub.late_alerts and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return snapshot
+
+
+def producer_pid(key: str) -> int | None:
+    """The pid of a producer on this host, from the hub's key ``source@host:pid``; None for another host's."""
+    where, _, pid = key.rpartition(":")
+    if where.partition("@")[2] != HOSTNAME or not pid.isdigit():
+        return None
+    return int(pid)
+
+
+def may_still_say_bye(key: str) -> bool:
+    pid = producer_pid(key)
+    if pid is None:
+        return True  # another host's: only its bye can tell
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def lost_windows(open_producers: list[str], say: Say) -> list[rec.Record]:
+    """A notice for each agent that said hello and never goodbye: its process was killed (or left without running
+    atexit), so its last flush window never left. The agent sends a window at least every TM_AGENT_FLUSH_S."""
+    window_s = os.environ.get("TM_AGENT_FLUSH_S", "0.05")
+    window_records = os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000")
+    notices = []
+    for key in open_producers:
+        source, _, where = key.partition("@")
+        line = (
+            f"{source} of pid {where.rpartition(':')[2]} ended without saying goodbye (killed, or gone without "
+            f"running atexit): its last flush window was lost, at most {float(window_s) * 1000:.0f} ms or "
+            f"{window_records} of its records"
+        )
+        say(line)
+        notices.append(
+            rec.Notice(level="warning", topic="agent.lost_window", message=line, source="launcher")
+        )
+    return notices

@@ -1,0 +1,149 @@
+"""Resuming a run: which run a command continues (``--resume RUN``, or the unfinished run of the same name whose
+checkpoint the command names), and reopening it for the next attempt: its lock, a fresh socket folder, its log's end.
+
+It never starts a second launcher on a live run (the lock says so, in one line) and never rewrites what earlier
+attempts wrote: the log goes on in a new segment, and the summary and passport of the attempt before are removed
+because they no longer describe a finished run (the launcher writes them again at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainmeter_core.run.say import Say
+from trainmeter_core.runlog import rundir
+
+if TYPE_CHECKING:
+    from trainmeter_core.runlog.reopen import LogEnd
+
+#: What the previous attempt wrote and a resumed run writes again at its end.
+_REWRITTEN = ("summary.json", "passport.json", "passport.md")
+
+
+@dataclass(frozen=True)
+class ResumeTarget:
+    """The run a command continues, the attempt it will be, and why (said in one line, kept in ``run.start``)."""
+
+    run_dir: Path
+    attempt: int
+    reason: str
+    name: str
+
+
+class ResumeError(RuntimeError):
+    """A run that cannot be resumed; the message is one line naming the run and what to do."""
+
+
+def attempts_of(meta: dict) -> int:
+    return len(meta.get("attempts") or ()) or 1
+
+
+def explicit(ref: str, runs_dir: str | None) -> ResumeTarget:
+    """``--resume RUN``: the run by name, prefix or path; refused while it runs."""
+    try:
+        run_dir = rundir.resolve_run(ref, rundir.runs_dir(runs_dir))
+    except rundir.RunDirError as exc:
+        raise ResumeError(f"--resume {ref}: {exc}") from None
+    meta = rundir.read_json(run_dir / "meta.json")
+    if meta is None:
+        raise ResumeError(f"--resume {ref}: {run_dir} has no meta.json, so it is no run tm can resume")
+    if meta.get("attached"):
+        raise ResumeError(
+            f"--resume {ref}: {run_dir.name} watched a program from outside (tm attach): nothing to resume"
+        )
+    _refuse_live(run_dir)
+    return ResumeTarget(run_dir, attempts_of(meta) + 1, "--resume", str(meta.get("name") or run_dir.name))
+
+
+def _refuse_live(run_dir: Path) -> None:
+    if rundir.is_live(run_dir):
+        raise ResumeError(
+            f"run {run_dir.name} is still running (its launcher holds {rundir.LOCK_NAME}): "
+            "resume it once it has ended, or watch it with tm view"
+        )
+
+
+def matching(
+    name: str, command: list[str], cwd: str, runs_dir: str | None
+) -> tuple[ResumeTarget, str] | None:
+    """The unfinished (non-zero exit) or lost run of this name whose latest checkpoint the command names, with the
+    argument that names it; None for a new run. Only the newest run of the name is considered: a run that finished
+    well, or one still running, starts a new run."""
+    base = rundir.runs_dir(runs_dir)
+    slug = rundir.slug(name)
+    candidates = [p for p in rundir.list_runs(base) if p.name.endswith(f"-{slug}") or f"-{slug}-" in p.name]
+    for run_dir in candidates:
+        meta = rundir.read_json(run_dir / "meta.json") or {}
+        if meta.get("name") != name or meta.get("attached"):
+            continue
+        info = rundir.run_info(run_dir)
+        if info.state == "running" or info.exit_status == 0:
+            return None
+        # Imported here: reading a log's checkpoints loads the engine, which a new run's start need not wait for.
+        from trainmeter_core.runlog.reopen import checkpoint_paths
+
+        arg = names_checkpoint(command, cwd, checkpoint_paths(run_dir))
+        if arg is None:
+            return None
+        reason = f"the command names {arg}, where it wrote its checkpoints"
+        return ResumeTarget(run_dir, attempts_of(meta) + 1, reason, name), arg
+    return None
+
+
+def names_checkpoint(command: list[str], cwd: str, paths: list[str]) -> str | None:
+    """The first argument of ``command`` that is one of ``paths`` or a folder holding one (and still exists); a
+    folder that holds the working directory (``.``, ``..``) is too broad to say anything."""
+    if not paths:
+        return None
+    cwd = os.path.abspath(cwd)
+    for arg in command[1:]:
+        for value in (arg, arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else None):
+            if not value or (value.startswith("-") and value is arg):
+                continue
+            path = os.path.abspath(os.path.join(cwd, value))
+            if path == cwd or cwd.startswith(path.rstrip(os.sep) + os.sep) or not os.path.exists(path):
+                continue
+            if any(p == path or p.startswith(path.rstrip(os.sep) + os.sep) for p in paths):
+                return arg
+    return None
+
+
+@dataclass
+class Reopened:
+    run_dir: Path
+    lock: rundir.RunLock
+    sockets: rundir.SocketDir
+    endpoints: dict
+    end: LogEnd
+
+
+def reopen(target: ResumeTarget, say: Say) -> Reopened | int:
+    """The run locked for its next attempt, a new socket folder and ``endpoints.json``, where its log ends; or exit
+    status 2 after one line (it started meanwhile, or its folder cannot be written)."""
+    from trainmeter_core.runlog.reopen import log_end
+
+    run_dir = target.run_dir
+    lock = rundir.RunLock(run_dir)
+    try:
+        try:
+            lock.acquire()
+        except BlockingIOError:
+            _refuse_live(run_dir)
+            raise ResumeError(f"run {run_dir.name} is locked by another tm") from None
+        end = log_end(run_dir)
+        for name in _REWRITTEN:
+            (run_dir / name).unlink(missing_ok=True)
+        base = rundir.socket_base()
+        rundir.clean_stale_socket_dirs(base)
+        sockets = rundir.SocketDir.create(base)
+    except (ResumeError, rundir.RunDirError, OSError) as exc:
+        lock.release()
+        say(str(exc), always=True)
+        return 2
+    endpoints = {"in": sockets.endpoint("in"), "out": sockets.endpoint("out"), "launcher_pid": os.getpid()}
+    (run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=1) + "\n")
+    return Reopened(run_dir, lock, sockets, endpoints, end)

@@ -1,0 +1,387 @@
+"""Reading a run log: its segments in order, plain or compressed, skipping and counting whatever is not a record.
+
+A reader never crashes on a log: malformed lines, bytes that are not UTF-8, wrong payload types and a last line cut by
+a SIGKILL are skipped and counted (by reason); kinds from a newer writer are kept as ``Unknown``. A reader that wants
+only the tail (``after_seq``, from a checkpoint) skips whole segments by their first sequence number and, inside a
+segment, every line at or before it by a look at its last key, so it never decodes a record it does not need.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import msgspec
+
+from trainmeter_core.model import records as rec
+
+#: A segment's file name: its number, and ``.gz`` once compressed.
+SEGMENT_RE = re.compile(r"^events-(\d{4,})\.jsonl(\.gz)?$")
+_SEQ_KEY = b'"seq":'
+# How far into a segment its first sequence number is looked for (past lines that are damaged or carry none).
+_FIRST_SEQ_LINES = 64
+# How much of a segment is read at once while passing what lies before a checkpoint.
+_CHUNK_B = 1024 * 1024
+#: How much of a log's end is read to find its last record.
+TAIL_B = 256 * 1024
+
+
+def segments(run_dir: Path) -> list[Path]:
+    """The log's segments in order; where a segment exists both plain and compressed, the plain one."""
+    found: dict[int, Path] = {}
+    for path in Path(run_dir).iterdir():
+        match = SEGMENT_RE.match(path.name)
+        if not match:
+            continue
+        n = int(match.group(1))
+        if n not in found or not match.group(2):
+            found[n] = path
+    return [found[n] for n in sorted(found)]
+
+
+def _open(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115 - the caller closes
+
+
+def _lines(path: Path, after_seq: int = 0) -> Iterator[bytes]:
+    """The segment's lines (the last one possibly cut); with ``after_seq``, from about where records after it start:
+    whole chunks that end at or before it are passed without being split into lines, and a plain segment (the one
+    being written, the last of a finished run) is first bisected by its offsets, so only its end is read."""
+    try:
+        with _open(path) as f:
+            if after_seq <= 0:
+                yield from f
+                return
+            if path.suffix != ".gz":
+                f.seek(_bisect(f, after_seq))
+            carry = b""
+            while True:
+                chunk = f.read(_CHUNK_B)
+                if not chunk:
+                    if carry:
+                        yield carry
+                    return
+                data = carry + chunk
+                end = data.rfind(b"\n") + 1
+                if end == 0:
+                    carry = data
+                    continue
+                last = seq_at_end(data[data.rfind(b"\n", 0, end - 1) + 1 : end])
+                if last is not None and last <= after_seq:
+                    # Every line up to here is at or before after_seq: the hub numbers in order.
+                    carry = data[end:]
+                    continue
+                # The tail starts in this chunk: its lines, then the rest of the segment as it comes.
+                yield from data[:end].splitlines(keepends=True)
+                carry = data[end:]
+                if carry:
+                    yield carry + f.readline()
+                yield from f
+                return
+    except (OSError, EOFError, zlib.error):  # a compressed segment cut short or corrupt: what was read stands
+        return
+
+
+def _bisect(f: BinaryIO, after_seq: int) -> int:
+    """The offset of a line start at or before the first line after ``after_seq`` in a plain segment, within a chunk
+    of it; 0 when a line in the way cannot tell its sequence number."""
+    lo, hi = 0, f.seek(0, os.SEEK_END)
+    while hi - lo > _CHUNK_B:
+        mid = (lo + hi) // 2
+        f.seek(mid)
+        f.readline()  # to the next line start
+        start = f.tell()
+        seq = seq_at_end(f.readline())
+        if seq is None:
+            return lo
+        if seq <= after_seq:
+            lo = start
+        else:
+            hi = mid
+    return lo
+
+
+def seq_at_end(line: bytes) -> int | None:
+    """The sequence number a log line ends with, read without decoding the line; None when it does not end so.
+
+    The hub appends ``seq`` last to every record it numbers, so a line it wrote ends ``,"seq":N}``. One closing brace
+    only: a nested mapping whose last key were "seq" would end with two; and inside a JSON string the quotes are
+    escaped, so the key cannot be faked there.
+    """
+    if not line.endswith(b"}\n"):
+        return None
+    key = line.rfind(_SEQ_KEY, max(0, len(line) - 32))
+    if key < 1 or line[key - 1] not in b"{,":
+        return None
+    digits = line[key + len(_SEQ_KEY) : -2]
+    if not digits.isdigit() or len(digits) > 18:
+        return None
+    return int(digits)
+
+
+def first_seq(path: Path, stats: dict | None = None) -> int | None:
+    """The sequence number of a segment's first record (decoded in full, so a damaged line cannot mislead the
+    index); None when its first lines hold none."""
+    for index, line in enumerate(_lines(path)):
+        if index >= _FIRST_SEQ_LINES or not line.endswith(b"\n"):
+            return None
+        if stats is not None:
+            stats["decoded"] = stats.get("decoded", 0) + 1
+        try:
+            record = rec.from_log_line(line)
+        except rec.MalformedRecord:
+            continue
+        if record.seq is not None:
+            return record.seq
+    return None
+
+
+def start_segment(paths: list[Path], after_seq: int, stats: dict | None = None) -> int:
+    """The index of the first segment that can hold a record after ``after_seq``.
+
+    Looked for from the last segment backwards: a checkpoint is at most minutes old, so the tail starts in the last
+    segment or the one before, and only those are opened (a compressed one only up to its first line). A segment
+    whose first sequence number cannot be read is never skipped on a guess: the search goes on before it.
+    """
+    for index in range(len(paths) - 1, 0, -1):
+        first = first_seq(paths[index], stats)
+        if first is not None and first <= after_seq + 1:
+            return index
+    return 0
+
+
+def read_log(
+    run_dir: Path,
+    kinds: set[str] | frozenset[str] | None = None,
+    stats: dict | None = None,
+    *,
+    after_seq: int = 0,
+    before_seq: int | None = None,
+) -> Iterator[rec.Record | rec.Unknown]:
+    """Every record of a run's log in order, or only those with ``after_seq < seq < before_seq``.
+
+    ``stats`` (if given) receives ``skipped`` and ``reasons`` (lines that are not records), ``unknown`` (records of a
+    kind this version does not know), ``decoded`` (lines decoded in full, the segment index included) and
+    ``last_seq`` (the last sequence number passed, of a record left out by ``kinds`` too). With ``after_seq`` or
+    ``before_seq``, a record that carries no sequence number cannot be placed and is left out.
+    """
+    if stats is None:
+        stats = {}
+    stats.setdefault("skipped", 0)
+    stats.setdefault("unknown", 0)
+    stats.setdefault("decoded", 0)
+    stats.setdefault("last_seq", None)
+    reasons: dict[str, int] = stats.setdefault("reasons", {})
+    bounded = after_seq > 0 or before_seq is not None
+    limit = before_seq if before_seq is not None else 1 << 64
+    paths = segments(run_dir)
+    start = start_segment(paths, after_seq, stats) if after_seq > 0 else 0
+    wanted = None if kinds is None else {k.encode() for k in kinds}
+    kind_marks = None if kinds is None else [f'"kind":"{k}"'.encode() for k in kinds]
+    if not bounded:
+        for index, path in enumerate(paths):
+            yield from _whole_segment(path, index == len(paths) - 1, stats, kinds, wanted, kind_marks)
+        return
+    for index in range(start, len(paths)):
+        last_segment = index == len(paths) - 1
+        chunk: list[bytes] = []
+        for line in _lines(paths[index], after_seq):
+            if not line.endswith(b"\n"):
+                reason = "truncated last line" if last_segment else "truncated line"
+                stats["skipped"] += 1
+                reasons[reason] = reasons.get(reason, 0) + 1
+                continue
+            if bounded:
+                # Each line is checked, not only until the first one past after_seq: one damaged line must not let
+                # the lines after it through twice.
+                seq = seq_at_end(line)
+                if seq is not None:
+                    if seq <= after_seq:
+                        continue
+                    if seq >= limit:
+                        yield from _decoded(chunk, stats, kinds, after_seq, limit, bounded)[0]
+                        return  # the recorder writes in hub order: nothing wanted follows
+            if wanted is not None and line.startswith(_KIND_FIRST):
+                # A line of another kind is not decoded at all: the recorder writes the tag first, so one look at the
+                # line's start tells. A line written otherwise is decoded (and counted, when it is no record).
+                end = line.find(b'"', 9)
+                if line[9:end] not in wanted:
+                    stats["last_seq"] = seq_at_end(line) or stats["last_seq"]
+                    continue
+            chunk.append(line)
+            if len(chunk) >= _BATCH_LINES:
+                records, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
+                yield from records
+                if past_limit:
+                    return
+                chunk = []
+        records, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
+        yield from records
+        if past_limit:
+            return
+
+
+def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, kind_marks) -> Iterator:
+    """Every wanted record of one segment, read in 1 MiB chunks split into lines at once (what the line-by-line
+    loop of a bounded read costs per line is most of a small record's decode)."""
+    reasons = stats["reasons"]
+    carry = b""
+    try:
+        with _open(path) as f:
+            while True:
+                data = f.read(_CHUNK_B)
+                if not data:
+                    break
+                if carry:
+                    data = carry + data
+                cut = data.rfind(b"\n") + 1
+                carry = data[cut:]
+                if not cut:
+                    continue
+                lines = data[: cut - 1].split(b"\n")  # complete lines, each without its newline
+                if wanted is not None:
+                    lines = [line for line in lines if _wanted(line, wanted, stats)]
+                for at in range(0, len(lines), _BATCH_LINES):
+                    yield from _decoded(
+                        lines[at : at + _BATCH_LINES], stats, kinds, 0, 1 << 64, False, b"\n"
+                    )[0]
+    except (OSError, EOFError, zlib.error):  # a compressed segment cut short or corrupt: what was read stands
+        pass
+    if carry:
+        reason = "truncated last line" if last_segment else "truncated line"
+        stats["skipped"] += 1
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+
+def _wanted(line: bytes, wanted: set[bytes], stats: dict) -> bool:
+    """Whether a line may hold one of the kinds wanted: by the tag the recorder writes first; a line that does not
+    start with it is decoded (a record written otherwise is then kept or left by its kind, anything else counted)."""
+    if line.startswith(_KIND_FIRST):
+        if line[9 : line.find(b'"', 9)] in wanted:
+            return True
+        stats["last_seq"] = seq_at_end(line + b"\n") or stats["last_seq"]
+        return False
+    return True
+
+
+_KIND_FIRST = b'{"kind":"'
+#: Lines decoded by one call: the typed decoder's per-call cost is paid once for all of them.
+_BATCH_LINES = 256
+_typed_batch = msgspec.json.Decoder(list[rec.AnyRecord])  # type: ignore[valid-type]
+
+
+def _decoded(
+    lines: list[bytes], stats: dict, kinds, after_seq: int, limit: int, bounded: bool, end: bytes = b""
+) -> tuple[list[rec.Record | rec.Unknown], bool]:
+    """The wanted records of consecutive log lines, and whether one past ``limit`` came (nothing after it is wanted).
+
+    The lines are decoded together when every one is a well-formed record of a known kind (the common case), else one
+    by one, so that a bad line is skipped and counted alone. ``end`` is what each line lacks of its newline.
+    """
+    out: list[rec.Record | rec.Unknown] = []
+    if not lines:
+        return out, False
+    stats["decoded"] += len(lines)
+    try:
+        records: list = _typed_batch.decode(b"[" + b",".join(lines) + b"]")
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError, RecursionError):
+        records = []
+        reasons = stats["reasons"]
+        for line in lines:
+            try:
+                records.append(rec.from_log_line(line + end if end else line))
+            except rec.MalformedRecord as exc:
+                reason = str(exc).split(":")[0]
+                stats["skipped"] += 1
+                reasons[reason] = reasons.get(reason, 0) + 1
+    for record in records:
+        seq = record.seq
+        if seq is not None:
+            stats["last_seq"] = seq
+        if bounded:
+            if seq is None or seq <= after_seq:
+                continue
+            if seq >= limit:
+                return out, True
+        if type(record) is rec.Unknown:
+            stats["unknown"] += 1
+        if kinds is None or rec.kind_of(record) in kinds:
+            out.append(record)
+    return out, False
+
+
+def _segment_tail(path: Path, tail_b: int) -> list[bytes]:
+    """The complete, non-blank lines (newline stripped) in the last ``tail_b`` bytes of one segment."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                data = f.read()
+            tail, cut = data[-tail_b:], len(data) > tail_b
+        else:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - tail_b))
+                tail, cut = f.read(), size > tail_b
+    except (OSError, EOFError, zlib.error):
+        return []
+    lines = tail.split(b"\n")[:-1]  # the piece after the last newline is cut (or empty)
+    if cut:
+        lines = lines[1:]  # the first piece may start inside a line
+    return [line for line in lines if line.strip()]
+
+
+def tail_lines(run_dir: Path, tail_b: int = TAIL_B) -> list[bytes]:
+    """The log's last complete lines, undecoded, oldest first: from the last segment's end, or the one before it
+    when the last holds none yet (it was just opened by a rotation)."""
+    for path in reversed(segments(Path(run_dir))[-2:]):
+        lines = _segment_tail(path, tail_b)
+        if lines:
+            return lines
+    return []
+
+
+def read_segment(path: Path, kinds: set[str] | None = None) -> Iterator[rec.Record | rec.Unknown]:
+    """The records of one segment in order (of ``kinds`` only, the others not decoded); lines that are not records
+    are skipped."""
+    marks = None if kinds is None else [f'"kind":"{k}"'.encode() for k in kinds]
+    for line in _lines(path):
+        if not line.endswith(b"\n") or (marks is not None and not any(mark in line for mark in marks)):
+            continue
+        try:
+            record = rec.from_log_line(line)
+        except rec.MalformedRecord:
+            continue
+        if kinds is None or rec.kind_of(record) in kinds:
+            yield record
+
+
+def tail_records(run_dir: Path, tail_b: int = TAIL_B) -> list[rec.Record | rec.Unknown]:
+    """The complete records in the last ``tail_b`` bytes of the log, oldest first: what a reader waiting for the
+    recorder, or asking how the log ends, needs, without reading the whole log.
+
+    The last segment is read from its end; if it holds no record yet (it was just opened by a rotation), the one
+    before it is read (whole, when it is already compressed: rare, and bounded by the recorder's segment size).
+    """
+    for path in reversed(segments(Path(run_dir))[-2:]):
+        out: list[rec.Record | rec.Unknown] = []
+        for line in _segment_tail(path, tail_b):
+            try:
+                out.append(rec.from_log_line(line + b"\n"))
+            except rec.MalformedRecord:
+                continue
+        if out:
+            return out
+    return []
+
+
+def last_seq(run_dir: Path) -> int | None:
+    """The sequence number of the log's last complete record, read from its tail; None for an empty log."""
+    for record in reversed(tail_records(run_dir)):
+        if record.seq is not None:
+            return record.seq
+    return None

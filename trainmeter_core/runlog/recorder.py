@@ -1,0 +1,218 @@
+"""The recorder: the only writer of a run's log, on its own thread behind a bounded queue.
+
+The log is JSON Lines in segments (``events-0001.jsonl``, ...), rotated at a size limit and gzip-compressed once
+closed. Flushes are batched and reported as the last flushed sequence number; the end of a run is fsynced. Below a
+free-space reserve only ``run.*``, ``step``, ``fact`` and ``alert`` records are kept, so tm never fills the disk the
+checkpoints need. A slow disk never stalls the hub: a full queue drops and counts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from trainmeter_core.model import records as rec
+
+SEGMENT_LIMIT_B = int(os.environ.get("TM_LOG_SEGMENT_B", 128 * 1024 * 1024))
+RESERVE_B = int(os.environ.get("TM_LOG_RESERVE_B", 2 * 1024 * 1024 * 1024))
+QUEUE_LIMIT = 2_000_000
+FLUSH_EVERY_S = 0.1
+KEPT_IN_RESERVE = frozenset({"run.start", "run.end", "step", "fact", "alert"})
+
+
+def segment_name(n: int) -> str:
+    return f"events-{n:04d}.jsonl"
+
+
+class Recorder:
+    """Takes checked records (mappings carrying their ``seq``) from the hub and writes them to the run log."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        segment_limit_b: int = SEGMENT_LIMIT_B,
+        reserve_b: int = RESERVE_B,
+        queue_limit: int = QUEUE_LIMIT,
+        warn=None,
+        first_segment: int = 1,
+    ) -> None:
+        """``first_segment`` > 1 goes on with a log already written (a resumed run, or a finished run's log reopened by
+        ``tm import``): its segments stay as they are."""
+        self.run_dir = Path(run_dir)
+        self.first_segment = first_segment
+        self.segment_limit_b = segment_limit_b
+        self.reserve_b = reserve_b
+        self.queue_limit = queue_limit
+        self.warn = warn or (lambda msg: print(f"tm: {msg}", file=sys.stderr))
+        self._queue: deque[dict[str, Any]] = deque()
+        self.queue_dropped = 0
+        self.flushed_seq: int | None = None
+        self.queued_seq: int | None = None  # the last sequence number put in the queue
+        self._flush_to: int | None = None  # a flush asked for, up to this sequence number
+        self._flushed = threading.Condition()
+        self.bytes_written = 0
+        self.segments = 0  # segments this recorder opened
+        self.reserve_active = False
+        self.reserve_skipped = 0
+        self.error: str | None = None
+        self._segment_bytes = 0
+        self._file = None
+        self._stop = threading.Event()
+        self._wake = (
+            threading.Event()
+        )  # a flush or the close asked for: the writer stops waiting for more records
+        self._thread = threading.Thread(target=self._run, name="tm-recorder", daemon=True)
+        self._compressors: list[threading.Thread] = []
+        self._last_space_check = 0.0
+
+    # -- the hub's side --------------------------------------------------------------------------------------------
+
+    def put(self, data: dict[str, Any]) -> bool:
+        """Queue one record; never blocks. False (counted) when the queue is full."""
+        if len(self._queue) >= self.queue_limit:
+            self.queue_dropped += 1
+            return False
+        self._queue.append(data)
+        seq = data.get("seq")
+        if isinstance(seq, int):
+            self.queued_seq = seq
+        return True
+
+    def flush(self, timeout_s: float) -> bool:
+        """Write and flush everything queued so far, now rather than at the next batch; True once ``flushed_seq``
+        reached it, False after ``timeout_s`` (a disk that fails, or a writer that is not running)."""
+        target = self.queued_seq
+        if target is None:
+            return True
+        with self._flushed:
+            if not self._thread.is_alive():
+                return (self.flushed_seq or 0) >= target
+            self._flush_to = target
+            self._wake.set()
+            return self._flushed.wait_for(
+                lambda: self.flushed_seq is not None and self.flushed_seq >= target, timeout_s
+            )
+
+    def start(self) -> None:
+        self._open_segment()
+        self._thread.start()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write everything queued, fsync, close. Compression of older segments finishes in the background."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        for thread in self._compressors:
+            thread.join(timeout_s)
+
+    # -- the writer thread -----------------------------------------------------------------------------------------
+
+    def _segment_path(self) -> Path:
+        return self.run_dir / segment_name(self.first_segment + self.segments - 1)
+
+    def _open_segment(self) -> None:
+        self.segments += 1
+        path = self._segment_path()
+        self._file = open(path, "ab", buffering=1024 * 1024)  # noqa: SIM115 - closed on rotation and at the end
+        self._segment_bytes = 0
+
+    def _rotate(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        closed = self._segment_path()
+        thread = threading.Thread(target=compress_segment, args=(closed,), name="tm-compress", daemon=True)
+        thread.start()
+        self._compressors.append(thread)
+        self._open_segment()
+
+    def _check_space(self, now: float) -> None:
+        self._last_space_check = now
+        try:
+            st = os.statvfs(self.run_dir)
+        except OSError:
+            return
+        avail_b = st.f_bavail * st.f_frsize
+        low = avail_b < self.reserve_b
+        if low and not self.reserve_active:
+            self.warn(
+                f"free space on the run's disk is below {self.reserve_b / 2**30:.1f} GiB: the run log now keeps only "
+                "run.*, step, fact and alert records"
+            )
+        elif not low and self.reserve_active:
+            self.warn("free space is back above the reserve: the run log keeps every record again")
+        self.reserve_active = low
+
+    def _run(self) -> None:
+        queue = self._queue
+        last_flush = time.monotonic()
+        pending_seq = None
+        while True:
+            stopping = self._stop.is_set()
+            wrote = False
+            now = time.monotonic()
+            if now - self._last_space_check >= 1.0:
+                self._check_space(now)
+            try:
+                while queue:
+                    data = queue.popleft()
+                    if self.reserve_active and data.get("kind") not in KEPT_IN_RESERVE:
+                        self.reserve_skipped += 1
+                        pending_seq = data.get("seq", pending_seq)
+                        continue
+                    line = rec.to_log_line(data)
+                    self._file.write(line)
+                    self._segment_bytes += len(line)
+                    self.bytes_written += len(line)
+                    pending_seq = data.get("seq", pending_seq)
+                    wrote = True
+                    if self._segment_bytes >= self.segment_limit_b:
+                        self._rotate()
+                now = time.monotonic()
+                flush_to = self._flush_to
+                asked = flush_to is not None and pending_seq is not None and pending_seq >= flush_to
+                if pending_seq is not None and (stopping or asked or now - last_flush >= FLUSH_EVERY_S):
+                    self._file.flush()
+                    with self._flushed:
+                        self.flushed_seq = pending_seq
+                        if asked:
+                            self._flush_to = None
+                        self._flushed.notify_all()
+                    last_flush = now
+            except OSError as exc:
+                if self.error is None:
+                    self.warn(f"cannot write the run log in {self.run_dir}: {exc}")
+                self.error = str(exc)
+                time.sleep(0.5)
+            if stopping and not queue:
+                break
+            if not wrote:
+                self._wake.wait(0.01)
+                self._wake.clear()
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        except OSError as exc:
+            self.warn(f"cannot finish the run log in {self.run_dir}: {exc}")
+
+
+def compress_segment(path: Path) -> None:
+    """Gzip a closed segment next to itself, then remove the plain one (readers prefer the plain one if both exist)."""
+    tmp = path.with_name(path.name + ".gz.tmp")
+    try:
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1024 * 1024)
+        os.replace(tmp, path.with_name(path.name + ".gz"))
+        os.unlink(path)
+    except OSError as exc:
+        print(f"tm: could not compress {path}: {exc}", file=sys.stderr)
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,103 @@
+"""Replay: a run's log fed through the same engine that ran live, so ``tm view`` shows the numbers the run showed.
+
+It resumes from the engine's checkpoint when there is one and reads only the log after it (the reader skips the rest
+without decoding it). Only where no engine runs: a finished run, or the launcher when the engine's final snapshot did
+not come. It never writes into the run directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from trainmeter_core.model import records as rec
+from trainmeter_core.model.engine import Engine
+from trainmeter_core.runlog.checkpoint import load_checkpoint
+from trainmeter_core.runlog.reader import read_log, tail_lines
+
+#: The kinds the engine reads; the reader passes the others by their tag without decoding them.
+FED_KINDS = Engine.FED_KINDS
+
+
+def snapshots(run_dir: Path, stats: dict | None = None) -> Iterator[rec.Snapshot]:
+    """Every snapshot the engine makes from the whole log, in order (from the start: no checkpoint)."""
+    engine = Engine()
+    for record in read_log(Path(run_dir), FED_KINDS, stats):
+        yield from engine.feed(record)
+
+
+_RUN_END, _TICK = b'"kind":"run.end"', b'"kind":"tick"'
+
+
+def _last_snapshot_seq(run_dir: Path) -> int | None:
+    """Which record makes the run's last snapshot, from the log's tail: None when it is ``run.end`` (always built), the
+    last tick's sequence number without one, or -1 when the tail cannot tell (then every snapshot is built).
+
+    The lines are looked through for the two tags; only a line that has one is decoded, to be sure of it.
+    """
+    for line in reversed(tail_lines(run_dir)):
+        if _RUN_END not in line and _TICK not in line:
+            continue
+        try:
+            data = msgspec.json.decode(line)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            continue
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind == "run.end":
+            return None
+        seq = data.get("seq")
+        if kind == "tick" and type(seq) is int:
+            # A run.end after this tick would be later in the tail: none is, so this tick makes the last snapshot.
+            return seq
+    return -1
+
+
+def replay_engine(
+    run_dir: Path, stats: dict | None = None, use_checkpoint: bool = True
+) -> tuple[Engine, rec.Snapshot | None]:
+    """The engine after the whole log (its checkpoint plus the log after it), and the run's last snapshot: the last
+    one the tail made, else the engine's current one, or None when the log holds nothing for it.
+
+    Only the last snapshot is built: a tick before it only moves the history, by the same code, so the engine ends
+    in the same state (a snapshot costs more than the hundreds of records between two ticks).
+    """
+    run_dir = Path(run_dir)
+    engine, through_seq = load_checkpoint(run_dir) if use_checkpoint else (Engine(), 0)
+    stats = {} if stats is None else stats
+    last_snapshot_seq = _last_snapshot_seq(run_dir)
+    every = last_snapshot_seq == -1
+    last = None
+    fed = False
+    for record in read_log(run_dir, FED_KINDS, stats, after_seq=through_seq):
+        fed = True
+        loud = (
+            every
+            or type(record) is rec.RunEnd
+            or type(record) is rec.ProfileImport  # one imported after run.end makes a new final snapshot
+            or (type(record) is rec.Tick and record.seq == last_snapshot_seq)
+        )
+        made = engine.feed(record, snapshots=loud)
+        if made:
+            last = made[-1]
+    # The records passed by their tag moved the engine's clock of sequence numbers all the same, but for the alerts
+    # written after run.end: computed from the final snapshot, they change no number of it (nor its through_seq).
+    seq = stats.get("last_seq")
+    if (
+        seq is not None
+        and not engine.state.finished
+        and (engine.state.through_seq is None or engine.state.through_seq < seq)
+    ):
+        engine.state.through_seq = seq
+        fed = True
+    if last is None and (fed or through_seq):
+        last = engine.snapshot()
+    return engine, last
+
+
+def final_snapshot(
+    run_dir: Path, stats: dict | None = None, use_checkpoint: bool = True
+) -> rec.Snapshot | None:
+    """The last snapshot of a run: its engine's checkpoint plus the log after it (or the whole log)."""
+    return replay_engine(run_dir, stats, use_checkpoint)[1]
