@@ -90,10 +90,12 @@ def child_environment(endpoints: dict, run_dir: Path, agent: bool, tap: bool = T
     return env
 
 
-def lower_own_priority() -> None:
-    """After the child started (so it inherits neither), tm yields CPU and is the OOM killer's first pick."""
+def lower_own_priority(niceness: int = 5) -> None:
+    """Nice ``niceness`` and OOM score +500: tm's own processes yield CPU to the trainer and are the OOM killer's first
+    pick. The launcher calls it after the child started (so the child inherits neither), with 5; the components'
+    processes with 10."""
     try:
-        os.nice(5)
+        os.nice(niceness)
     except OSError:
         pass
     try:

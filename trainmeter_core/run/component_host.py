@@ -18,21 +18,9 @@ from pathlib import Path
 
 from trainmeter_core.bus.component import Component, ComponentContext
 from trainmeter_core.model import records as rec
+from trainmeter_core.run.child import lower_own_priority
 
 THREAD_BACKOFF_MAX_S = 10.0
-
-
-def lower_priority() -> None:
-    """Nice 10 and OOM score +500: tm's own processes yield to the trainer, and die first under memory pressure."""
-    try:
-        os.nice(10)
-    except OSError:
-        pass
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("500")
-    except OSError:
-        pass
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -111,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
-    lower_priority()
+    lower_own_priority(10)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when components stop
