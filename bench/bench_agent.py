@@ -286,6 +286,35 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 }
 
 
+# The floor under any agent: the same loop with do-nothing hooks at every place tm's probes attach (the DataLoader's
+# __next__ with the two clock reads a data wait needs, autograd.backward, a forward pre-hook on the model with its
+# keywords, the global optimizer step pre- and post-hooks). What this adds is torch's and Python's cost of calling
+# out at all, before any probe does work: a per-iteration target below it cannot be met by a probe in Python.
+_FLOOR_HOOKS = """
+import torch.utils.data.dataloader as _dataloader
+_next = _dataloader._BaseDataLoaderIter.__next__
+def _timed_next(self):
+    started = time.monotonic()
+    batch = _next(self)
+    time.monotonic()
+    return batch
+_dataloader._BaseDataLoaderIter.__next__ = _timed_next
+import torch.optim.optimizer as _optimizer_module
+_backward = torch.autograd.backward
+def _seen_backward(*args, **kwargs):
+    return _backward(*args, **kwargs)
+torch.autograd.backward = _seen_backward
+model.register_forward_pre_hook(lambda module, args, kwargs: None, with_kwargs=True)
+_optimizer_module.register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: None)
+_optimizer_module.register_optimizer_step_post_hook(lambda optimizer, args, kwargs: None)
+"""
+
+
+def with_floor_hooks(code: str) -> str:
+    """A loop script with the do-nothing hooks installed just before its loop starts."""
+    return code.replace(_LOOP_TAIL, _FLOOR_HOOKS + _LOOP_TAIL)
+
+
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -324,6 +353,10 @@ def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int) -> No
             blocks = max(6, tight_iterations // per_block) if name == "tight loop" else 30
             variants = {
                 "plain": ([sys.executable, "-c", code, str(blocks), str(per_block)], env),
+                "empty hooks": (
+                    [sys.executable, "-c", with_floor_hooks(code), str(blocks), str(per_block)],
+                    env,
+                ),
                 "tm": (
                     [tm, "-q", "--no-web", "--", sys.executable, "-c", code, str(blocks), str(per_block)],
                     env,
@@ -382,6 +415,11 @@ def _loop_lines(name: str, results: dict, rounds: int) -> None:
     print(
         f"{'':<12}tm's other processes (launcher, components) spent {others_us:.2f} µs of CPU per step record "
         f"({iterations} iterations per run)"
+    )
+    floor = _paired(results, "cpu_us", "empty hooks", "plain")
+    print(
+        f"{'':<12}do-nothing hooks at the agent's attach points (no tm) add {med(floor):6.2f} µs CPU per iteration "
+        f"(spread {min(floor):.1f} to {max(floor):.1f}): the floor under any probe written in Python"
     )
     if "0.0.7" in results:
         peer_added = _paired(results, "cpu_us", "0.0.7", "0.0.7 plain")
