@@ -21,6 +21,7 @@ from trainmeter_core.bus import jobkeys
 from trainmeter_core.bus import jobwire as wire
 from trainmeter_core.bus.forward import Forwarder
 from trainmeter_core.bus.hub import Hub
+from trainmeter_core.bus.jobhub import ACK_EVERY_S
 from trainmeter_core.model import records as rec
 from trainmeter_core.runlog.recorder import Recorder
 
@@ -124,6 +125,36 @@ def test_a_nodes_records_reach_the_job_hub_in_order_once_after_its_clock_and_joi
     assert clock["basis"] == "wall" and abs(clock["offset_s"]) < 0.5
     # The node's own log holds the same 500 steps (its run is complete whatever the job hub got).
     assert [r["step"] for r in log_records(tmp_path / "n1") if r["kind"] == "step"] == list(range(1, 501))
+
+
+def test_records_a_node_sends_after_the_job_hubs_end_are_never_acknowledged_so_the_node_counts_them(
+    tmp_path, short_dir
+):
+    # A node whose link came back just as the job ended: what it sends then cannot be recorded any more, and an ack
+    # for it would make the node believe it delivered (it would say nothing, and the job's log would lack it).
+    keys = jobkeys.create(tmp_path / "keys", "j1")
+    with job_hub(short_dir, tmp_path / "hub", keys) as hub:
+        with node_hub(short_dir, tmp_path / "n1", hub.job.endpoint, tmp_path / "keys") as node:
+            steps(f"ipc://{short_dir}/nin1", 5)
+            wait_for(lambda: node.forwarder.acked >= 5, what="the job hub's ack of the first 5 records")
+            hub.end(END)
+            acked = node.forwarder.acked
+            steps(f"ipc://{short_dir}/nin1", 3, start=6)
+            wait_for(
+                lambda: node.forwarder.sent_messages and not node.forwarder._unsent, what="the late send"
+            )
+            # The ends of the run never ack: give the hub's loop many ack intervals to prove it (a bounded wait on
+            # something that must not happen), then the node's finish says what did not arrive.
+            assert not node.forwarder.finish(20 * ACK_EVERY_S)
+            assert node.forwarder.acked == acked
+            assert node.forwarder.pending() >= 3
+    assert [r["step"] for r in node_records(log_records(tmp_path / "hub")) if r["kind"] == "step"] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
 
 
 def test_the_round_trip_maps_the_nodes_clock_within_half_the_best_round_trip(tmp_path, short_dir):
@@ -238,7 +269,7 @@ def test_a_key_off_the_allow_list_is_refused_by_zap_on_both_sides(tmp_path, shor
             monitor.close()
             sock.close()
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what a failed assertion left open: term() alone would hang on it
 
 
 def test_no_curve_and_raw_bytes_get_nothing_in_and_the_hub_keeps_running(tmp_path, short_dir):
@@ -267,7 +298,7 @@ def test_no_curve_and_raw_bytes_get_nothing_in_and_the_hub_keeps_running(tmp_pat
             monitor.close()
             plain.close()
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what a failed assertion left open: term() alone would hang on it
     assert [r["step"] for r in node_records(log_records(tmp_path / "hub")) if r["kind"] == "step"] == [
         1,
         2,
@@ -324,7 +355,7 @@ def test_ten_thousand_fuzzed_frames_from_an_authenticated_node_are_counted_malfo
             monitor.close()
             sock.close()
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what a failed assertion left open: term() alone would hang on it
     log = log_records(tmp_path / "hub")
     assert [r["step"] for r in node_records(log) if r["kind"] == "step"] == [42]
 
@@ -356,7 +387,7 @@ def test_a_node_may_not_speak_for_the_hubs_host_nor_in_the_hubs_own_kinds(tmp_pa
             monitor.close()
             sock.close()
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what a failed assertion left open: term() alone would hang on it
     log = log_records(tmp_path / "hub")
     assert [r["kind"] for r in node_records(log)] == ["step"]
     assert not any(r["kind"] == "run.end" and r.get("host") == "elsewhere" for r in log)

@@ -224,6 +224,13 @@ class Hub:
             while self._inbox:
                 self._own(self._inbox.popleft())
             now = time.monotonic()
+            if job is not None and self._ended.is_set():
+                # The job's run has ended: what a node sends from now on can no longer be recorded, so it is neither
+                # read nor acknowledged. Acknowledged, the node would take it as delivered; unacknowledged, the node
+                # says how many of its records did not reach the job hub (its own log has them all).
+                for sock in job.sockets():
+                    poller.unregister(sock)
+                job = None
             if job is not None:
                 job.handle({sock for sock in job.sockets() if sock in events})
                 job.tick(now)
@@ -255,6 +262,8 @@ class Hub:
                 self._own(self.stats(final=True))
                 self._own(self._finish)
                 self.seq_of_end = self.seq
+                if job is not None:
+                    job.ack_recorded()  # every record a node sent so far is in the log: the nodes may know it
                 self._flush_publish()
                 self._ended.set()
             self._flush_publish()

@@ -375,6 +375,14 @@ class JobListener:
 
     # -- the clock of the hub's loop ---------------------------------------------------------------------------------
 
+    def ack_recorded(self) -> None:
+        """Acknowledge to every node all it sent that the hub has taken, now (the job's run is ending: no later tick
+        will)."""
+        for link in self.links.values():
+            if link.state != "ended" and link.expect - 1 > link.acked:
+                link.acked = link.expect - 1
+                self._send(link, wire.ACK, wire.number(link.acked))
+
     def tick(self, now: float) -> None:
         """Acks, pings and the heartbeat timeout; called on every pass of the hub's loop."""
         ping = now >= self._next_ping
