@@ -440,3 +440,15 @@ def test_injected_records_are_numbered_recorded_and_stamped_as_the_hubs(short_di
     assert notice["source"] == "hub" and notice["pid"] > 0 and notice["t"] > 0
     assert notice["v"] == fact["v"] == rec.SCHEMA_VERSION  # the hub stamps the schema on its own records
     assert log[-1]["kind"] == "run.end"
+
+
+def test_the_runs_steps_are_its_lowest_ranks_so_a_node_without_rank_0_counts_its_own(short_dir, tmp_path):
+    # Another node of a job hosts ranks 2 and 3, never rank 0: its summary's steps are rank 2's, not a 0.
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as push:
+        # Rank 3 reports steps 1-3, rank 2 steps 1-5 with step 4 skipped: 5 steps, 1 skipped (not 3, nor 8).
+        for step in range(1, 6):
+            for rank in (3, 2) if step <= 3 else (2,):
+                record = rec.Step(step=step, rank=rank, skipped=step == 4, source="agent", pid=10 + rank)
+                push.send_multipart([b"step", rec.encode(record)])
+        wait_for(lambda: hub.kinds.get("step") == 8, what="the eight step records")
+        assert (hub.steps, hub.skipped_steps) == (5, 1)

@@ -289,6 +289,9 @@ def test_three_nodes_are_one_job_and_node_twos_outage_loses_nothing(job_nodes, t
         assert [r["kind"] for r in _from(log, f"node{k}") if r["kind"] == "run.end"] == ["run.end"]
         assert [r["step"] for r in _from(log, f"node{k}") if r["kind"] == "step"] == list(range(1, steps + 1))
         assert job.summary(k)["exit_status"] == 0
+        assert (
+            job.summary(k)["steps"] == steps
+        )  # its own ranks' steps, also on a node that never hosts rank 0
     # tm view of node 0's run replays the job: the same final numbers, every node.
     viewed = json.loads(
         run_tm(

@@ -76,8 +76,9 @@ class Hub:
         self.malformed = 0
         self.unknown = 0
         self.kinds: dict[str, int] = {}
-        self.steps = 0
-        self.skipped_steps = 0
+        # Step records per rank, [steps, skipped]: the run's steps are its lowest rank's (rank 0 on the job's first
+        # node; on another node of a job, its own first rank, not a 0 for the rank 0 it never hosts).
+        self._rank_steps: dict[int, list[int]] = {}
         self.dropped: dict[str, int] = {}
         self.open_producers: set[str] = set()
         self.hello_pids: set[int] = (
@@ -410,10 +411,14 @@ class Hub:
                 self.dropped[key] = dropped
         if remote:
             return  # another node's agents: its own launcher waits for them and watches their silence
-        if kind == "step" and data.get("rank") in (None, 0):
-            self.steps += 1
+        if kind == "step":
+            rank = data.get("rank")
+            counts = self._rank_steps.get(rank if isinstance(rank, int) else 0)
+            if counts is None:
+                counts = self._rank_steps[rank if isinstance(rank, int) else 0] = [0, 0]
+            counts[0] += 1
             if data.get("skipped"):
-                self.skipped_steps += 1
+                counts[1] += 1
         elif kind == "hello":
             self.open_producers.add(key)
             pid = data.get("pid")
@@ -425,6 +430,16 @@ class Hub:
             folder = data.get("value")
             if isinstance(folder, str) and folder not in self.profiler_dirs and len(self.profiler_dirs) < 64:
                 self.profiler_dirs.append(folder)
+
+    @property
+    def steps(self) -> int:
+        """Steps of the run so far: the step records of its lowest rank on this node."""
+        return self._rank_steps[min(self._rank_steps)][0] if self._rank_steps else 0
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps that rank's optimizer skipped (GradScaler found inf or NaN gradients)."""
+        return self._rank_steps[min(self._rank_steps)][1] if self._rank_steps else 0
 
     def stats(self, final: bool = False) -> rec.BusStats:
         recorder = self.recorder
