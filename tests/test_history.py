@@ -133,3 +133,27 @@ def test_the_state_round_trips_exactly():
 def test_a_capacity_too_small_for_its_merge_is_refused():
     with pytest.raises(ValueError, match="capacity"):
         History(capacity=10, merge=16)
+
+
+def test_merging_raw_points_equals_merging_them_as_buckets_of_one_bit_for_bit():
+    # The raw tier's merge has its own loop (no bucket built per point): it must give the very floats the bucket
+    # merge gives for the same points as buckets of one (count 1, min = max = value), NaN, infinities and -0.0 included.
+    import random
+    from array import array
+
+    from trainmeter_core.model.history import _merge_into
+
+    rng = random.Random(20261201)
+    specials = [math.nan, math.inf, -math.inf, -0.0, 0.0, 1e308, -1e-308]
+    for _ in range(200):
+        n = rng.randrange(1, 80)
+        values = [rng.choice(specials) if rng.random() < 0.2 else rng.uniform(-1e3, 1e3) for _ in range(n)]
+        axes = [[rng.choice([math.nan, float(i)]) for i in range(n)] for _ in range(4)]
+        raw = [array("d", column) for column in axes] + [array("d", values)]
+        as_buckets = raw + [array("d", values), array("d", values), array("d", [1.0] * n)]
+        group = rng.choice([2, 3, 16])
+        merged_raw = [array("d") for _ in range(8)]
+        merged_buckets = [array("d") for _ in range(8)]
+        _merge_into(merged_raw, raw, 0, n, group, raw=True)
+        _merge_into(merged_buckets, as_buckets, 0, n, group, raw=False)
+        assert [column.tobytes() for column in merged_raw] == [column.tobytes() for column in merged_buckets]

@@ -8,6 +8,7 @@ segment, every line at or before it by a look at its last key, so it never decod
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import re
@@ -245,7 +246,13 @@ def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, k
                     continue
                 lines = data[: cut - 1].split(b"\n")  # complete lines, each without its newline
                 if wanted is not None:
-                    lines = [line for line in lines if _wanted(line, wanted, stats)]
+                    # A wanted line passes on the spot; any other goes through _wanted (decoded, or counted as passed).
+                    lines = [
+                        line
+                        for line in lines
+                        if (line.startswith(_KIND_FIRST) and line[9 : line.find(b'"', 9)] in wanted)
+                        or _wanted(line, wanted, stats)
+                    ]
                 for at in range(0, len(lines), _BATCH_LINES):
                     yield from _decoded(
                         lines[at : at + _BATCH_LINES], stats, kinds, 0, 1 << 64, False, b"\n"
@@ -299,6 +306,21 @@ def _decoded(
                 reason = str(exc).split(":")[0]
                 stats["skipped"] += 1
                 reasons[reason] = reasons.get(reason, 0) + 1
+    if not bounded:
+        # The whole-log read (a replay's): the same filter as below, with its lookups hoisted out of the loop.
+        unknown, kind_of, last_seq = rec.Unknown, rec.kind_of, stats["last_seq"]
+        types = None if kinds is None else _types_of(frozenset(kinds))
+        for record in records:
+            seq = record.seq
+            if seq is not None:
+                last_seq = seq
+            cls = type(record)
+            if cls is unknown:
+                stats["unknown"] += 1
+            if types is None or cls in types or (cls is unknown and kind_of(record) in kinds):
+                out.append(record)
+        stats["last_seq"] = last_seq
+        return out, False
     for record in records:
         seq = record.seq
         if seq is not None:
@@ -313,6 +335,12 @@ def _decoded(
         if kinds is None or rec.kind_of(record) in kinds:
             out.append(record)
     return out, False
+
+
+@functools.lru_cache(maxsize=64)
+def _types_of(kinds: frozenset[str]) -> frozenset[type]:
+    """The record types of ``kinds`` (an Unknown record's kind is checked by name)."""
+    return frozenset(rec.KINDS[kind] for kind in kinds if kind in rec.KINDS)
 
 
 def _segment_tail(path: Path, tail_b: int) -> list[bytes]:

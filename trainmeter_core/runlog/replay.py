@@ -70,15 +70,17 @@ def replay_engine(
     every = last_snapshot_seq == -1
     last = None
     fed = False
+    run_end, profile_import, tick, feed = rec.RunEnd, rec.ProfileImport, rec.Tick, engine.feed
     for record in read_log(run_dir, FED_KINDS, stats, after_seq=through_seq):
         fed = True
+        cls = type(record)
         loud = (
             every
-            or type(record) is rec.RunEnd
-            or type(record) is rec.ProfileImport  # one imported after run.end makes a new final snapshot
-            or (type(record) is rec.Tick and record.seq == last_snapshot_seq)
+            or cls is run_end
+            or cls is profile_import  # one imported after run.end makes a new final snapshot
+            or (cls is tick and record.seq == last_snapshot_seq)
         )
-        made = engine.feed(record, snapshots=loud)
+        made = feed(record, snapshots=loud)
         if made:
             last = made[-1]
     # The records passed by their tag moved the engine's clock of sequence numbers all the same, but for the alerts

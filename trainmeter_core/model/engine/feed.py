@@ -40,6 +40,9 @@ from trainmeter_core.model.rig import Rig, resolve_rig
 
 #: The origin of the train loss the agent reads from the tensor passed to backward(): it loses to any other.
 _BACKWARD = "backward"
+#: Raw series keys whose canonical name is cached (a log of ever new keys must not grow the cache without bound).
+_CANONICAL_CACHED_MAX = 4096
+_ALPHA = fm.EMA_ALPHA
 
 __all__ = ["STEP_WINDOW", "Engine", "EngineState", "GpuState", "RankState", "build_snapshot"]
 
@@ -71,6 +74,8 @@ class Engine:
         self._gpu_names: dict[tuple[str, int], tuple[str, tuple[str, ...]]] = {}
         self._quiet = False
         self._t_offset = self.state.resume.t_offset  # read on every record: kept here, as the state holds it
+        # canonical(raw_key, seen_explicit_train) by the flag's value: a pure function, cached
+        self._canonical_names: tuple[dict[str, str], dict[str, str]] = ({}, {})
         self._handlers = {
             rec.Step: self._on_step,
             rec.Metric: self._on_metric,
@@ -104,11 +109,13 @@ class Engine:
         if seq is not None:
             state.through_seq = seq
         handler = self._handlers.get(type(record))
-        if handler is None and not isinstance(record, job_nodes.JOB_KINDS):
+        if handler is None:
+            if isinstance(record, job_nodes.JOB_KINDS):
+                job_nodes.arrive(state, record)  # a job's node and clock records: nodes.py reads them
             return []
-        if state.nodes or handler is None:
+        if state.nodes:
             record = job_nodes.arrive(state, record)  # a job's record, or another node's on the hub's clock
-            if record is None or handler is None:
+            if record is None:
                 return []
         if type(record) is _RUN_START and record.host not in state.nodes:
             attempts.start(
@@ -195,7 +202,11 @@ class Engine:
         if interval is not None and not 0.0 < interval < math.inf:
             interval = None  # a clock that went backwards (or NaN, or infinite) measures nothing
         if interval is not None and not record.profiled:
-            rank.step_time_ema_s = fm.ema(rank.step_time_ema_s, interval)
+            # fm.ema, inlined (as every EMA and window below: this is the engine's hottest path)
+            previous = rank.step_time_ema_s
+            rank.step_time_ema_s = (
+                float(interval) if previous is None else previous + _ALPHA * (interval - previous)
+            )
         if rank_id != 0:
             if interval is not None:
                 step, tokens, flops = self._x()
@@ -227,12 +238,24 @@ class Engine:
         else:
             state.window_tokens += tokens
             if interval is not None:
-                state.tokens_ema = fm.ema(state.tokens_ema, tokens)
-                state.interval_ema_s = fm.ema(state.interval_ema_s, interval)
+                previous = state.tokens_ema
+                state.tokens_ema = (
+                    float(tokens) if previous is None else previous + _ALPHA * (tokens - previous)
+                )
+                previous = state.interval_ema_s
+                state.interval_ema_s = (
+                    float(interval) if previous is None else previous + _ALPHA * (interval - previous)
+                )
         if not first and not record.profiled and interval is not None:
-            _keep_recent(state.recent_intervals_s, interval)
+            recent = state.recent_intervals_s
+            recent.append(interval)
+            if len(recent) > STEP_WINDOW:
+                del recent[0]
             if tokens is not None:
-                _keep_recent(state.recent_rates, tokens / interval)
+                recent = state.recent_rates
+                recent.append(tokens / interval)
+                if len(recent) > STEP_WINDOW:
+                    del recent[0]
         state.last_step_t = record.t
         state.last_step_wall = record.wall
         if tokens is not None:
@@ -252,7 +275,12 @@ class Engine:
         if state.phase_after_last_s:
             state.phase_after_last_s = {}
         if interval is not None:
-            step, tokens_x, flops = self._x()
+            # self._x(), inlined: the facts were derived above
+            step = float(state.last_step) if state.last_step is not None else _NAN
+            if state.steps_with_tokens:
+                tokens_x, flops = float(state.tokens_seen), state.tokens_seen * self._fpt_single
+            else:
+                tokens_x = flops = _NAN
             self.history.add_point("tm:rank:0:step_time_s", step, tokens_x, flops, record.wall, interval)
         return []
 
@@ -292,13 +320,21 @@ class Engine:
                 if is_explicit_train_key(raw_key):
                     state.seen_explicit_train = True
                     break
+        seen_explicit = state.seen_explicit_train
         from_emit = origin == "emit"
         emit_series = state.emit_series
         step, tokens, flops = self._x()
         if record.step is not None:
             step = float(record.step)
+        # canonical() by a cache (derived, never state): with the steps, this is the engine's hottest path.
+        names = self._canonical_names[seen_explicit]
+        add_point = self.history.add_point
         for raw_key, value in values.items():
-            name = canonical(raw_key, state.seen_explicit_train)
+            name = names.get(raw_key)
+            if name is None:
+                name = canonical(raw_key, seen_explicit)
+                if len(names) < _CANONICAL_CACHED_MAX:
+                    names[raw_key] = name
             # Precedence for one series: emit() > a tapped tracker > the loss the agent read from backward().
             if from_emit:
                 if name not in emit_series:
@@ -317,11 +353,15 @@ class Engine:
                 continue
             elif name not in state.tapped_series:
                 state.tapped_series[name] = True
-            state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
-            point = rec.SeriesPoint(
+            if state.pending_backward:
+                state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
+            # _add_series_point, inlined
+            if name == _LOSS_SERIES:
+                self._on_loss(value)
+            state.series[name] = rec.SeriesPoint(
                 canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
             )
-            self._add_series_point(point, step, tokens, flops, record.wall)
+            add_point(name, step, tokens, flops, record.wall, value)
         return []
 
     def _add_series_point(
@@ -468,12 +508,6 @@ class Engine:
         if self.state.finished and record.scope == "trace" and not self._quiet:
             return [build_snapshot(self, final=True)]
         return []
-
-
-def _keep_recent(values: list[float], value: float) -> None:
-    values.append(value)
-    if len(values) > STEP_WINDOW:
-        del values[0]
 
 
 Engine.FED_KINDS = frozenset(
