@@ -25,7 +25,6 @@ from trainmeter_core.model.engine.state import (
     _LOSS_SERIES,
     _MAX_TOKENS_PER_STEP,
     _NAN,
-    _PAUSE_PHASES,
     HOST_WINDOW_FIELDS,
     NODE_WINDOW_FIELDS,
     STEP_WINDOW,
@@ -34,6 +33,7 @@ from trainmeter_core.model.engine.state import (
     PendingPoint,
     RankState,
 )
+from trainmeter_core.model.engine.time_split import take_phase
 from trainmeter_core.model.facts import ModelFlops, model_flops, whole
 from trainmeter_core.model.history import History, HistoryState
 from trainmeter_core.model.rig import Rig, resolve_rig
@@ -396,31 +396,7 @@ class Engine:
         return []
 
     def _on_phase(self, record: rec.Phase) -> list[rec.Snapshot]:
-        if record.rank not in (None, 0):
-            return []  # every rank waits alike; rank 0's phases split the step clock's time
-        state = self.state
-        name = record.phase
-        state.phases_seen[name] = state.phases_seen.get(name, 0) + 1
-        if not -math.inf < record.start_t <= record.end_t < math.inf:
-            return []  # a span that ends before it starts (or is not finite) holds no time
-        if name in _PAUSE_PHASES and (state.pause_end_t is None or record.end_t >= state.pause_end_t):
-            state.pause_phase, state.pause_end_t = name, record.end_t
-        first = state.first_step_t
-        before_end = record.end_t if first is None else min(record.end_t, first)
-        if record.start_t < before_end:
-            # Before the first step everything is startup and compile; what a phase says of it names that time.
-            held = state.startup_phase_s
-            held[name] = held.get(name, 0.0) + (before_end - record.start_t)
-        if first is None or record.end_t <= first:
-            return []
-        start = max(record.start_t, first)
-        state.phase_s[name] = state.phase_s.get(name, 0.0) + (record.end_t - start)
-        last = state.last_step_t
-        after = 0.0
-        if last is not None and record.end_t > last:
-            after = record.end_t - max(start, last)
-            state.phase_after_last_s[name] = state.phase_after_last_s.get(name, 0.0) + after
-        attempts.phase(state, record, after)
+        take_phase(self.state, record)
         return []
 
     def _on_sample_gpu(self, record: rec.SampleGpu) -> list[rec.Snapshot]:

@@ -1,9 +1,12 @@
 """Where the run's time went: startup and compile, data wait, checkpoints, eval, profiler, compute; and goodput.
 
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
+Pure, no I/O, no clock: the phases into the engine's state (``take_phase``, called by the engine's feed), and the
+split as a family of the snapshot, written into a ``SnapshotBuilder``.
 """
 
 from __future__ import annotations
+
+import math
 
 from trainmeter_core.model import formulas as fm
 from trainmeter_core.model import records as rec
@@ -17,6 +20,36 @@ from trainmeter_core.model.engine.builder import (
 from trainmeter_core.model.engine.builder import (
     SnapshotBuilder,
 )
+from trainmeter_core.model.engine.state import _PAUSE_PHASES, EngineState
+
+
+def take_phase(state: EngineState, record: rec.Phase) -> None:
+    """A phase of rank 0 into the state: its time before the first step (startup), within the window, after the last
+    step, and the pause it makes (eval, checkpoint) for the hung-run rule."""
+    if record.rank not in (None, 0):
+        return  # every rank waits alike; rank 0's phases split the step clock's time
+    name = record.phase
+    state.phases_seen[name] = state.phases_seen.get(name, 0) + 1
+    if not -math.inf < record.start_t <= record.end_t < math.inf:
+        return  # a span that ends before it starts (or is not finite) holds no time
+    if name in _PAUSE_PHASES and (state.pause_end_t is None or record.end_t >= state.pause_end_t):
+        state.pause_phase, state.pause_end_t = name, record.end_t
+    first = state.first_step_t
+    before_end = record.end_t if first is None else min(record.end_t, first)
+    if record.start_t < before_end:
+        # Before the first step everything is startup and compile; what a phase says of it names that time.
+        held = state.startup_phase_s
+        held[name] = held.get(name, 0.0) + (before_end - record.start_t)
+    if first is None or record.end_t <= first:
+        return
+    start = max(record.start_t, first)
+    state.phase_s[name] = state.phase_s.get(name, 0.0) + (record.end_t - start)
+    last = state.last_step_t
+    after = 0.0
+    if last is not None and record.end_t > last:
+        after = record.end_t - max(start, last)
+        state.phase_after_last_s[name] = state.phase_after_last_s.get(name, 0.0) + after
+    attempts.phase(state, record, after)
 
 
 def time_split(snap: SnapshotBuilder) -> dict[str, float]:
