@@ -237,7 +237,8 @@ class Forwarder:
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH
         )
-        monitor = sock.get_monitor_socket(events, addr=f"inproc://tm-forward-monitor-{id(sock)}")
+        # A fresh name each time: the socket a refusal closed frees its monitor's name only later (jobhub.py)
+        monitor = sock.get_monitor_socket(events, addr=f"inproc://tm-forward-monitor-{os.urandom(8).hex()}")
         sock.connect(self.endpoint)
         return sock, monitor
 

@@ -106,7 +106,11 @@ class JobListener:
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH
         )
-        self.monitor = self.router.get_monitor_socket(events, addr=f"inproc://tm-job-monitor-{id(self)}")
+        # A fresh name each time: a closed monitor frees its inproc name only later, and id() of a listener that
+        # failed to bind comes back for the next one (whose monitor then failed with "Address already in use").
+        self.monitor = self.router.get_monitor_socket(
+            events, addr=f"inproc://tm-job-monitor-{os.urandom(8).hex()}"
+        )
         try:
             self.router.bind(endpoint)
         except zmq.ZMQError:
