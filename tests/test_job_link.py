@@ -329,19 +329,25 @@ def _fuzz_message(rng: random.Random, head: int) -> list[bytes]:
     return [wire.GAP, rng.randbytes(rng.randrange(1, 4)).replace(b"\x92", b"\x00") + b"\xc1"]
 
 
+def _joined(ctx, hub, keys):
+    """Node 1 with the job's key, joined to the job hub by its hello: its socket and monitor."""
+    public, secret = keys.node_pair(1)
+    sock, monitor, _ = _client(ctx, hub.job.endpoint, public, secret, keys.hub_pair()[0])
+    hello = wire.Hello(
+        node_rank=1, host=NODE, run="r", pid=7, t=time.monotonic(), wall=time.time(), head=0, first=1
+    )
+    sock.send_multipart([wire.HELLO, wire.pack(hello)])
+    wait_for(lambda: hub.job.links, what="node 1's hello")
+    return sock, monitor
+
+
 def test_ten_thousand_fuzzed_frames_from_an_authenticated_node_are_counted_malformed(tmp_path, short_dir):
     keys = jobkeys.create(tmp_path / "keys", "j1")
     rng = random.Random(FUZZ_SEED)
     ctx = zmq.Context()
     try:
         with job_hub(short_dir, tmp_path / "hub", keys) as hub:
-            public, secret = keys.node_pair(1)
-            sock, monitor, _ = _client(ctx, hub.job.endpoint, public, secret, keys.hub_pair()[0])
-            hello = wire.Hello(
-                node_rank=1, host=NODE, run="r", pid=7, t=time.monotonic(), wall=time.time(), head=0, first=1
-            )
-            sock.send_multipart([wire.HELLO, wire.pack(hello)])
-            wait_for(lambda: hub.job.links, what="the fuzzing node's hello")
+            sock, monitor = _joined(ctx, hub, keys)
             for _ in range(FUZZ_FRAMES):
                 sock.send_multipart(_fuzz_message(rng, 1))
             good = rec.encode(rec.Step(step=42, host=NODE, source="agent", pid=7, v=2))
@@ -367,13 +373,7 @@ def test_a_node_may_not_speak_for_the_hubs_host_nor_in_the_hubs_own_kinds(tmp_pa
     ctx = zmq.Context()
     try:
         with job_hub(short_dir, tmp_path / "hub", keys) as hub:
-            public, secret = keys.node_pair(1)
-            sock, monitor, _ = _client(ctx, hub.job.endpoint, public, secret, keys.hub_pair()[0])
-            hello = wire.Hello(
-                node_rank=1, host=NODE, run="r", pid=7, t=time.monotonic(), wall=time.time(), head=0, first=1
-            )
-            sock.send_multipart([wire.HELLO, wire.pack(hello)])
-            wait_for(lambda: hub.job.links, what="hello")
+            sock, monitor = _joined(ctx, hub, keys)
             forged = [
                 rec.RunEnd(
                     status=1, reason="exited", elapsed_s=1.0, host="elsewhere", source="launcher", v=2

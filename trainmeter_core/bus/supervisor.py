@@ -106,16 +106,12 @@ class Supervisor:
             return
         placement.started_at = time.monotonic()
         placement.pids.append(placement.popen.pid)
+        self._announce(placement, event, child_pid=placement.popen.pid, restarts=placement.restarts)
+
+    def _announce(self, placement: Placement, event: str, **fields) -> None:
+        """One ``component`` record for each component the process runs: they share its start, crash and end."""
         for name in placement.components:
-            self.publish(
-                rec.Component(
-                    name=name,
-                    event=event,  # type: ignore[arg-type]
-                    process=placement.process,
-                    child_pid=placement.popen.pid,
-                    restarts=placement.restarts,
-                )
-            )
+            self.publish(rec.Component(name=name, event=event, process=placement.process, **fields))  # type: ignore[arg-type]
 
     def _watch(self) -> None:
         while not self._stopping.wait(0.1):
@@ -134,17 +130,9 @@ class Supervisor:
     def _finished(self, placement: Placement) -> None:
         """Every component of the process returned on its own (done, or nothing to do): stopped, not restarted."""
         assert placement.popen is not None
-        for name in placement.components:
-            self.publish(
-                rec.Component(
-                    name=name,
-                    event="stopped",
-                    process=placement.process,
-                    child_pid=placement.popen.pid,
-                    exit_code=0,
-                    restarts=placement.restarts,
-                )
-            )
+        self._announce(
+            placement, "stopped", child_pid=placement.popen.pid, exit_code=0, restarts=placement.restarts
+        )
         _close_stdin(placement.popen)
         placement.popen = None
 
@@ -153,28 +141,19 @@ class Supervisor:
         placement.crashes_in_row = 1 if ran_s > STABLE_AFTER_S else placement.crashes_in_row + 1
         backoff = min(BACKOFF_FIRST_S * 2 ** (placement.crashes_in_row - 1), BACKOFF_MAX_S)
         sig = -code if code < 0 else None
-        for name in placement.components:
-            self.publish(
-                rec.Component(
-                    name=name,
-                    event="crashed",
-                    process=placement.process,
-                    child_pid=placement.popen.pid,
-                    exit_code=None if sig else code,
-                    signal=sig,
-                    restarts=placement.restarts,
-                    backoff_s=backoff,
-                )
-            )
+        self._announce(
+            placement,
+            "crashed",
+            child_pid=placement.popen.pid,
+            exit_code=None if sig else code,
+            signal=sig,
+            restarts=placement.restarts,
+            backoff_s=backoff,
+        )
         _close_stdin(placement.popen)
         if placement.crashes_in_row >= GIVE_UP_AFTER:
             placement.gave_up = True
-            for name in placement.components:
-                self.publish(
-                    rec.Component(
-                        name=name, event="gave_up", process=placement.process, restarts=placement.restarts
-                    )
-                )
+            self._announce(placement, "gave_up", restarts=placement.restarts)
             return
         if self._stopping.wait(backoff):
             return
@@ -203,15 +182,7 @@ class Supervisor:
                     placement.popen.kill()
                     placement.popen.wait()
                 _close_stdin(placement.popen)
-                for name in placement.components:
-                    self.publish(
-                        rec.Component(
-                            name=name,
-                            event="stopped",
-                            process=placement.process,
-                            child_pid=placement.popen.pid,
-                        )
-                    )
+                self._announce(placement, "stopped", child_pid=placement.popen.pid)
         self._thread.join(2.0)
 
 
