@@ -392,6 +392,9 @@ class FakeAgent:
     def send_step(self, fields: dict) -> None:
         self.steps.append(fields)
 
+    def send_steady_step(self, *args) -> bool:
+        return False  # every step comes through send_step with its fields, where these tests read them
+
     def stop_probe(self, probe: str, exc: BaseException) -> None:
         self.stopped.append(probe)
 

@@ -385,3 +385,43 @@ def test_the_watcher_runs_callbacks_after_the_modules_own_code_and_keeps_import_
             sys.modules.pop(name, None)
     assert seen == [42] and errors == [("b", "ZeroDivisionError")]
     assert watcher not in sys.meta_path  # nothing left to watch: it left
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The steady step path (issue 16): the same records as the general one
+
+
+# Run gpt_loop.py with the agent's steady path switched off: every step record is built by send_step from its fields.
+_GENERAL_ONLY = """
+import runpy, sys
+from trainmeter_agent._agent import Agent
+Agent.send_steady_step = lambda self, *args: False
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+# What differs between two runs of one deterministic loop: the clocks, the process and its counters.
+_RUN_DEPENDENT = {"t", "wall", "step_time_s", "agent_us", "start_t", "end_t", "pid", "seq", "dropped", "value", "note"}
+
+
+@heavy
+def test_the_steady_step_path_sends_the_records_the_general_path_sends(run, torch):
+    args = ["--steps", "12", "--accum", "2", "--eval-every", "4", "--dataloader"]
+    run.python([GPT, *args], run.env(), byes=1)
+    run.python(["-c", _GENERAL_ONLY, GPT, *args], run.env(), byes=2)
+    records = run.records()
+    pids = list(dict.fromkeys(r["pid"] for r in records))
+    assert len(pids) == 2
+
+    def loop_records(pid: int) -> list[dict]:
+        kept = [r for r in records if r["pid"] == pid and r["kind"] in ("step", "metric", "phase")]
+        return [{k: v for k, v in r.items() if k not in _RUN_DEPENDENT} for r in kept]
+
+    steady, general = loop_records(pids[0]), loop_records(pids[1])
+    assert [r["kind"] for r in steady] == [r["kind"] for r in general]  # the same records in the same order
+    assert steady == general
+    steps = [r for r in steady if r["kind"] == "step"]
+    assert [s["step"] for s in steps] == list(range(1, 13))
+    # Each steady step still carries its timings: present, and positive.
+    for pid in pids:
+        timed = [r for r in records if r["pid"] == pid and r["kind"] == "step" and r["step"] > 1]
+        assert all(r["step_time_s"] > 0 and r["agent_us"] > 0 for r in timed)

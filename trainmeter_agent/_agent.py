@@ -293,6 +293,52 @@ class Agent:
         self._queue(self._rec_module().Step(**fields), fields.get("t") or time.monotonic())
         self._count_overhead(fields)
 
+    def send_steady_step(
+        self, step: int, t: float, step_time_s: float, optimizers: int, agent_us: float
+    ) -> bool:
+        """The step record of a steady iteration, the same record ``send_step`` would build, without its field dict.
+
+        Steady: the hooks own the steps, no emitted tokens wait, no FLOP count ends here and the model probe saw this
+        iteration's forward, its tokens and its dp. False (nothing changed) sends the iteration down ``send_step``.
+        """
+        model = self.model
+        if self._step_owner != "hooks" or self._pending_tokens is not None or model is None:
+            return False
+        if "model" in self.stopped or not self.flops.idle_at_step():
+            return False
+        try:
+            counts = model.steady_counts()
+        except Exception as exc:
+            self.stop_probe("model", exc)
+            return False
+        if counts is None:
+            return False
+        micro_batches, tokens, tokens_source, dp = counts
+        loss = self.loss
+        if loss is not None and loss.on:
+            try:
+                loss.end_step(step, micro_batches)  # its metric goes before the step record, as in send_step
+            except Exception as exc:
+                self.stop_probe("loss", exc)
+        record = self._rec.Step(
+            step=step,
+            t=t,
+            step_time_s=step_time_s,
+            optimizers=optimizers,
+            agent_us=agent_us,
+            micro_batches=micro_batches,
+            tokens=tokens,
+            tokens_source=tokens_source,
+            dp=dp,
+            tokens_global=tokens * dp,
+        )
+        self.outbox.put(record, t)
+        self._overhead_s += agent_us
+        self._overhead_steps += 1
+        if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
+            self._overhead_fact(step)
+        return True
+
     def _count_overhead(self, fields: dict) -> None:
         """Now and then, the agent's own cost per step as a fact (with the drops so far) for the dashboard."""
         agent_us = fields.get("agent_us")
@@ -302,11 +348,14 @@ class Agent:
         self._overhead_steps += 1
         step = fields["step"]
         if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
-            mean_us = self._overhead_s / self._overhead_steps
-            dropped = getattr(self.producer, "dropped", 0)
-            note = f"mean over {self._overhead_steps} steps up to {step}; records dropped so far: {dropped}"
-            self.fact("agent_overhead_us", mean_us, "steps", unit="us/step", note=note)
-            self._overhead_s, self._overhead_steps = 0.0, 0
+            self._overhead_fact(step)
+
+    def _overhead_fact(self, step: int) -> None:
+        mean_us = self._overhead_s / self._overhead_steps
+        dropped = getattr(self.producer, "dropped", 0)
+        note = f"mean over {self._overhead_steps} steps up to {step}; records dropped so far: {dropped}"
+        self.fact("agent_overhead_us", mean_us, "steps", unit="us/step", note=note)
+        self._overhead_s, self._overhead_steps = 0.0, 0
 
     # -- facts, phases, taps ---------------------------------------------------------------------------------------
 

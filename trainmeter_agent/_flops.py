@@ -124,6 +124,10 @@ class FlopCount:
     def _wanted(self) -> bool:
         return not self.done and self._counting_rank
 
+    def idle_at_step(self) -> bool:
+        """Whether ``end_iteration`` has nothing to do: the count is over, or no count started in this iteration."""
+        return self.done or self._started_step is None
+
     def _finish(self, value: float | None, note: str) -> None:
         self.done = True
         self.agent.fact("counted_flop_per_token", value, "flops", unit="FLOP/token", note=note)

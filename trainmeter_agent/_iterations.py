@@ -112,7 +112,7 @@ class IterationDetector:
         started = time.perf_counter()
         try:
             key = id(optimizer)
-            if key in self._closure_steps:
+            if self._closure_steps and key in self._closure_steps:
                 self._closure_steps.discard(key)
                 if self._grads_changed(optimizer):
                     self._count(optimizer, skipped=False, started=started, stepped=True)
@@ -121,10 +121,12 @@ class IterationDetector:
                 self._marks.pop(key, None)
             else:
                 mark = self._marks.get(key)
-                optimizer_ref = (
-                    mark[0] if mark is not None and mark[0]() is optimizer else weakref.ref(optimizer)
-                )
-                self._marks[key] = (optimizer_ref, weakref.ref(grad), grad._version)
+                if mark is not None and mark[0]() is optimizer:
+                    # The same gradient object (zero_grad(set_to_none=False)) keeps its weakref: only its version moves.
+                    grad_ref = mark[1] if mark[1]() is grad else weakref.ref(grad)
+                    self._marks[key] = (mark[0], grad_ref, grad._version)
+                else:
+                    self._marks[key] = (weakref.ref(optimizer), weakref.ref(grad), grad._version)
         except Exception as exc:
             self.agent.stop_probe("steps", exc)
         self._agent_s += time.perf_counter() - started
@@ -168,13 +170,20 @@ class IterationDetector:
                 self.iteration = resumed
         self.counted += 1
         self.iteration += 1
-        self._members = {key}
+        if len(self._members) != 1 or key not in self._members:
+            self._members = {key}
         self._calls = 1
         self._agent_s = 0.0
-        if not self.agent.activated:
-            self.agent.activate()  # hello first, also in time: the step's own time is taken after it
+        agent = self.agent
+        if not agent.activated:
+            agent.activate()  # hello first, also in time: the step's own time is taken after it
         now = time.monotonic()
         self._iteration_start_t = now
+        if previous_start_t is not None and resumed is None and not skipped:
+            # A steady iteration: the agent builds its record without a field dict where every probe is steady.
+            step_time_s, agent_us = now - previous_start_t, previous_agent_s * 1e6
+            if agent.send_steady_step(self.iteration, now, step_time_s, previous_calls, agent_us):
+                return
         fields: dict[str, object] = {"step": self.iteration, "t": now}
         if resumed is not None:
             fields["resumed_from"] = resumed
@@ -190,7 +199,7 @@ class IterationDetector:
             fields["step_time_s"] = now - previous_start_t
             fields["optimizers"] = previous_calls
             fields["agent_us"] = previous_agent_s * 1e6
-        self.agent.send_step(fields)
+        agent.send_step(fields)
 
     # -- attaching to torch ----------------------------------------------------------------------------------------
 

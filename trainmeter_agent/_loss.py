@@ -193,10 +193,13 @@ class LossProbe:
 
     def end_iteration(self, fields: dict) -> None:
         """The optimizer stepped (step record ``fields``): close this iteration's losses, send those now readable."""
+        self.end_step(fields["step"], fields.get("micro_batches"))
+
+    def end_step(self, step: int, micro_batches: int | None) -> None:
+        """Step ``step`` ended with ``micro_batches`` forwards seen (None: unknown): as ``end_iteration``."""
         calls, entries, why, copies = self._calls, self._entries, self._why, self._copies
         if calls:
             self.reset_iteration()
-            micro_batches = fields.get("micro_batches")
             if why is None and micro_batches is not None and calls != micro_batches:
                 why = (
                     f"{calls} backward() calls for {micro_batches} micro-batches: several backward roots in one "
@@ -208,10 +211,10 @@ class LossProbe:
                     # Nothing to send; the slots return once their copies have landed.
                     self._pending.append((None, entries, calls))
             elif not copies and not self._pending:
-                self._send(fields["step"], sum(entries), calls)  # CPU values, nothing waiting before them
+                self._send(step, sum(entries), calls)  # CPU values, nothing waiting before them
                 return
             elif entries:
-                self._pending.append((fields["step"], entries, calls))
+                self._pending.append((step, entries, calls))
         if self._pending:
             self.poll()
 

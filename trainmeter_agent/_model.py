@@ -226,12 +226,15 @@ class ModelProbe:
         if ids is None:
             self.tokens_missing = True
         else:
-            tokens, source = self._count(ids, mask)
+            if mask is None:
+                tokens, source = ids.numel(), "input_ids"
+            else:
+                tokens, source = self._count(ids, mask)
             self.tokens += tokens
             self.tokens_source = source if self.tokens_source in (None, source) else "input_ids"
         if not self.seq_len_sent:
             self._send_seq_len(ids)
-        if first:
+        if first and not self.agent.flops.done:
             self.agent.flops.micro_batch(self, args, kwargs)
 
     def _find_ids(self, args, kwargs, meta: bool = False):
@@ -277,6 +280,24 @@ class ModelProbe:
         mask = batch.get("attention_mask")
         if isinstance(mask, self._torch.Tensor) and mask.device.type == "cpu":
             self.cpu_masks = {tuple(mask.shape): mask}
+
+    def steady_counts(self) -> tuple[int, int, str, int] | None:
+        """This iteration's (micro-batches, tokens, their source, dp) when ``end_iteration`` would add exactly these
+        and no absent reason, then start over; None, with nothing changed, otherwise."""
+        if (
+            self.root_ref is None
+            or not self.micro_batches
+            or self.tokens_missing
+            or self.dp is None
+            or self.profiled
+            or self._profiler_on()
+        ):
+            return None
+        counts = (self.micro_batches, self.tokens, self.tokens_source, self.dp)
+        self.micro_batches = 0
+        self.tokens = 0
+        self.tokens_source = None
+        return counts
 
     def end_iteration(self, fields: dict) -> None:
         """Add this iteration's micro-batches, tokens, dp and profiler flag to its step record, then start over."""

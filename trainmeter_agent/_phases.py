@@ -80,7 +80,16 @@ class Phases:
                 agent.probe_state("data_wait", "attached")
             if isinstance(batch, dict) and "attention_mask" in batch:
                 agent.model.remember_cpu_mask(batch)
-            agent.phase("data_wait", started, ended, probe="dataloader")
+            rec = agent._rec
+            if rec is not None and agent.activated and agent._step_owner != "emit":
+                # What agent.phase would queue, built here: this runs once per batch, in the loop.
+                step = agent.iterations.iteration or None
+                record = rec.Phase(
+                    phase="data_wait", start_t=started, end_t=ended, step=step, probe="dataloader", t=ended
+                )
+                agent.outbox.put(record, ended)
+            else:
+                agent.phase("data_wait", started, ended, probe="dataloader")
             agent.iterations._agent_s += time.monotonic() - ended
         except Exception as exc:
             self._failed("data_wait", exc)
