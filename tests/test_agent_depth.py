@@ -400,7 +400,7 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 # What differs between two runs of one deterministic loop: the clocks, the process and its counters.
-_RUN_DEPENDENT = {"t", "wall", "step_time_s", "agent_us", "start_t", "end_t", "pid", "seq", "dropped", "value", "note"}
+_RUN_DEPENDENT = {"t", "wall", "step_time_s", "agent_us", "start_t", "end_t", "pid", "seq", "dropped"}
 
 
 @heavy
