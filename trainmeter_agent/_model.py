@@ -9,6 +9,7 @@ device, never runs inside torch.compile's tracing (every hook is a no-op there) 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Mapping
@@ -19,8 +20,26 @@ NO_TOKENS = "no integer id tensor seen in the model's inputs: pass --tokens-per-
 _ID_KEYWORDS = ("input_ids", "idx", "tokens", "token_ids")
 
 
+def _inert_hook():
+    """What a copy or a pickle of the model gets in place of the probe's forward pre-hook: a bound method of the
+    standard library's ``nullcontext`` that takes any arguments and returns None. It loads wherever torch does, with no
+    trainmeter installed, and does nothing."""
+    return contextlib.nullcontext().__exit__
+
+
 class ModelProbe:
-    """What the agent knows of the trained model, and the per-iteration counts it hands to each step record."""
+    """What the agent knows of the trained model, and the per-iteration counts it hands to each step record.
+
+    The probe is itself the model's forward pre-hook (``__call__``). A model copied with ``copy.deepcopy`` (an EMA, an
+    eval copy) or pickled whole (``torch.save(model)``, a spawn argument) takes an inert stand-in along instead of it:
+    neither the probe nor its agent, with their locks and sockets, ever travels with a model.
+    """
+
+    def __deepcopy__(self, memo):
+        return _inert_hook()
+
+    def __reduce__(self):
+        return (getattr, (contextlib.nullcontext(), "__exit__"))
 
     def __init__(self, agent) -> None:
         self.agent = agent
@@ -141,7 +160,7 @@ class ModelProbe:
                 self.agent.probe_state("model", f"not attached: {self.why_no_root}")
                 return
             self.root_ref = weakref.ref(module)
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            self._handles.append(module.register_forward_pre_hook(self, with_kwargs=True))
             self._watch_train_mode(type(module))
             self.agent.probe_state("model", "attached")
             self.agent.probe_state("eval", "attached")
@@ -218,6 +237,8 @@ class ModelProbe:
             self.agent.stop_probe("model", exc)
         self.agent.iterations._agent_s += time.perf_counter() - started
         return None
+
+    __call__ = _pre_hook  # the probe is the hook torch calls
 
     def _micro_batch(self, args, kwargs) -> None:
         ids, mask = self._find_ids(args, kwargs)
