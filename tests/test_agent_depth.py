@@ -391,11 +391,20 @@ def test_the_watcher_runs_callbacks_after_the_modules_own_code_and_keeps_import_
 # The steady step path (issue 16): the same records as the general one
 
 
-# Run gpt_loop.py with the agent's steady path switched off: every step record is built by send_step from its fields.
+# Run gpt_loop.py with the agent's steady paths switched off: every step record is built by send_step from its fields,
+# every data wait by agent.phase.
 _GENERAL_ONLY = """
-import runpy, sys
+import runpy, sys, time
+from trainmeter_agent import _phases
 from trainmeter_agent._agent import Agent
 Agent.send_steady_step = lambda self, *args: False
+def _batch(self, started, batch):
+    ended = time.monotonic()
+    if not self.data_seen:
+        self.data_seen = True
+        self.agent.probe_state("data_wait", "attached")
+    self.agent.phase("data_wait", started, ended, probe="dataloader")
+_phases.Phases._batch = _batch
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -425,3 +434,56 @@ def test_the_steady_step_path_sends_the_records_the_general_path_sends(run, torc
     for pid in pids:
         timed = [r for r in records if r["pid"] == pid and r["kind"] == "step" and r["step"] > 1]
         assert all(r["step_time_s"] > 0 and r["agent_us"] > 0 for r in timed)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Whole models leave the process as they would without tm: copy.deepcopy and torch.save(model)
+
+COPY_MODEL = str(SCRIPTS / "copy_model.py")
+# Loads a whole pickled model with nothing of trainmeter importable, runs it, and names the hooks it carries.
+_LOAD_PLAIN = """
+import json, sys
+import torch
+model = torch.load(sys.argv[1], weights_only=False)
+out = model(torch.randint(16, (2, 8)))
+hooks = [getattr(h, "__qualname__", type(h).__qualname__) for h in model._forward_pre_hooks.values()]
+print(json.dumps({"shape": list(out.shape), "hooks": hooks, "trainmeter": [m for m in sys.modules if "trainmeter" in m]}))
+"""
+
+
+@heavy
+def test_a_model_deep_copied_and_saved_whole_under_tm_behaves_as_without_it(run, torch, tmp_path):
+    done = run.python([COPY_MODEL, str(tmp_path / "with-tm.pt")], run.env())
+    with_tm = json.loads(done.stdout)
+    plain = subprocess.run(
+        [sys.executable, COPY_MODEL, str(tmp_path / "plain.pt")],
+        env=plain_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 0, plain.stderr
+    # The EMA copy trained to the same loss, bit for bit: the copy took nothing along that changes its training.
+    assert with_tm["ema_loss"] == json.loads(plain.stdout)["ema_loss"]
+    assert not tm_lines(done.stderr)  # no probe stopped on the copy or the save
+    steps = kinds(run.records(), "step")
+    # The EMA's optimizer is a second optimizer: its first step joins iteration 3 (as Muon beside AdamW would), its
+    # second starts iteration 4.
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    # The copy's forwards are not the model's micro-batches: the probe's hook stayed behind, an inert one went along.
+    assert [s.get("micro_batches") for s in steps] == [1, 1, 1, None]
+    assert steps[3]["absent"]["micro_batches"] == "the model's forward was not seen in this step"
+    # The saved model loads and runs where trainmeter cannot even be imported.
+    env = {k: v for k, v in plain_env().items() if k != "PYTHONPATH"}
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-c", _LOAD_PLAIN, str(tmp_path / "with-tm.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    result = json.loads(loaded.stdout)
+    assert result["shape"] == [2, 8, 16] and result["trainmeter"] == []
+    assert result["hooks"] == ["nullcontext.__exit__"]

@@ -17,7 +17,7 @@ import time
 
 from trainmeter_agent._iterations import IterationDetector
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
-from trainmeter_agent._outbox import Outbox
+from trainmeter_agent._outbox import STEADY_STEP, Outbox, to_records
 from trainmeter_agent._watch import ModuleWatcher
 
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
@@ -241,22 +241,12 @@ class Agent:
             self.outbox._items.clear()  # the bus is gone: what was queued is dropped, never kept to grow
 
     def _send_batch(self, batch: list) -> None:
-        """The outbox's send: metric tuples become records, then one message. Every record is dated on the wall
-        clock when it was made (its ``t``), not when its window left: the producer would stamp the send's time, up to
-        a window late, and a trace's profiled steps are matched to step records by wall time."""
+        """The outbox's send: its tuples become records (``_outbox.to_records``), then one message. Every record is
+        dated on the wall clock when it was made (its ``t``), not when its window left: the producer would stamp the
+        send's time, up to a window late, and a trace's profiled steps are matched to step records by wall time."""
         if not (self.bus_on and self.producer is not None):
             return
-        metric = None
-        now_t, now_wall = time.monotonic(), time.time()
-        for i, item in enumerate(batch):
-            if type(item) is tuple:
-                if metric is None:
-                    metric = self._rec_module().Metric
-                t, values, step, origin = item
-                batch[i] = metric(values=values, step=step, t=t, wall=now_wall - (now_t - t), origin=origin)
-            elif item.t and not item.wall:
-                item.wall = now_wall - (now_t - item.t)
-        self.producer.send_many(batch)
+        self.producer.send_many(to_records(batch, self._rec_module(), time.monotonic(), time.time()))
 
     # -- steps -----------------------------------------------------------------------------------------------------
 
@@ -314,25 +304,33 @@ class Agent:
         if counts is None:
             return False
         micro_batches, tokens, tokens_source, dp = counts
+        loss_value = loss_t = None
         loss = self.loss
         if loss is not None and loss.on:
             try:
-                loss.end_step(step, micro_batches)  # its metric goes before the step record, as in send_step
+                loss_value = loss.steady_loss(micro_batches)
+                if loss_value is None:
+                    loss.end_step(step, micro_batches)  # queues its own metric, before the step record
+                else:
+                    loss_t = time.monotonic()
             except Exception as exc:
                 self.stop_probe("loss", exc)
-        record = self._rec.Step(
-            step=step,
-            t=t,
-            step_time_s=step_time_s,
-            optimizers=optimizers,
-            agent_us=agent_us,
-            micro_batches=micro_batches,
-            tokens=tokens,
-            tokens_source=tokens_source,
-            dp=dp,
-            tokens_global=tokens * dp,
+        # One tuple for the metric and the step record: to_records builds both when the window leaves.
+        item = (
+            STEADY_STEP,
+            step,
+            t,
+            step_time_s,
+            optimizers,
+            agent_us,
+            micro_batches,
+            tokens,
+            tokens_source,
+            dp,
+            loss_value,
+            loss_t,
         )
-        self.outbox.put(record, t)
+        self.outbox.put(item, t)
         self._overhead_s += agent_us
         self._overhead_steps += 1
         if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:

@@ -195,6 +195,25 @@ class LossProbe:
         """The optimizer stepped (step record ``fields``): close this iteration's losses, send those now readable."""
         self.end_step(fields["step"], fields.get("micro_batches"))
 
+    def steady_loss(self, micro_batches: int) -> float | None:
+        """This iteration's loss when ``end_step`` would send it at once with nothing else to say (CPU values, one
+        backward per micro-batch, nothing pending, the label and the state already said): then start over. None, with
+        nothing changed, otherwise (``end_step`` is then the way)."""
+        calls = self._calls
+        if (
+            calls != micro_batches
+            or not calls
+            or self._why is not None
+            or self._copies
+            or self._pending
+            or self._said is not ATTACHED
+            or self._labelled != calls
+        ):
+            return None
+        entries = self._entries
+        self.reset_iteration()
+        return sum(entries)
+
     def end_step(self, step: int, micro_batches: int | None) -> None:
         """Step ``step`` ended with ``micro_batches`` forwards seen (None: unknown): as ``end_iteration``."""
         calls, entries, why, copies = self._calls, self._entries, self._why, self._copies

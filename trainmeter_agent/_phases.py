@@ -12,6 +12,8 @@ import functools
 import os
 import time
 
+from trainmeter_agent._outbox import DATA_WAIT
+
 _CHECKPOINT_DEPTH = [0]  # nested saves (DCP or save_pretrained calling torch.save) are one checkpoint
 
 
@@ -80,14 +82,9 @@ class Phases:
                 agent.probe_state("data_wait", "attached")
             if isinstance(batch, dict) and "attention_mask" in batch:
                 agent.model.remember_cpu_mask(batch)
-            rec = agent._rec
-            if rec is not None and agent.activated and agent._step_owner != "emit":
-                # What agent.phase would queue, built here: this runs once per batch, in the loop.
-                step = agent.iterations.iteration or None
-                record = rec.Phase(
-                    phase="data_wait", start_t=started, end_t=ended, step=step, probe="dataloader", t=ended
-                )
-                agent.outbox.put(record, ended)
+            if agent.activated and agent._step_owner != "emit":
+                # The phase agent.phase would queue, as a tuple the window's send turns into it (once per batch).
+                agent.outbox.put((DATA_WAIT, started, ended, agent.iterations.iteration or None), ended)
             else:
                 agent.phase("data_wait", started, ended, probe="dataloader")
             agent.iterations._agent_s += time.monotonic() - ended
