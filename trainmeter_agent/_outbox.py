@@ -19,7 +19,7 @@ from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
 
 #: A batch leaves at most this long after its first record ...
 WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.05"))
-#: ... or once it holds this many records.
+#: ... or once it holds this many entries (a steady step and its loss are one entry, two records).
 MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
 
 
