@@ -123,6 +123,19 @@ class LossProbe:
             if self._is_compiling() or agent._step_owner == "emit":
                 return  # traced, not run; or steps the loop declares itself, which the losses cannot be grouped by
             tensor_type = self._torch.Tensor
+            if (
+                isinstance(tensors, tensor_type)
+                and self._scaled is None
+                and self._why is None
+                and self._calls < MAX_CALLS_PER_ITERATION
+                and tensors.is_cpu
+                and tensors.dim() == 0
+                and tensors.is_floating_point()
+            ):
+                # The common case, taken as the general way below takes it: a 0-dim CPU loss with no scaler.
+                self._calls += 1
+                self._entries.append(tensors.item())
+                return
             if isinstance(tensors, tensor_type):
                 root, roots = tensors, 1
             elif isinstance(tensors, (list, tuple)):

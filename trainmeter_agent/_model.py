@@ -241,6 +241,14 @@ class ModelProbe:
     __call__ = _pre_hook  # the probe is the hook torch calls
 
     def _micro_batch(self, args, kwargs) -> None:
+        if args and not kwargs and self.seq_len_sent and (self.micro_batches or self.agent.flops.done):
+            ids = args[0]
+            if isinstance(ids, self._torch.Tensor) and ids.dtype in self._int_dtypes and not ids.is_meta:
+                # The common forward(ids), counted as the general way below counts it: every position is a token.
+                self.micro_batches += 1
+                self.tokens += ids.numel()
+                self.tokens_source = "input_ids"
+                return
         ids, mask = self._find_ids(args, kwargs)
         first = self.micro_batches == 0
         self.micro_batches += 1
