@@ -275,3 +275,44 @@ def test_a_damaged_line_before_the_checkpoint_never_lets_a_record_through_twice(
             seq for seq in range(after + 1, 3001) if seq not in (1001, 2000, 2500)
         ]  # the damaged ones lost
         assert [r.seq for r in read_log(tmp_path, after_seq=after)] == expected
+
+
+def _rare_alerts_log(tmp_path, damaged: bool) -> None:
+    """Two segments of about 3 MB of steps and metrics with an alert every 997 records, one last in a segment; with
+    ``damaged``, one line in the middle is not a record at all."""
+    lines = []
+    for seq in range(1, 40_001):
+        if seq % 997 == 0 or seq == 20_000:
+            record = rec.Alert(rule=f"rule{seq}", state="fired", severity="warning", message="m", subject="s")
+        elif seq % 2:
+            record = rec.Step(step=seq)
+        else:
+            record = rec.Metric(values={"loss": seq / 7}, step=seq)
+        lines.append(_line(record, seq))
+    if damaged:
+        lines[25_000] = b"{not json\n"
+    (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines[:20_000]))
+    (tmp_path / "events-0002.jsonl").write_bytes(b"".join(lines[20_000:]))
+
+
+def test_a_read_of_a_rare_kind_finds_its_lines_by_search_and_gives_what_the_line_by_line_filter_gives(
+    tmp_path, monkeypatch
+):
+    from trainmeter_core.runlog import reader
+
+    for damaged in (False, True):
+        run_dir = tmp_path / str(damaged)
+        run_dir.mkdir()
+        _rare_alerts_log(run_dir, damaged)
+        kinds = {"alert", "run.start"}
+        searched_stats: dict = {}
+        searched = [(r.seq, r.rule) for r in read_log(run_dir, kinds, searched_stats)]
+        with monkeypatch.context() as patched:
+            patched.setattr(reader, "_sparse_lines", lambda *args: None)
+            line_stats: dict = {}
+            by_line = [(r.seq, r.rule) for r in read_log(run_dir, kinds, line_stats)]
+        assert searched == by_line and len(searched) == 40_000 // 997 + 1
+        assert (20_000, "rule20000") in searched  # the last line of the first segment
+        assert searched_stats == line_stats
+        assert searched_stats["last_seq"] == 40_000 and searched_stats["decoded"] == len(searched) + damaged
+        assert searched_stats["skipped"] == damaged
