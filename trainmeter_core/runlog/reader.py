@@ -232,6 +232,7 @@ def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, k
     loop of a bounded read costs per line is most of a small record's decode)."""
     reasons = stats["reasons"]
     carry = b""
+    search = wanted is not None
     try:
         with _open(path) as f:
             while True:
@@ -244,7 +245,12 @@ def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, k
                 carry = data[cut:]
                 if not cut:
                     continue
-                sparse = _sparse_lines(data, cut, kind_marks, stats) if wanted is not None else None
+                sparse = None
+                if search:
+                    sparse = _sparse_lines(data, cut, kind_marks, stats)
+                    if sparse is _DENSE:
+                        search = False  # wanted lines are many here: the rest is read line by line
+                        sparse = None
                 if sparse is not None:
                     lines = sparse
                 else:
@@ -272,9 +278,10 @@ def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, k
         reasons[reason] = reasons.get(reason, 0) + 1
 
 
-def _sparse_lines(data: bytes, cut: int, kind_marks: list[bytes], stats: dict) -> list[bytes] | None:
+def _sparse_lines(data: bytes, cut: int, kind_marks: list[bytes], stats: dict) -> list[bytes] | object | None:
     """The wanted lines of ``data[:cut]`` (complete lines), found by searching for their tags, when they are few and
-    every line starts with the tag the recorder writes first; None otherwise (the line-by-line filter then runs).
+    every line starts with the tag the recorder writes first; ``_DENSE`` when they are many (a replay's kinds: the
+    caller stops searching), None when a line is written otherwise (the line-by-line filter then runs).
 
     What the alerts sinks read at a run's end (a few alerts in every record of the log) then costs a search in C per
     chunk instead of a look at each line in Python. ``stats["last_seq"]`` ends as the line-by-line filter leaves it:
@@ -284,12 +291,13 @@ def _sparse_lines(data: bytes, cut: int, kind_marks: list[bytes], stats: dict) -
     tagged = data.count(b'\n{"kind":"', 0, cut) + (1 if data.startswith(_KIND_FIRST) else 0)
     if tagged != lines_n:
         return None  # a line written otherwise: it is decoded, or counted, by the line-by-line filter
-    marks = [
-        b"\n{" + mark for mark in kind_marks
-    ]  # a wanted line's start, after the newline that ends the last
-    found = sum(data.count(mark, 0, cut) for mark in marks) + sum(data.startswith(mark[1:]) for mark in marks)
-    if found * _SPARSE_AT_MOST > lines_n:
-        return None
+    # A wanted line's start, after the newline that ends the line before it.
+    marks = [b"\n{" + mark for mark in kind_marks]
+    found = 0
+    for mark in marks:
+        found += data.count(mark, 0, cut) + data.startswith(mark[1:])
+        if found * _SPARSE_AT_MOST > lines_n:
+            return _DENSE
     starts = [0] if any(data.startswith(mark[1:]) for mark in marks) else []
     for mark in marks:
         at = data.find(mark, 0, cut)
@@ -314,6 +322,7 @@ def _sparse_lines(data: bytes, cut: int, kind_marks: list[bytes], stats: dict) -
 
 #: The search above pays when at most one line in this many is wanted.
 _SPARSE_AT_MOST = 8
+_DENSE = object()
 
 
 def _wanted(line: bytes, wanted: set[bytes], stats: dict) -> bool:
