@@ -183,7 +183,8 @@ def read_log(
     paths = segments(run_dir)
     start = start_segment(paths, after_seq, stats) if after_seq > 0 else 0
     wanted = None if kinds is None else {k.encode() for k in kinds}
-    kind_marks = None if kinds is None else [f'"kind":"{k}"'.encode() for k in kinds]
+    # A wanted line's start, as the recorder writes it.
+    kind_marks = None if kinds is None else [f'{{"kind":"{k}"'.encode() for k in kinds]
     if not bounded:
         for index, path in enumerate(paths):
             yield from _whole_segment(path, index == len(paths) - 1, stats, kinds, wanted, kind_marks)
@@ -291,14 +292,14 @@ def _sparse_lines(data: bytes, cut: int, kind_marks: list[bytes], stats: dict) -
     tagged = data.count(b'\n{"kind":"', 0, cut) + (1 if data.startswith(_KIND_FIRST) else 0)
     if tagged != lines_n:
         return None  # a line written otherwise: it is decoded, or counted, by the line-by-line filter
-    # A wanted line's start, after the newline that ends the line before it.
-    marks = [b"\n{" + mark for mark in kind_marks]
-    found = 0
+    first_wanted = any(data.startswith(mark) for mark in kind_marks)
+    marks = [b"\n" + mark for mark in kind_marks]  # after the newline that ends the line before
+    found = int(first_wanted)
     for mark in marks:
-        found += data.count(mark, 0, cut) + data.startswith(mark[1:])
+        found += data.count(mark, 0, cut)
         if found * _SPARSE_AT_MOST > lines_n:
             return _DENSE
-    starts = [0] if any(data.startswith(mark[1:]) for mark in marks) else []
+    starts = [0] if first_wanted else []
     for mark in marks:
         at = data.find(mark, 0, cut)
         while at >= 0:
