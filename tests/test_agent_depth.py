@@ -392,19 +392,21 @@ def test_the_watcher_runs_callbacks_after_the_modules_own_code_and_keeps_import_
 
 
 # Run gpt_loop.py with the agent's steady paths switched off: every step record is built by send_step from its fields,
-# every data wait by agent.phase.
+# every phase record in agent.phase at once (as before the outbox held them as tuples).
 _GENERAL_ONLY = """
-import runpy, sys, time
-from trainmeter_agent import _phases
+import runpy, sys
 from trainmeter_agent._agent import Agent
+from trainmeter_core.model import records
 Agent.send_steady_step = lambda self, *args: False
-def _batch(self, started, batch):
-    ended = time.monotonic()
-    if not self.data_seen:
-        self.data_seen = True
-        self.agent.probe_state("data_wait", "attached")
-    self.agent.phase("data_wait", started, ended, probe="dataloader")
-_phases.Phases._batch = _batch
+def phase(self, name, start_t, end_t, *, probe, **extra):
+    record = records.Phase(
+        phase=name, start_t=start_t, end_t=end_t, step=self.current_step(), probe=probe, t=end_t, **extra
+    )
+    if self.activated:
+        self.outbox.put(record, end_t)
+    else:
+        self._held.append(record)
+Agent.phase = phase
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

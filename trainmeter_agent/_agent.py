@@ -17,7 +17,7 @@ import time
 
 from trainmeter_agent._iterations import IterationDetector
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
-from trainmeter_agent._outbox import STEADY_STEP, Outbox, to_records
+from trainmeter_agent._outbox import PHASE, STEADY_STEP, Outbox, to_records
 from trainmeter_agent._watch import ModuleWatcher
 
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
@@ -388,9 +388,14 @@ class Agent:
                 self.stop_probe("bus", exc)
 
     def phase(self, name: str, start_t: float, end_t: float, *, probe: str, **extra) -> None:
-        """A span outside plain compute; batched with the metrics (held until hello)."""
+        """A span outside plain compute; batched with the metrics (held until hello). A span with no extra field (a
+        data wait, once per DataLoader batch) waits as a tuple that the window's send turns into its record."""
+        step = self.current_step()
+        if self.activated and not extra:
+            self.outbox.put((PHASE, name, start_t, end_t, step, probe), end_t)
+            return
         record = self._rec_module().Phase(
-            phase=name, start_t=start_t, end_t=end_t, step=self.current_step(), probe=probe, t=end_t, **extra
+            phase=name, start_t=start_t, end_t=end_t, step=step, probe=probe, t=end_t, **extra
         )
         if not self.activated:
             if (

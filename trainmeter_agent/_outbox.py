@@ -28,8 +28,8 @@ MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
 #: ``(STEADY_STEP, step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, tokens_source, dp, loss,
 #: loss_t)``: a steady iteration's step record, after its ``train_loss`` metric from backward() when ``loss`` is a float.
 STEADY_STEP = object()
-#: ``(DATA_WAIT, start_t, end_t, step)``: one DataLoader batch's data_wait phase.
-DATA_WAIT = object()
+#: ``(PHASE, phase, start_t, end_t, step, probe)``: a phase record with no other field (a DataLoader batch's data wait).
+PHASE = object()
 #: Any other tuple is a metric: ``(t, values, step, origin)``.
 
 
@@ -68,18 +68,12 @@ def to_records(batch: list, rec, now_t: float, now_wall: float) -> list:
                     tokens_global=tokens * dp,
                 )
             )
-        elif head is DATA_WAIT:
-            _, start_t, end_t, step = item
+        elif head is PHASE:
+            _, name, start_t, end_t, step, probe = item
             wall = now_wall - (now_t - end_t)
             append(
                 rec.Phase(
-                    phase="data_wait",
-                    start_t=start_t,
-                    end_t=end_t,
-                    step=step,
-                    probe="dataloader",
-                    t=end_t,
-                    wall=wall,
+                    phase=name, start_t=start_t, end_t=end_t, step=step, probe=probe, t=end_t, wall=wall
                 )
             )
         else:

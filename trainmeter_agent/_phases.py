@@ -12,8 +12,6 @@ import functools
 import os
 import time
 
-from trainmeter_agent._outbox import DATA_WAIT
-
 _CHECKPOINT_DEPTH = [0]  # nested saves (DCP or save_pretrained calling torch.save) are one checkpoint
 
 
@@ -82,11 +80,7 @@ class Phases:
                 agent.probe_state("data_wait", "attached")
             if isinstance(batch, dict) and "attention_mask" in batch:
                 agent.model.remember_cpu_mask(batch)
-            if agent.activated and agent._step_owner != "emit":
-                # The phase agent.phase would queue, as a tuple the window's send turns into it (once per batch).
-                agent.outbox.put((DATA_WAIT, started, ended, agent.iterations.iteration or None), ended)
-            else:
-                agent.phase("data_wait", started, ended, probe="dataloader")
+            agent.phase("data_wait", started, ended, probe="dataloader")
             agent.iterations._agent_s += time.monotonic() - ended
         except Exception as exc:
             self._failed("data_wait", exc)
