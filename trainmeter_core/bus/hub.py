@@ -413,7 +413,10 @@ class Hub:
             return  # another node's agents: its own launcher waits for them and watches their silence
         if kind == "step":
             rank = data.get("rank")
-            counts = self._rank_steps.setdefault(rank if isinstance(rank, int) else 0, [0, 0])
+            rank = rank if isinstance(rank, int) else 0
+            counts = self._rank_steps.get(rank)
+            if counts is None:
+                counts = self._rank_steps[rank] = [0, 0]
             counts[0] += 1
             if data.get("skipped"):
                 counts[1] += 1
