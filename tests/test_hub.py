@@ -314,6 +314,18 @@ def test_unknown_kinds_and_fields_reach_the_log_verbatim_and_are_counted_unknown
     assert [r for r in log if r["kind"] == "bus.stats"][-1]["unknown"] == 2
 
 
+def test_a_batch_with_one_malformed_record_loses_that_one_alone(short_dir, tmp_path):
+    good = [rec.to_builtins(rec.Step(step=i, source="agent")) for i in (1, 2)]
+    newer_kind = {"kind": "gpu.power_cap", "watts": 300.5}
+    batch = [good[0], {"kind": "step", "step": "x"}, newer_kind, good[1]]
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
+        sock.send_multipart([bus.BATCH_TOPIC, msgspec.msgpack.encode(batch)])
+        wait_for(lambda: hub.kinds.get("step") == 2, what="both good steps")
+    assert (hub.malformed, hub.unknown) == (1, 1)
+    log = [r for r in log_records(tmp_path) if r["kind"] in ("step", "gpu.power_cap")]
+    assert [(r["kind"], r.get("step")) for r in log] == [("step", 1), ("gpu.power_cap", None), ("step", 2)]
+
+
 def test_history_records_are_derived_too_and_after_the_end_only_derived_kinds_and_alerts_pass(
     short_dir, tmp_path
 ):

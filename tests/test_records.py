@@ -225,6 +225,19 @@ def test_a_batch_splits_into_the_exact_bytes_of_each_record():
     assert [bytes(raw) for raw in raws] == [rec.encode(r) for r in ALL]
 
 
+def test_a_batch_checked_at_once_is_what_checking_each_of_its_records_gives():
+    newer_field = {**rec.to_builtins(rec.Step(step=3)), "moe_aux_loss": 0.125}
+    records = [*[rec.to_builtins(r) for r in ALL], newer_field]
+    payload = msgspec.msgpack.encode(records)
+    at_once = rec.check_batch(payload)
+    assert at_once == [rec.check(bytes(raw)) for raw in rec.split_batch(payload)]
+    assert [c.unknown for c in at_once] == [False] * len(ALL) + [True]
+    # One record the one-by-one check refuses, or a kind this version does not know: the batch is left to it.
+    for odd in ({"kind": "step", "step": "x"}, {"kind": "gpu.power_cap", "watts": 300.5}, 5):
+        assert rec.check_batch(msgspec.msgpack.encode([records[0], odd, records[1]])) is None
+    assert rec.check_batch(b"\x80") is None
+
+
 def test_absent_field_is_left_out_and_named_with_its_reason():
     gpu = rec.SampleGpu(index=1, absent={"power_w": "NVML: not supported on this board"})
     data = rec.check(rec.encode(gpu)).data
