@@ -235,6 +235,10 @@ def test_a_batch_checked_at_once_is_what_checking_each_of_its_records_gives():
     # One record the one-by-one check refuses, or a kind this version does not know: the batch is left to it.
     for odd in ({"kind": "step", "step": "x"}, {"kind": "gpu.power_cap", "watts": 300.5}, 5):
         assert rec.check_batch(msgspec.msgpack.encode([records[0], odd, records[1]])) is None
+    # A map naming two kinds (MessagePack allows a key twice): left to the one-by-one check, which takes the last.
+    twice = b"\x92" + rec.encode(rec.Step(step=1)) + b"\x82\xa4kind\xa4step\xa4kind\xadgpu.power_cap"
+    assert rec.check_batch(twice) is None
+    assert rec.check(b"\x82\xa4kind\xa4step\xa4kind\xadgpu.power_cap").kind == "gpu.power_cap"
     assert rec.check_batch(b"\x80") is None
 
 
