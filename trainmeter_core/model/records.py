@@ -843,7 +843,9 @@ def check_batch(payload: bytes) -> list[Checked] | None:
         if not isinstance(data, dict):
             return None
         kind = data.get("kind")
-        if kind not in FIELDS:  # not the tag the typed decode checked (msgspec refuses a second, other "kind" today)
+        if (
+            kind not in FIELDS
+        ):  # not the tag the typed decode checked (msgspec refuses a second, other "kind" today)
             return None
         unknown = not FIELDS[kind].issuperset(data)
         if unknown or kind in _ANY_VALUED_KINDS:
