@@ -833,9 +833,8 @@ def check_batch(payload: bytes) -> list[Checked] | None:
     them one by one (so that the bad one is counted alone and the others pass)."""
     try:
         items = _msgpack_any_list.decode(payload)
-        _typed_union_list.decode(
-            payload
-        )  # the schema of each record's kind, by its tag, as check's typed decode
+        # The schema of each record's kind, found by its tag: what check's typed decode of each does.
+        _typed_union_list.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError, RecursionError):
         return None
     checked = []
@@ -843,10 +842,8 @@ def check_batch(payload: bytes) -> list[Checked] | None:
         if not isinstance(data, dict):
             return None
         kind = data.get("kind")
-        if (
-            kind not in FIELDS
-        ):  # not the tag the typed decode checked (msgspec refuses a second, other "kind" today)
-            return None
+        if kind not in FIELDS:
+            return None  # not the tag the typed decode checked (msgspec refuses a second, other "kind" today)
         unknown = not FIELDS[kind].issuperset(data)
         if unknown or kind in _ANY_VALUED_KINDS:
             try:
