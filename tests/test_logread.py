@@ -149,6 +149,72 @@ def test_fuzzed_lines_are_skipped_exactly_and_the_rest_equals_the_clean_log(tmp_
     assert got == expected
 
 
+def _mixed_log(rng: random.Random, n: int) -> list[bytes]:
+    """Steps, metrics, ticks, GPU samples and alerts (a kind a replay passes), about 150 bytes a line as a real log."""
+    lines = []
+    for seq in range(1, n + 1):
+        which = rng.randrange(10)
+        if which < 4:
+            record = rec.Step(step=seq, step_time_s=0.01, t=seq / 100)
+        elif which < 8:
+            record = rec.Metric(values={"train_loss": rng.random()}, step=seq, t=seq / 100)
+        elif which == 8:
+            record = rec.SampleGpu(
+                index=rng.randrange(8), power_w=600.0, sm_active=0.7, t=seq / 100, host="h"
+            )
+        elif seq % 3:
+            record = rec.Alert(rule="r", state="fired", severity="warning", message="m" * rng.randrange(80))
+        else:
+            record = rec.Tick(n=seq, interval_s=1.0, t=seq / 100)
+        lines.append(_line(record, seq))
+    return lines
+
+
+def test_a_log_decoded_piece_by_piece_gives_what_the_line_by_line_reader_gives_damaged_or_not(
+    tmp_path, monkeypatch
+):
+    from trainmeter_core.runlog import reader
+
+    seed = 161616
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    clean = _mixed_log(rng, 30_000)  # about 4 MiB: chunks of 1 MiB, pieces of 16 KiB
+    damaged = list(clean)
+    for i in rng.sample(range(len(clean)), 40):
+        how = rng.randrange(4)
+        if how == 0:
+            damaged[i] = clean[i][: rng.randrange(1, len(clean[i]) - 2)] + b"\n"
+        elif how == 1:
+            damaged[i] = clean[i].replace(b'"kind":"', b'"kind":"\xc3', 1)
+        elif how == 2:
+            damaged[i] = b"\x00" + rng.randbytes(rng.randrange(0, 40)).replace(b"\n", b"") + b"\n"
+        else:
+            damaged[i] = clean[i].replace(b'"seq":', b'"seq":"x","was":', 1)
+    for name, lines in (("clean", clean), ("damaged", damaged)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "events-0001.jsonl").write_bytes(b"".join(lines))
+        for kinds in (None, {"step"}, {"step", "metric", "tick", "sample.gpu"}, {"step", "no.such.kind"}):
+            by_piece: dict = {}
+            got = [rec.to_builtins(r) for r in read_log(run_dir, kinds, by_piece)]
+            with monkeypatch.context() as patched:
+                patched.setattr(reader, "_decoded_piece", lambda *args: None)
+                by_line: dict = {}
+                expected = [rec.to_builtins(r) for r in read_log(run_dir, kinds, by_line)]
+            assert got == expected, (name, kinds)
+            assert by_piece == by_line, (name, kinds)
+            assert by_piece["last_seq"] == 30_000
+            # Every damaged line is counted (with kinds, one still tagged with another kind is passed by its tag).
+            if kinds is None:
+                assert by_piece["skipped"] == (40 if name == "damaged" else 0)
+    # A clean log never goes line by line: each piece is decoded by one call.
+    with monkeypatch.context() as patched:
+        patched.setattr(reader, "_line_records", None)
+        assert len(list(read_log(tmp_path / "clean", {"step", "metric"}))) == sum(
+            1 for line in clean if line.startswith((b'{"kind":"step"', b'{"kind":"metric"'))
+        )
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The tail after a checkpoint, and the log's end
 

@@ -15,7 +15,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Union
 
 import msgspec
 
@@ -250,27 +250,21 @@ def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, k
                 if search:
                     sparse = _sparse_lines(data, cut, kind_marks, stats)
                     if sparse is _DENSE:
-                        search = False  # wanted lines are many here: the rest is read line by line
+                        search = False  # wanted lines are many here: the rest is decoded piece by piece
                         sparse = None
                 if sparse is not None:
-                    lines = sparse
-                else:
-                    lines = data[: cut - 1].split(b"\n")  # complete lines, each without its newline
-                if wanted is not None and sparse is None:
-                    # A wanted line passes on the spot; any other goes through _wanted (decoded, or counted as passed).
-                    lines = [
-                        line
-                        for line in lines
-                        if (line.startswith(_KIND_FIRST) and line[9 : line.find(b'"', 9)] in wanted)
-                        or _wanted(line, wanted, stats)
-                    ]
-                passed = stats["last_seq"]  # of the lines the filter passed over: a later one than any wanted
-                for at in range(0, len(lines), _BATCH_LINES):
-                    yield from _decoded(
-                        lines[at : at + _BATCH_LINES], stats, kinds, 0, 1 << 64, False, b"\n"
-                    )[0]
-                if passed is not None and (stats["last_seq"] is None or passed > stats["last_seq"]):
-                    stats["last_seq"] = passed  # the last sequence number passed, whether wanted or not
+                    yield from _line_records(sparse, stats, kinds, None)
+                    continue
+                # Piece by piece (the records of one piece are handed on before the next is decoded), each decoded by
+                # one call, or line by line when a line in it is not a well-formed record of a known kind.
+                start = 0
+                while start < cut:
+                    end = data.find(b"\n", start + _PIECE_B, cut - 1) + 1 or cut
+                    records = _decoded_piece(data[start : end - 1], stats, kinds)
+                    if records is None:
+                        records = _line_records(data[start : end - 1].split(b"\n"), stats, kinds, wanted)
+                    yield from records
+                    start = end
     except (OSError, EOFError, zlib.error):  # a compressed segment cut short or corrupt: what was read stands
         pass
     if carry:
@@ -319,6 +313,82 @@ def _sparse_lines(data: bytes, cut: int, kind_marks: list[bytes], stats: dict) -
                 break
         end = start - 1
     return lines
+
+
+def _line_records(lines: list[bytes], stats: dict, kinds, wanted: set[bytes] | None) -> Iterator:
+    """The wanted records of complete lines (each without its newline), filtered first by their tag when ``wanted``
+    is given, then decoded in batches."""
+    if wanted is not None:
+        # A wanted line passes on the spot; any other goes through _wanted (decoded, or counted as passed).
+        lines = [
+            line
+            for line in lines
+            if (line.startswith(_KIND_FIRST) and line[9 : line.find(b'"', 9)] in wanted)
+            or _wanted(line, wanted, stats)
+        ]
+    passed = stats["last_seq"]  # of the lines the filter passed over: a later one than any wanted
+    for at in range(0, len(lines), _BATCH_LINES):
+        yield from _decoded(lines[at : at + _BATCH_LINES], stats, kinds, 0, 1 << 64, False, b"\n")[0]
+    if passed is not None and (stats["last_seq"] is None or passed > stats["last_seq"]):
+        stats["last_seq"] = passed  # the last sequence number passed, whether wanted or not
+
+
+def _decoded_piece(body: bytes, stats: dict, kinds) -> list | None:
+    """The wanted records of ``body`` (complete lines, the last one without its newline), decoded by one call as one
+    JSON array (the newlines turned into commas); None when a line is not a well-formed record of a known kind (the
+    caller then goes line by line, where each bad line is skipped and counted alone).
+
+    A record of a kind not wanted decodes into a Struct that keeps only its sequence number: its other fields are
+    passed over in C, unchecked, as the line-by-line filter passes a line by its tag. (One case differs from that
+    filter, in the counts alone: a line of a kind not wanted that does not start with its tag, and whose fields are
+    of the wrong types, is passed here where the filter decodes it and counts it as no record.)
+
+    Measured on the 1M-record log of ``bench/bench_replay.py``: the read takes 0.37 s instead of 0.69 s split into
+    lines, filtered by their tags and decoded 256 at a time; pieces of 1 MiB take 0.9 s (the GC walks thousands of
+    young records each time it runs, and the piece leaves the CPU caches).
+    """
+    try:
+        records: list = _piece_decoder(None if kinds is None else frozenset(kinds)).decode(
+            b"[" + body.replace(b"\n", b",") + b"]"
+        )
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    for record in reversed(records):
+        if record.seq is not None:
+            stats["last_seq"] = record.seq
+            break
+    if kinds is not None:
+        types = _types_of(frozenset(kinds))
+        records = [record for record in records if type(record) in types]
+    stats["decoded"] += len(records)
+    return records
+
+
+#: How much of a chunk is decoded by one call (the records of a piece are handed on before the next one is decoded:
+#: a piece that stays in the CPU caches and a few hundred records alive at once decode fastest).
+_PIECE_B = 16 * 1024
+
+
+@functools.lru_cache(maxsize=64)
+def _piece_decoder(kinds: frozenset[str] | None) -> msgspec.json.Decoder:
+    """A decoder of a list of records: those of ``kinds`` in full (every kind when None), any other known kind into a
+    Struct holding its sequence number alone."""
+    if kinds is None:
+        return _typed_batch
+    members = tuple(cls if kind in kinds else _passed_struct(kind) for kind, cls in rec.KINDS.items())
+    return msgspec.json.Decoder(list[Union[members]])  # type: ignore[valid-type]  # noqa: UP007 - built at run time
+
+
+@functools.cache
+def _passed_struct(kind: str) -> type:
+    """A Struct tagged ``kind`` with the record's sequence number as its one field (the others are skipped)."""
+    return msgspec.defstruct(
+        f"Passed_{kind.replace('.', '_')}",
+        [("seq", int | None, None)],
+        tag_field="kind",
+        tag=kind,
+        kw_only=True,
+    )
 
 
 #: The search above pays when at most one line in this many is wanted.
