@@ -76,6 +76,7 @@ class History:
         self._merge = merge
         self._n_tiers = tiers
         self._series: dict[str, _Series] = {}
+        self._appends: dict[str, tuple] = {}  # series -> what add_point needs of it (``_raw_appends``)
 
     # ------------------------------------------------------------------------------------------------------------------
     # Writing
@@ -89,18 +90,28 @@ class History:
         self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
     ) -> None:
         """The engine's fast path: every axis as a float (NaN when unknown)."""
+        appends = self._appends.get(series)
+        if appends is None:
+            appends = self._raw_appends(series)
+        append_step, append_tokens, append_flop, append_wall, append_value, values, entry = appends
+        append_step(step)
+        append_tokens(tokens)
+        append_flop(flop)
+        append_wall(wall)
+        append_value(value)
+        entry.added += 1
+        if len(values) > self._capacity:
+            self._spill(entry, 0)
+
+    def _raw_appends(self, series: str) -> tuple:
+        """The ``append`` of each raw array of ``series`` (created when new), its values and its entry: looked up once
+        per series, as the raw arrays are only ever changed in place."""
         entry = self._series.get(series)
         if entry is None:
             entry = self._series[series] = _Series(self._n_tiers)
         raw = entry.tiers[0]
-        raw[0].append(step)
-        raw[1].append(tokens)
-        raw[2].append(flop)
-        raw[3].append(wall)
-        raw[4].append(value)
-        entry.added += 1
-        if len(raw[4]) > self._capacity:
-            self._spill(entry, 0)
+        appends = self._appends[series] = (*(column.append for column in raw), raw[4], entry)
+        return appends
 
     def _spill(self, entry: _Series, tier: int) -> None:
         source = entry.tiers[tier]
