@@ -323,9 +323,17 @@ class Engine:
         seen_explicit = state.seen_explicit_train
         from_emit = origin == "emit"
         emit_series = state.emit_series
-        step, tokens, flops = self._x()
+        # self._x(), inlined (with the steps, this is the engine's hottest path)
+        if self._derived_version != state.facts.version:
+            self.derived()
         if record.step is not None:
             step = float(record.step)
+        else:
+            step = float(state.last_step) if state.last_step is not None else _NAN
+        if state.steps_with_tokens:
+            tokens, flops = float(state.tokens_seen), state.tokens_seen * self._fpt_single
+        else:
+            tokens = flops = _NAN
         # canonical() by a cache (derived, never state): with the steps, this is the engine's hottest path.
         names = self._canonical_names[seen_explicit]
         add_point = self.history.add_point
@@ -355,9 +363,13 @@ class Engine:
                 state.tapped_series[name] = True
             if state.pending_backward:
                 state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
-            # _add_series_point, inlined
+            # _add_series_point, inlined, with _on_loss
             if name == _LOSS_SERIES:
-                self._on_loss(value)
+                state.loss_seen = True
+                if not -math.inf < value < math.inf:
+                    state.loss_nonfinite += 1
+                elif state.loss_tick_max is None or value > state.loss_tick_max:
+                    state.loss_tick_max = value
             state.series[name] = rec.SeriesPoint(
                 canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
             )
@@ -384,6 +396,7 @@ class Engine:
             del pending[name]
 
     def _on_loss(self, value: float) -> None:
+        # _on_metric holds these lines inlined: a change here goes there too.
         state = self.state
         state.loss_seen = True
         if not -math.inf < value < math.inf:
