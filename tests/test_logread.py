@@ -9,7 +9,8 @@ import gzip
 import random
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.runlog.reader import last_seq, read_log, segments, tail_records
+from trainmeter_core.runlog.reader import read_log, segments
+from trainmeter_core.runlog.tail import last_seq, tail_records
 
 
 def _line(record: rec.Record, seq: int) -> bytes:

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from trainmeter_core.bus.client import Producer, Subscriber
 from trainmeter_core.model import records as rec
-from trainmeter_core.runlog.reader import last_seq, read_log
+from trainmeter_core.runlog.reader import read_log
+from trainmeter_core.runlog.tail import last_seq
 
 ALL_KINDS = ("*",)
 STOP_CHECK_S = 0.1

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.runlog import reader, rundir
+from trainmeter_core.runlog import reader, rundir, tail
 
 #: How far outside the run's own time a trace may start and still be the run's (clocks, the profiler's start-up).
 CLOCK_SLACK_S = 5.0
@@ -372,7 +372,7 @@ def write_finished(run_dir: Path, records: list[rec.ProfileImport], say: Callabl
         return False
     sockets = None
     try:
-        last = reader.last_seq(run_dir) or 0
+        last = tail.last_seq(run_dir) or 0
         segments = reader.segments(run_dir)
         number = max((_segment_number(p) for p in segments), default=0) + 1
         recorder = Recorder(run_dir, first_segment=number, warn=say)

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.runlog.reader import last_seq, read_log, tail_records
+from trainmeter_core.runlog.reader import read_log
+from trainmeter_core.runlog.tail import last_seq, tail_records
 
 #: How long to wait for the recorder to write what the bus already delivered (it flushes every 100 ms).
 LOG_CATCH_UP_WAIT_S = 30.0

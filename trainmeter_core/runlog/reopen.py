@@ -11,7 +11,8 @@ from pathlib import Path
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.runlog.checkpoint import checkpoint_through_seq
-from trainmeter_core.runlog.reader import SEGMENT_RE, read_segment, segments, tail_records
+from trainmeter_core.runlog.reader import SEGMENT_RE, read_segment, segments
+from trainmeter_core.runlog.tail import tail_records
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import msgspec
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.runlog.checkpoint import load_checkpoint
-from trainmeter_core.runlog.reader import read_log, tail_lines
+from trainmeter_core.runlog.reader import read_log
+from trainmeter_core.runlog.tail import tail_lines
 
 #: The kinds the engine reads; the reader passes the others by their tag without decoding them.
 FED_KINDS = Engine.FED_KINDS

@@ -118,9 +118,8 @@ class Engine:
             if record is None:
                 return []
         if type(record) is _RUN_START and record.host not in state.nodes:
-            attempts.start(
-                state, record
-            )  # a second run.start of this run opens its next attempt (tm --resume)
+            # A second run.start of this run opens its next attempt (tm --resume).
+            attempts.start(state, record)
             self._t_offset = state.resume.t_offset
         if self._t_offset:  # an attempt on another clock joins the run's timeline
             record = attempts.shifted(record, self._t_offset)
@@ -363,7 +362,7 @@ class Engine:
                 state.tapped_series[name] = True
             if state.pending_backward:
                 state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
-            # _add_series_point, inlined, with _on_loss
+            # _add_series_point, inlined
             if name == _LOSS_SERIES:
                 state.loss_seen = True
                 if not -math.inf < value < math.inf:
@@ -379,10 +378,16 @@ class Engine:
     def _add_series_point(
         self, point: rec.SeriesPoint, step: float, tokens: float, flop: float, wall: float
     ) -> None:
+        """A series' point into the state and the history; a train loss also counts (_on_metric inlines this)."""
+        state, value = self.state, point.value
         if point.canonical == _LOSS_SERIES:
-            self._on_loss(point.value)
-        self.state.series[point.canonical] = point
-        self.history.add_point(point.canonical, step, tokens, flop, wall, point.value)
+            state.loss_seen = True
+            if not -math.inf < value < math.inf:
+                state.loss_nonfinite += 1
+            elif state.loss_tick_max is None or value > state.loss_tick_max:
+                state.loss_tick_max = value
+        state.series[point.canonical] = point
+        self.history.add_point(point.canonical, step, tokens, flop, wall, value)
 
     def _commit_backward(self, before_step: int | None = None) -> None:
         """The held losses from backward() of an iteration that is over (all of them, or those of steps before
@@ -394,15 +399,6 @@ class Engine:
                 continue
             self._add_series_point(held.point, held.x_step, held.x_tokens, held.x_flop, held.wall)
             del pending[name]
-
-    def _on_loss(self, value: float) -> None:
-        # _on_metric holds these lines inlined: a change here goes there too.
-        state = self.state
-        state.loss_seen = True
-        if not -math.inf < value < math.inf:
-            state.loss_nonfinite += 1
-        elif state.loss_tick_max is None or value > state.loss_tick_max:
-            state.loss_tick_max = value
 
     def _on_fact(self, record: rec.Fact) -> list[rec.Snapshot]:
         self.state.facts.add(record)
