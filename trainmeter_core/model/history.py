@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-__all__ = ["AXIS_ALIASES", "X_AXES", "History", "HistoryPoint", "HistoryState"]
+__all__ = ["AXIS_ALIASES", "X_AXES", "History", "HistoryPoint", "HistoryState", "NoHistory"]
 
 #: The x axes every point carries; an axis a point does not know (FLOPs without a convention) is NaN and skipped.
 X_AXES = ("step", "tokens", "flop", "wall")
@@ -65,6 +65,9 @@ class History:
     in buckets of 16, and everything older in buckets of 256 or more: at most 12,288 entries (about 0.7 MB), however
     long the run. When the last tier fills it merges its buckets pairwise, so the oldest history only gets coarser.
     """
+
+    #: Whether points added are kept (``NoHistory`` keeps none, so an engine need not compute them).
+    keeps = True
 
     def __init__(self, capacity: int = 4096, merge: int = 16, tiers: int = 3) -> None:
         if capacity < merge * _SPILL_GROUPS * 2 or merge < 2 or tiers < 2:
@@ -212,6 +215,24 @@ class History:
             entry.added = state.added.get(name, 0)
             history._series[name] = entry
         return history
+
+
+class NoHistory(History):
+    """A history that keeps no point: for an engine whose history nobody reads, such as a replay that wants only the
+    final snapshot (no snapshot reads the history). Every query finds it empty, and it is no checkpoint's history."""
+
+    keeps = False
+
+    def add(self, series: str, x: Mapping[str, float | None], value: float) -> None:
+        pass
+
+    def add_point(
+        self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
+    ) -> None:
+        pass
+
+    def to_state(self) -> HistoryState:
+        raise ValueError("this engine kept no history (NoHistory): its state is no checkpoint")
 
 
 def _merge_into(

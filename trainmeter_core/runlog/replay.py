@@ -14,6 +14,7 @@ import msgspec
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine
+from trainmeter_core.model.history import NoHistory
 from trainmeter_core.runlog.checkpoint import load_checkpoint
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.tail import tail_lines
@@ -56,16 +57,20 @@ def _last_snapshot_seq(run_dir: Path) -> int | None:
 
 
 def replay_engine(
-    run_dir: Path, stats: dict | None = None, use_checkpoint: bool = True
+    run_dir: Path, stats: dict | None = None, use_checkpoint: bool = True, keep_history: bool = True
 ) -> tuple[Engine, rec.Snapshot | None]:
     """The engine after the whole log (its checkpoint plus the log after it), and the run's last snapshot: the last
     one the tail made, else the engine's current one, or None when the log holds nothing for it.
 
     Only the last snapshot is built: a tick before it only moves the history, by the same code, so the engine ends
-    in the same state (a snapshot costs more than the hundreds of records between two ticks).
+    in the same state (a snapshot costs more than the hundreds of records between two ticks). With ``keep_history``
+    false the engine keeps no history (``NoHistory``) and those ticks build nothing: the snapshots are the same, as
+    none reads the history, but the engine is then no checkpoint's (its history is empty).
     """
     run_dir = Path(run_dir)
     engine, through_seq = load_checkpoint(run_dir) if use_checkpoint else (Engine(), 0)
+    if not keep_history:
+        engine.history = NoHistory()
     stats = {} if stats is None else stats
     last_snapshot_seq = _last_snapshot_seq(run_dir)
     every = last_snapshot_seq == -1
@@ -102,5 +107,6 @@ def replay_engine(
 def final_snapshot(
     run_dir: Path, stats: dict | None = None, use_checkpoint: bool = True
 ) -> rec.Snapshot | None:
-    """The last snapshot of a run: its engine's checkpoint plus the log after it (or the whole log)."""
-    return replay_engine(run_dir, stats, use_checkpoint)[1]
+    """The last snapshot of a run: its engine's checkpoint plus the log after it (or the whole log), replayed by an
+    engine that keeps no history (a quarter fewer instructions per record: points and quiet ticks left out)."""
+    return replay_engine(run_dir, stats, use_checkpoint, keep_history=False)[1]
