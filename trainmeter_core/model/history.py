@@ -223,13 +223,10 @@ class NoHistory(History):
 
     keeps = False
 
-    def add(self, series: str, x: Mapping[str, float | None], value: float) -> None:
-        pass
-
     def add_point(
         self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
     ) -> None:
-        pass
+        pass  # History.add ends here too
 
     def to_state(self) -> HistoryState:
         raise ValueError("this engine kept no history (NoHistory): its state is no checkpoint")

@@ -364,11 +364,7 @@ class Engine:
                 state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
             # _add_series_point, inlined
             if name == _LOSS_SERIES:
-                state.loss_seen = True
-                if not -math.inf < value < math.inf:
-                    state.loss_nonfinite += 1
-                elif state.loss_tick_max is None or value > state.loss_tick_max:
-                    state.loss_tick_max = value
+                self._on_loss(value)
             state.series[name] = rec.SeriesPoint(
                 canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
             )
@@ -379,15 +375,18 @@ class Engine:
         self, point: rec.SeriesPoint, step: float, tokens: float, flop: float, wall: float
     ) -> None:
         """A series' point into the state and the history; a train loss also counts (_on_metric inlines this)."""
-        state, value = self.state, point.value
         if point.canonical == _LOSS_SERIES:
-            state.loss_seen = True
-            if not -math.inf < value < math.inf:
-                state.loss_nonfinite += 1
-            elif state.loss_tick_max is None or value > state.loss_tick_max:
-                state.loss_tick_max = value
-        state.series[point.canonical] = point
-        self.history.add_point(point.canonical, step, tokens, flop, wall, value)
+            self._on_loss(point.value)
+        self.state.series[point.canonical] = point
+        self.history.add_point(point.canonical, step, tokens, flop, wall, point.value)
+
+    def _on_loss(self, value: float) -> None:
+        state = self.state
+        state.loss_seen = True
+        if not -math.inf < value < math.inf:
+            state.loss_nonfinite += 1
+        elif state.loss_tick_max is None or value > state.loss_tick_max:
+            state.loss_tick_max = value
 
     def _commit_backward(self, before_step: int | None = None) -> None:
         """The held losses from backward() of an iteration that is over (all of them, or those of steps before
