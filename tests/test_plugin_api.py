@@ -268,6 +268,29 @@ def test_a_tap_from_the_protocols_alone_sees_the_trackers_calls_in_a_tm_run(tm_e
     ]
 
 
+@heavy
+def test_the_plugin_list_is_there_when_the_agent_starts_so_a_quick_command_gets_its_tap(tm_env, tmp_path):
+    # The agent reads the launcher's list once, at its start, to know which imports load a tap. Written after the
+    # command started, the list missed 3 of 8 quick commands on a 2-core machine: their tap never attached.
+    site = tmp_path / "site"
+    fake_distribution(
+        site, "tm-notebook-tap", "[trainmeter.agent]\nnotebook_tracker = tm_notebook_tap\n", TAP_PLUGIN
+    )
+    (site / "notebook_tracker.py").write_text(TRACKER)
+    code = "import notebook_tracker\nnotebook_tracker.record('loss', 2.5, step=1)"
+    for attempt in range(8):
+        runs = tmp_path / f"runs{attempt}"
+        env = dict(tm_env, PYTHONPATH=str(site), TM_RUNS_DIR=str(runs), TM_DISABLE_COMPONENTS="web")
+        done = run_tm(["--", sys.executable, "-c", code], env)
+        assert done.returncode == 0, done.stderr
+        tapped = [
+            r["values"]
+            for r in log_records(only_run(runs))
+            if r["kind"] == "metric" and r.get("origin") == "notebook"
+        ]
+        assert tapped == [{"loss": 2.5}], f"attempt {attempt}"
+
+
 SINK_PLUGIN = '''
 """A sink that keeps a ledger of the run's alerts in the run directory, written from trainmeter_core.api alone."""
 import json

@@ -21,10 +21,14 @@ PLUGIN_LIST = "agent-plugins.json"
 
 
 def listed_names() -> list[str]:
-    """The entry point names in the launcher's plugin list for this run (reading the small file, loading nothing)."""
+    """The entry point names in the launcher's plugin list for this run, loading nothing: from the environment the
+    launcher gives the command, else from the list's file in the run directory."""
     run_dir = os.environ.get("TM_RUN_DIR")
     if not run_dir or os.environ.get("TM_NO_TAP") == "1":
         return []
+    names = os.environ.get("TM_AGENT_PLUGIN_NAMES")
+    if names is not None:
+        return [name for name in names.split("\n") if name]
     path = os.path.join(run_dir, PLUGIN_LIST)
     if not os.path.exists(path):
         return []

@@ -20,6 +20,9 @@ from trainmeter_core.run.say import Say
 
 #: The signals tm forwards to the child (once each; not under Slurm, which signals every process of the step).
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The ``trainmeter.agent`` entry points' names, one per line, in the command's environment (the run directory's
+#: agent-plugins.json has the whole list): the agent watches the import of each, and needs no JSON to read them.
+AGENT_PLUGIN_NAMES = "TM_AGENT_PLUGIN_NAMES"
 
 
 def exec_untouched(command: list[str], script_mode: bool) -> int:

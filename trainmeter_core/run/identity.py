@@ -224,12 +224,14 @@ def measured_peak_facts(declared: dict) -> list[rec.Fact]:
     return facts
 
 
-def write_agent_plugins(run_dir: Path) -> None:
-    """The ``trainmeter.agent`` entry points, resolved once here, so ranks never scan package metadata."""
-    from trainmeter_core import plugins as plugins_mod
+def write_agent_plugins(run_dir: Path) -> list[str]:
+    """The ``trainmeter.agent`` entry points, resolved once here, so ranks never scan package metadata. Written before
+    the command starts: its agent reads the list once, at its start, to know which libraries' imports load a tap.
+    Returns the entry points' names, which the command's environment carries too (``TM_AGENT_PLUGIN_NAMES``)."""
+    from trainmeter_core import entrypoints
 
     entries = []
-    for ep in plugins_mod._entry_points(plugins_mod.AGENT_GROUP):
+    for ep in entrypoints._entry_points(entrypoints.AGENT_GROUP):
         dist = getattr(ep, "dist", None)
         entries.append(
             {
@@ -242,3 +244,4 @@ def write_agent_plugins(run_dir: Path) -> None:
     tmp = run_dir / "agent-plugins.json.tmp"
     tmp.write_text(json.dumps(entries, indent=1) + "\n")
     os.replace(tmp, run_dir / "agent-plugins.json")
+    return [entry["name"] for entry in entries]

@@ -25,6 +25,7 @@ from trainmeter_core.model.redaction import redact_argv
 from trainmeter_core.run import job as job_mod
 from trainmeter_core.run import resume as resuming
 from trainmeter_core.run.child import (
+    AGENT_PLUGIN_NAMES,
     FORWARDED,
     Child,
     agent_boot_dir,
@@ -227,6 +228,8 @@ def run(opts: RunOptions) -> int:
         while (recorder.queued_seq or 0) <= after_seq and time.monotonic() < deadline:
             time.sleep(0.002)
         recorder.flush(5.0)
+    # Before the command: its agent reads the names once, at its start (from the environment: no JSON to import).
+    child.env[AGENT_PLUGIN_NAMES] = "\n".join(write_agent_plugins(run_dir))
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
         child.start()
@@ -238,22 +241,20 @@ def run(opts: RunOptions) -> int:
         return _abandon(hub, recorder, lock, sockets, run_dir, 126, "not_executable", start_t)
 
     if plugins is None:
-        # Plugins load after the child started: scanning entry points costs tens of ms the training need not wait for.
+        # Plugins load after the child started: importing them costs ms the training need not wait for.
         plugins = load_plugins(plugins_mod, say)
         announce(plugins, child.pid)
     else:
         note_child_pid(run_dir, child.pid)
     for fact in declared_facts(opts.declared) + measured_peak_facts(opts.declared):
         hub.inject(fact)
-    write_agent_plugins(run_dir)
     watch_stop = threading.Event()
     supervisor = None
     early = child.exited_within(COMPONENTS_AFTER_S - (time.monotonic() - start_t))
     if early is not None and exit_status(early)[0] == 0 and plan is None:
         # The command is over already, and cleanly: nothing is left for a component to watch or alert about, and
-        # starting them (a process importing the engine, the samplers, the dashboard) would only delay the end. The
-        # launcher computes the final snapshot itself. A failed command still gets them: its died alert needs them;
-        # so does a node of a job (the job's other nodes may still be running).
+        # starting them would only delay the end; the launcher computes the final snapshot itself. A failed command
+        # still gets them (its died alert needs them), and so does a node of a job (its other nodes may still run).
         say(f"run {run_dir.name} in {run_dir.parent}")
     else:
         supervisor = start_components(opts, plugins, hub, child, run_dir, say, watch_stop)
