@@ -7,17 +7,11 @@ the flag or the file's key and what is accepted, and an input given nowhere is s
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 from trainmeter_core.model.flops import CONVENTIONS
 from trainmeter_core.model.quantities import QuantityError, parse_count, parse_fraction, parse_positive_float
@@ -175,6 +169,11 @@ def parse_declared(
 
 def load_tm_toml(path: str | Path) -> dict:
     """The parsed tm.toml at `path`; a missing file, bad encoding or TOML syntax error is one line."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -219,6 +218,8 @@ def _did_you_mean(key: str) -> str:
     guess = key.strip().lstrip("-").replace("-", "_").lower()
     if guess in _BY_KEY:
         return f" (did you mean {guess}?)"
+    import difflib
+
     close = difflib.get_close_matches(guess, list(_BY_KEY), n=1)
     if close:
         return f" (did you mean {close[0]}?)"

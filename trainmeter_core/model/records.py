@@ -10,8 +10,8 @@ own, built on its per-kind decoders; split by kind, a kind's definition would si
 record.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: the decoders built at import would then evaluate ~600 annotations
+# from strings, which costs every tm process 4-8 ms at start (docs/architecture.md, "Start and stop").
 import math
 from typing import Any, Literal
 

@@ -250,6 +250,8 @@ def run(opts: RunOptions) -> int:
         hub.inject(fact)
     watch_stop = threading.Event()
     supervisor = None
+    from trainmeter_core.runlog import replay  # noqa: F401 (the end of a short run needs it: load it while we wait)
+
     early = child.exited_within(COMPONENTS_AFTER_S - (time.monotonic() - start_t))
     if early is not None and exit_status(early)[0] == 0 and plan is None:
         # The command is over already, and cleanly: nothing is left for a component to watch or alert about, and

@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import shutil
 import socket
 import tempfile
@@ -227,7 +226,7 @@ class SocketDir:
     @classmethod
     def create(cls, base: Path) -> SocketDir:
         for _ in range(100):
-            path = base / secrets.token_hex(4)
+            path = base / os.urandom(4).hex()  # what secrets.token_hex does, without its hashlib import
             try:
                 path.mkdir(mode=0o700)
             except FileExistsError:
