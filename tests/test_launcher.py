@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shlex
 import signal
 import stat
@@ -170,3 +171,13 @@ def test_run_start_is_dated_when_the_run_started_even_when_a_step_came_first(tm_
     snapshot = json.loads((run_dir / "summary.json").read_text())["snapshot"]
     assert snapshot["phases_s"]["startup_compile"] >= 0
     assert snapshot["metrics"]["goodput"]["value"] <= 1
+
+
+def test_the_runs_platform_is_the_one_python_names(tm_env, tmp_path):
+    # The launcher looks it up in a thread while it starts (platform.platform() runs `uname -p`): the same string.
+    result = run_tm(["--", sys.executable, "-c", "pass"], dict(tm_env, TM_DISABLE_COMPONENTS="web"))
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run(tmp_path / "runs")
+    (start,) = [r for r in log_records(run_dir) if r["kind"] == "run.start"]
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["platform"] == start["platform"] == platform.platform()
