@@ -12,7 +12,7 @@ from conftest import TM, log_records, only_run, run_tm, wait_for
 
 # A "training script" that burns CPU, holds memory, and counts its steps in a file we can watch.
 TRAIN = """
-import sys, time
+import os, sys, time
 ballast = bytearray(64 * 1024 * 1024)
 steps = 0
 end = time.monotonic() + float(sys.argv[2])
@@ -20,8 +20,10 @@ while time.monotonic() < end:
     sum(range(20000))
     steps += 1
     if steps % 200 == 0:
-        with open(sys.argv[1], "w") as f:
+        # Whole or not at all: the test reads it meanwhile, and a file opened with "w" is empty for a moment.
+        with open(sys.argv[1] + ".tmp", "w") as f:
             f.write(str(steps))
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 """
 
 
