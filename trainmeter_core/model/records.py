@@ -11,7 +11,7 @@ record.
 """
 
 # No ``from __future__ import annotations`` here: the decoders built at import would then evaluate ~600 annotations
-# from strings, which costs every tm process 4-8 ms at start (docs/architecture.md, "Start and stop").
+# from strings, which cost every tm process 3-8 ms at start (docs/architecture.md, "What a short command pays").
 import math
 from typing import Any, Literal
 
