@@ -200,3 +200,23 @@ def test_socket_paths_stay_under_the_ipc_limit(short_dir, monkeypatch):
             short_dir / "s" if environ["TM_SOCKET_DIR"].endswith("/s") else short_dir / f"tm-{os.getuid()}"
         )
         assert base == expected
+
+
+def test_the_newest_run_of_a_name_is_found_without_looking_at_every_other_run(tmp_path):
+    # A sweep's runs directory holds thousands of runs, and every start looks for the newest run of its name.
+    for i in range(50):
+        run = tmp_path / f"20260101T0000{i:02d}Z-host-{'train' if i % 2 else 'eval'}"
+        run.mkdir()
+        (run / "meta.json").write_text("{}")
+    (tmp_path / "notes").mkdir()  # not a run: no meta.json, no lock
+    looked: list[str] = []
+
+    def named(folder: str) -> bool:
+        looked.append(folder)
+        return folder.endswith("-train")
+
+    newest = next(rundir.iter_runs(tmp_path, named))
+    assert newest.name == "20260101T000049Z-host-train"
+    assert looked == ["notes", "20260101T000049Z-host-train"]  # not the 49 older ones
+    every = rundir.list_runs(tmp_path)
+    assert len(every) == 50 and every == sorted(every, reverse=True) == list(rundir.iter_runs(tmp_path))

@@ -75,7 +75,7 @@ def matching(
     well, or one still running, starts a new run."""
     base = rundir.runs_dir(runs_dir)
     slug = rundir.slug(name)
-    candidates = [p for p in rundir.list_runs(base) if p.name.endswith(f"-{slug}") or f"-{slug}-" in p.name]
+    candidates = rundir.iter_runs(base, lambda folder: folder.endswith(f"-{slug}") or f"-{slug}-" in folder)
     for run_dir in candidates:
         meta = rundir.read_json(run_dir / "meta.json") or {}
         if meta.get("name") != name or meta.get("attached"):

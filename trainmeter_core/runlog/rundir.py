@@ -16,6 +16,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 RUNS_SUBDIR = Path(".trainmeter") / "runs"
 LOCK_NAME = "run.lock"
@@ -156,12 +160,21 @@ def run_info(run_dir: Path) -> RunInfo:
 
 def list_runs(base: Path) -> list[Path]:
     """Run directories under ``base``, newest first (names start with their UTC start time)."""
+    return list(iter_runs(base))
+
+
+def iter_runs(base: Path, named: Callable[[str], bool] | None = None) -> Iterator[Path]:
+    """``list_runs`` one at a time, newest first, of the names ``named`` accepts: each folder is looked at only when
+    the caller gets to it. A sweep's runs directory holds thousands of runs, and every start looks for the newest of
+    its name (3000 runs: 30 ms to look at them all)."""
     if not base.is_dir():
-        return []
-    runs = [
-        p for p in base.iterdir() if p.is_dir() and ((p / "meta.json").exists() or (p / LOCK_NAME).exists())
-    ]
-    return sorted(runs, key=lambda p: p.name, reverse=True)
+        return
+    for name in sorted(os.listdir(base), reverse=True):
+        if named is not None and not named(name):
+            continue
+        path = base / name
+        if path.is_dir() and ((path / "meta.json").exists() or (path / LOCK_NAME).exists()):
+            yield path
 
 
 def resolve_run(ref: str | None, base: Path | None = None) -> Path:
