@@ -7,6 +7,7 @@ import msgspec
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine
+from trainmeter_core.model.history import NoHistory
 from trainmeter_core.model.history_sync import JournaledHistory
 from trainmeter_core.runlog.checkpoint import (
     CHECKPOINT,
@@ -73,3 +74,22 @@ def test_no_checkpoint_or_a_damaged_one_is_a_fresh_engine(tmp_path):
     engine, through = load_checkpoint(tmp_path)
     assert through == 0 and engine.state.steps == 0
     assert load_history(tmp_path) is None
+
+
+def test_an_engine_restored_without_its_history_has_the_saved_state_and_an_empty_history(tmp_path):
+    # A replay that wants only the final snapshot restores into a NoHistory: the state as saved, the history not read.
+    engine = fed_engine()
+    assert engine.history.series_names()  # something to leave out
+    save_checkpoint(tmp_path, engine, 41)
+    bare, through = load_checkpoint(tmp_path, NoHistory)
+    assert through == 41 and isinstance(bare.history, NoHistory) and bare.history.series_names() == []
+    assert msgspec.msgpack.encode(bare.state) == msgspec.msgpack.encode(engine.state)
+    assert bare.snapshot() == engine.snapshot()
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / CHECKPOINT).write_bytes(
+        msgspec.msgpack.encode(Checkpoint(through_seq=41, state=engine.state_bytes()))
+    )
+    bare, _ = load_checkpoint(older, NoHistory)
+    assert isinstance(bare.history, NoHistory) and bare.history.series_names() == []
+    assert msgspec.msgpack.encode(bare.state) == msgspec.msgpack.encode(engine.state)

@@ -68,18 +68,23 @@ def checkpoint_through_seq(run_dir: Path) -> int | None:
 def load_checkpoint(run_dir: Path, history_type: type[History] = History) -> tuple[Engine, int]:
     """The engine restored from the run's checkpoint and the last sequence number it reflects, or a fresh one.
 
-    ``history_type`` lets the engine component restore into a history that also journals what it adds.
+    ``history_type`` lets the engine component restore into a history that also journals what it adds, and a replay
+    that wants only snapshots into one that keeps nothing (``NoHistory``: the stored history is then not decoded).
     """
     ckpt = _read(run_dir)
     if ckpt is not None:
         try:
             if ckpt.engine:
                 state = msgspec.msgpack.decode(ckpt.engine, type=EngineState)
+                if not history_type.keeps:
+                    return Engine(state, history_type()), ckpt.through_seq
                 history = msgspec.msgpack.decode(ckpt.history, type=HistoryState)
                 return Engine(state, history_type.from_state(history)), ckpt.through_seq
             if ckpt.state:
                 engine = Engine.from_state(ckpt.state)
-                if history_type is not History:
+                if not history_type.keeps:
+                    engine.history = history_type()
+                elif history_type is not History:
                     engine.history = history_type.from_state(engine.history.to_state())
                 return engine, ckpt.through_seq
         except _READ_ERRORS:

@@ -14,7 +14,7 @@ import msgspec
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine
-from trainmeter_core.model.history import NoHistory
+from trainmeter_core.model.history import History, NoHistory
 from trainmeter_core.runlog.checkpoint import load_checkpoint
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.tail import tail_lines
@@ -68,9 +68,10 @@ def replay_engine(
     none reads the history, but the engine is then no checkpoint's (its history is empty).
     """
     run_dir = Path(run_dir)
-    engine, through_seq = load_checkpoint(run_dir) if use_checkpoint else (Engine(), 0)
-    if not keep_history:
-        engine.history = NoHistory()
+    history_type = History if keep_history else NoHistory
+    engine, through_seq = (
+        load_checkpoint(run_dir, history_type) if use_checkpoint else (Engine(history=history_type()), 0)
+    )
     stats = {} if stats is None else stats
     last_snapshot_seq = _last_snapshot_seq(run_dir)
     every = last_snapshot_seq == -1
