@@ -388,6 +388,7 @@ class FakeAgent:
         self.stopped: list[str] = []
         self._faults: set[str] = set()
         self.activated = True
+        self.lean = True
 
     def send_step(self, fields: dict) -> None:
         self.steps.append(fields)
@@ -486,6 +487,9 @@ def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
 
 
 class CollectingProducer:
+    """Stands in for the producer: keeps what would reach the hub, a window's items turned into their records as the
+    hub turns them (``trainmeter_core.model.window``)."""
+
     def __init__(self) -> None:
         self.records: list = []
         self.batches = 0
@@ -497,6 +501,31 @@ class CollectingProducer:
 
     def send_many(self, records) -> bool:
         self.records.extend(records)
+        self.batches += 1
+        return True
+
+    def stamp(self, record, now_t: float, now_wall: float) -> None:
+        pass
+
+    def send_window(self, items: list, records: int) -> bool:
+        from trainmeter_core.model import window
+
+        header = {
+            "v": rec.SCHEMA_VERSION,
+            "source": "agent",
+            "host": "here",
+            "pid": 1,
+            "now_t": 0.0,
+            "now_wall": 0.0,
+        }
+        header_struct, raws = window.split_window(window.encode_window(header, items))
+        built = []
+        for raw in raws:
+            built.extend(
+                [rec.decode(bytes(raw))] if window.is_record(raw) else window.expand(raw, header_struct)
+            )
+        assert len(built) == records  # the window counts the records its items stand for
+        self.records.extend(built)
         self.batches += 1
         return True
 

@@ -391,19 +391,20 @@ def test_the_watcher_runs_callbacks_after_the_modules_own_code_and_keeps_import_
 # The steady step path (issue 16): the same records as the general one
 
 
-# Run gpt_loop.py with the agent's steady paths switched off: every step record is built by send_step from its fields,
-# every phase record in agent.phase at once (as before the outbox held them as tuples).
+# Run gpt_loop.py with the agent's steady paths switched off (Agent.lean): every step record is built by send_step from
+# its fields, every phase record in agent.phase at once (as before the outbox held them as tuples).
 _GENERAL_ONLY = """
 import runpy, sys
 from trainmeter_agent._agent import Agent
 from trainmeter_core.model import records
+Agent.lean = False
 Agent.send_steady_step = lambda self, *args: False
 def phase(self, name, start_t, end_t, *, probe, **extra):
     record = records.Phase(
         phase=name, start_t=start_t, end_t=end_t, step=self.current_step(), probe=probe, t=end_t, **extra
     )
     if self.activated:
-        self.outbox.put(record, end_t)
+        self._queue_record(record, end_t)
     else:
         self._held.append(record)
 Agent.phase = phase
@@ -449,7 +450,8 @@ import torch
 model = torch.load(sys.argv[1], weights_only=False)
 out = model(torch.randint(16, (2, 8)))
 hooks = [getattr(h, "__qualname__", type(h).__qualname__) for h in model._forward_pre_hooks.values()]
-print(json.dumps({"shape": list(out.shape), "hooks": hooks, "trainmeter": [m for m in sys.modules if "trainmeter" in m]}))
+print(json.dumps({"shape": list(out.shape), "hooks": hooks, "own_forward": "forward" in model.__dict__,
+                  "trainmeter": [m for m in sys.modules if "trainmeter" in m]}))
 """
 
 
@@ -472,7 +474,7 @@ def test_a_model_deep_copied_and_saved_whole_under_tm_behaves_as_without_it(run,
     # The EMA's optimizer is a second optimizer: its first step joins iteration 3 (as Muon beside AdamW would), its
     # second starts iteration 4.
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
-    # The copy's forwards are not the model's micro-batches: the probe's hook stayed behind, an inert one went along.
+    # The copy's forwards are not the model's micro-batches: the probe's forward stayed behind with the model.
     assert [s.get("micro_batches") for s in steps] == [1, 1, 1, None]
     assert steps[3]["absent"]["micro_batches"] == "the model's forward was not seen in this step"
     # The saved model loads and runs where trainmeter cannot even be imported.
@@ -488,4 +490,5 @@ def test_a_model_deep_copied_and_saved_whole_under_tm_behaves_as_without_it(run,
     assert loaded.returncode == 0, loaded.stderr
     result = json.loads(loaded.stdout)
     assert result["shape"] == [2, 8, 16] and result["trainmeter"] == []
-    assert result["hooks"] == ["nullcontext.__exit__"]
+    # Nothing of the probe went along: no hook, and the class's own forward (the probe's was left out of the pickle).
+    assert result["hooks"] == [] and result["own_forward"] is False

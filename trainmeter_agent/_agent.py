@@ -16,8 +16,10 @@ import sys
 import time
 
 from trainmeter_agent._iterations import IterationDetector
+from trainmeter_agent._loss import ATTACHED as LOSS_ATTACHED
+from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
-from trainmeter_agent._outbox import PHASE, STEADY_STEP, Outbox, to_records
+from trainmeter_agent._outbox import METRIC, PHASE, STEADY_STEP, Outbox
 from trainmeter_agent._watch import ModuleWatcher
 
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
@@ -64,6 +66,10 @@ def _tracker_names() -> list[str]:
 
 class Agent:
     """Turns what the probes see into records: ``hello`` on the first record, ``step``, ``metric``, ``bye`` at exit."""
+
+    #: The steady iteration's short ways (the optimizer hooks' lane, the data wait's and the step's own). False sends
+    #: every iteration the general way: ``tests/test_agent_depth.py`` runs one loop both ways and compares the records.
+    lean = True
 
     def __init__(self, endpoint: str, *, role: str = "trainer") -> None:
         self.endpoint = endpoint
@@ -225,13 +231,27 @@ class Agent:
     def _send(self, record) -> None:
         """Queue one record after everything queued before it (hello first, if the process has not said it yet)."""
         if self._ready():
-            self.outbox.put(record, time.monotonic())
+            self._queue_record(record, time.monotonic())
 
-    def _queue(self, item, now: float) -> None:
-        """Queue a record (or a metric's tuple) to leave with its window; the first one of a process says hello."""
+    def _queue(self, item: tuple, now: float) -> None:
+        """Queue an item of the window (``_outbox``: a metric's tuple) to leave with it; the first one of a process
+        says hello."""
         if not self.activated:
             self.activate()
         self.outbox.put(item, now)
+
+    def _queue_record(self, record, now: float) -> None:
+        """Queue a whole record, stamped with the producer's header now. It is dated on the wall clock when it was made
+        (its ``t``), not when its window leaves: a trace's profiled steps are matched to step records by wall time."""
+        if not self.activated:
+            self.activate()
+        producer = self.producer
+        if producer is not None:
+            now_t, now_wall = time.monotonic(), time.time()
+            if record.t and not record.wall:
+                record.wall = now_wall - (now_t - record.t)
+            producer.stamp(record, now_t, now_wall)
+        self.outbox.put(record, now)
 
     def flush(self) -> None:
         """Send what is queued as one batch now (the window closes on its own every 50 ms, and at exit and fork)."""
@@ -240,13 +260,12 @@ class Agent:
         elif len(self.outbox):
             self.outbox._items.clear()  # the bus is gone: what was queued is dropped, never kept to grow
 
-    def _send_batch(self, batch: list) -> None:
-        """The outbox's send: its tuples become records (``_outbox.to_records``), then one message. Every record is
-        dated on the wall clock when it was made (its ``t``), not when its window left: the producer would stamp the
-        send's time, up to a window late, and a trace's profiled steps are matched to step records by wall time."""
+    def _send_batch(self, batch: list, records: int) -> None:
+        """The outbox's send: one window message of its items, as they are (the hub builds the records its tuples
+        stand for: ``trainmeter_core.model.window``)."""
         if not (self.bus_on and self.producer is not None):
             return
-        self.producer.send_many(to_records(batch, self._rec_module(), time.monotonic(), time.time()))
+        self.producer.send_window(batch, records)
 
     # -- steps -----------------------------------------------------------------------------------------------------
 
@@ -280,7 +299,7 @@ class Agent:
                 fields["absent"] = {k: v for k, v in absent.items() if k != "tokens"}
         if fields.get("tokens") is not None and fields.get("dp") is not None:
             fields["tokens_global"] = fields["tokens"] * fields["dp"]
-        self._queue(self._rec_module().Step(**fields), fields.get("t") or time.monotonic())
+        self._queue_record(self._rec_module().Step(**fields), fields.get("t") or time.monotonic())
         self._count_overhead(fields)
 
     def send_steady_step(
@@ -289,48 +308,77 @@ class Agent:
         """The step record of a steady iteration, the same record ``send_step`` would build, without its field dict.
 
         Steady: the hooks own the steps, no emitted tokens wait, no FLOP count ends here and the model probe saw this
-        iteration's forward, its tokens and its dp. False (nothing changed) sends the iteration down ``send_step``.
+        iteration's forward, its tokens and its dp. Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step``
+        would add is read from their per-iteration state here, in one function: on a tight loop every call and line
+        of an iteration shows (docs/architecture.md, "What an iteration costs"), and ``tests/test_agent_depth.py``
+        checks that both ways send the same records. False (nothing changed) sends the iteration down ``send_step``.
         """
-        model = self.model
-        if self._step_owner != "hooks" or self._pending_tokens is not None or model is None:
-            return False
-        if "model" in self.stopped or not self.flops.idle_at_step():
-            return False
+        model, flops = self.model, self.flops
         try:
-            counts = model.steady_counts()
+            if (
+                not self.lean
+                or self._step_owner != "hooks"
+                or self._pending_tokens is not None
+                or model is None
+                or "model" in self.stopped
+                or not (flops.done or flops._started_step is None)
+                or model.root_ref is None
+                or not model.micro_batches
+                or model.tokens_missing
+                or model.dp is None
+                or model.profiled
+                or model._profiler_on()
+            ):
+                return False
         except Exception as exc:
             self.stop_probe("model", exc)
             return False
-        if counts is None:
-            return False
-        micro_batches, tokens, tokens_source, dp = counts
+        micro_batches, tokens, tokens_source = model.micro_batches, model.tokens, model.tokens_source
+        model.micro_batches = 0
+        model.tokens = 0
+        model.tokens_source = None
         loss_value = loss_t = None
-        loss = self.loss
+        loss, outbox = self.loss, self.outbox
         if loss is not None and loss.on:
             try:
-                loss_value = loss.steady_loss(micro_batches)
-                if loss_value is None:
-                    loss.end_step(step, micro_batches)  # queues its own metric, before the step record
-                else:
+                if (
+                    loss._calls == micro_batches
+                    and loss._why is None
+                    and not loss._copies
+                    and not loss._pending
+                    and loss._said is LOSS_ATTACHED
+                    and loss._labelled == micro_batches
+                ):
+                    # One CPU value per micro-batch, nothing pending, its label and state already said: the loss
+                    # leaves with the step (LossProbe.end_step would send it at once).
+                    loss_value = sum(loss._entries)
+                    loss._calls = 0  # LossProbe.reset_iteration: why and copies are already None and False
+                    loss._entries = []
                     loss_t = time.monotonic()
+                    outbox.losses += 1  # this step's item stands for two records
+                else:
+                    loss.end_step(step, micro_batches)  # queues its own metric, before the step record
             except Exception as exc:
                 self.stop_probe("loss", exc)
-        # One tuple for the metric and the step record: to_records builds both when the window leaves.
-        item = (
-            STEADY_STEP,
-            step,
+        # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.window).
+        outbox.put(
+            (
+                STEADY_STEP,
+                step,
+                t,
+                step_time_s,
+                optimizers,
+                agent_us,
+                micro_batches,
+                tokens,
+                tokens_source,
+                model.dp,
+                loss_value,
+                loss_t,
+                LOSS_ORIGIN,
+            ),
             t,
-            step_time_s,
-            optimizers,
-            agent_us,
-            micro_batches,
-            tokens,
-            tokens_source,
-            dp,
-            loss_value,
-            loss_t,
         )
-        self.outbox.put(item, t)
         self._overhead_s += agent_us
         self._overhead_steps += 1
         if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
@@ -403,12 +451,12 @@ class Agent:
             ):  # a process that never says hello never sends them: keep a few
                 self._held.append(record)
             return
-        self.outbox.put(record, end_t)
+        self._queue_record(record, end_t)
 
     def tapped(self, origin: str, values: dict, step: int | None) -> None:
         """Numbers a tracker tap read, as a metric under the tracker's name."""
         now = time.monotonic()
-        self._queue((now, values, step if step is not None else self.current_step(), origin), now)
+        self._queue((METRIC, now, values, step if step is not None else self.current_step(), origin), now)
 
     # -- emit ------------------------------------------------------------------------------------------------------
 
@@ -444,7 +492,7 @@ class Agent:
                 if not values:
                     return
             now = time.monotonic()
-            self._queue((now, values, step, "emit"), now)
+            self._queue((METRIC, now, values, step, "emit"), now)
         except Exception as exc:
             self.stop_probe("emit", exc)
 
@@ -528,7 +576,7 @@ class Agent:
             fields["tokens"] = tokens
             fields["tokens_source"] = "emitted"
         self._last_emitted_step, self._last_emitted_step_t = step, now
-        self._queue(self._rec_module().Step(**fields), now)
+        self._queue_record(self._rec_module().Step(**fields), now)
 
     def _count(self, value: object, key: str) -> int | None:
         """An int from ``step=`` or ``tokens=`` (an int, or an integral float or 0-dim CPU tensor), else None."""

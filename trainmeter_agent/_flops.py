@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from trainmeter_agent import _shape
+from trainmeter_agent._forward import ModelForward
 
 #: The iteration whose micro-batches are counted: the first one after a whole step has run (lazy inits done). It is
 #: the process's second, whatever the step numbers say (a resumed training's go on from its checkpoint).
@@ -123,10 +124,6 @@ class FlopCount:
 
     def _wanted(self) -> bool:
         return not self.done and self._counting_rank
-
-    def idle_at_step(self) -> bool:
-        """Whether ``end_iteration`` has nothing to do: the count is over, or no count started in this iteration."""
-        return self.done or self._started_step is None
 
     def _finish(self, value: float | None, note: str) -> None:
         self.done = True
@@ -335,5 +332,7 @@ def meta_copy(module, torch, memo: dict | None = None):
             state[key] = type(value)(value) if isinstance(value, dict) else value
     if "_compiled_call_impl" in state:
         state["_compiled_call_impl"] = None
+    if type(state.get("forward")) is ModelForward:
+        del state["forward"]  # the model probe's: it would run the model itself, not this copy
     new.__dict__.update(state)
     return new

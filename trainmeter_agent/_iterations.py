@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+from time import perf_counter
 
 
 def restored_step(optimizer: object) -> int | None:
@@ -77,6 +78,9 @@ class IterationDetector:
         self._calls = 0  # optimizer.step calls (skipped ones included) in the current iteration
         self._iteration_start_t: float | None = None
         self._agent_s = 0.0  # the agent's own time in the current iteration
+        # The steady lane: id() of the one optimizer that makes up each iteration, once it has counted one (None
+        # otherwise). Its hooks then take a short way with the same outcome as the general one (see ``pre_hook``).
+        self._lane: int | None = None
 
     @property
     def watching(self) -> bool:
@@ -87,9 +91,29 @@ class IterationDetector:
 
     def pre_hook(self, optimizer: object, args: object, kwargs: object) -> None:
         self.pre_calls += 1
+        key = id(optimizer)
+        if key == self._lane and self.steps_on and len(args) == 1 and not kwargs:
+            # The steady lane: the optimizer that alone makes up each iteration, stepped without a closure. What
+            # _grads_changed and _count decide for it, decided in place: its first parameter's gradient is the first
+            # gradient, and a new one (or a bumped version) starts the next iteration. Anything else goes the
+            # general way below, from the same state.
+            started = perf_counter()
+            try:
+                params = optimizer.param_groups[0]["params"]
+                grad = params[0].grad if params else None
+                mark = self._marks.get(key)
+                if grad is not None and mark is not None and mark[0]() is optimizer:
+                    self._calls += 1
+                    if mark[1]() is not grad or grad._version != mark[2]:
+                        self._next_iteration(key, started)
+                    self._agent_s += perf_counter() - started
+                    return None
+            except Exception as exc:
+                self.agent.stop_probe("steps", exc)
+                return None
         if not self.steps_on:
             return None  # a hook that returns something replaces the step's arguments: always None
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             agent = self.agent
             if agent._faults:
@@ -103,15 +127,27 @@ class IterationDetector:
                 self._count(optimizer, skipped=False, started=started)
         except Exception as exc:
             self.agent.stop_probe("steps", exc)
-        self._agent_s += time.perf_counter() - started
+        self._agent_s += perf_counter() - started
         return None
 
     def post_hook(self, optimizer: object, args: object, kwargs: object) -> None:
         if not self.steps_on:
             return None
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             key = id(optimizer)
+            if key == self._lane and not self._closure_steps:
+                # The steady lane (see pre_hook): the mark the general way would write, written in place.
+                params = optimizer.param_groups[0]["params"]
+                grad = params[0].grad if params else None
+                mark = self._marks.get(key)
+                if grad is not None and mark is not None and mark[0]() is optimizer:
+                    grad_ref = mark[1]
+                    if grad_ref() is not grad:
+                        grad_ref = weakref.ref(grad)
+                    self._marks[key] = (mark[0], grad_ref, grad._version)
+                    self._agent_s += perf_counter() - started
+                    return None
             if self._closure_steps and key in self._closure_steps:
                 self._closure_steps.discard(key)
                 if self._grads_changed(optimizer):
@@ -129,14 +165,14 @@ class IterationDetector:
                     self._marks[key] = (weakref.ref(optimizer), weakref.ref(grad), grad._version)
         except Exception as exc:
             self.agent.stop_probe("steps", exc)
-        self._agent_s += time.perf_counter() - started
+        self._agent_s += perf_counter() - started
         return None
 
     def skipped_step(self, optimizer: object) -> None:
         """GradScaler did not call ``optimizer.step`` (inf/NaN gradients): the iteration still counts, skipped."""
         if not self.steps_on:
             return
-        started = time.perf_counter()
+        started = perf_counter()
         self._calls += 1
         self._count(optimizer, skipped=True, started=started)
 
@@ -154,11 +190,12 @@ class IterationDetector:
         key = id(optimizer)
         if self.counted and key not in self._members:
             self._members.add(key)
+            self._lane = None  # two optimizers make up this iteration
             return
         # A new iteration; its step record describes the one that just ended.
         previous_start_t = self._iteration_start_t
         previous_calls = self._calls - 1
-        previous_agent_s = self._agent_s + (time.perf_counter() - started)
+        previous_agent_s = self._agent_s + (perf_counter() - started)
         resumed = None
         if not self.counted:
             # A process's first iteration: an optimizer restored from a checkpoint goes on from its step (after a
@@ -172,9 +209,11 @@ class IterationDetector:
         self.iteration += 1
         if len(self._members) != 1 or key not in self._members:
             self._members = {key}
+        # From the next iteration on, this optimizer alone may take the steady lane (its hooks' short way).
+        agent = self.agent
+        self._lane = key if agent.lean and "steps" not in agent._faults else None
         self._calls = 1
         self._agent_s = 0.0
-        agent = self.agent
         if not agent.activated:
             agent.activate()  # hello first, also in time: the step's own time is taken after it
         now = time.monotonic()
@@ -184,6 +223,35 @@ class IterationDetector:
             step_time_s, agent_us = now - previous_start_t, previous_agent_s * 1e6
             if agent.send_steady_step(self.iteration, now, step_time_s, previous_calls, agent_us):
                 return
+        self._send_fields(now, previous_start_t, previous_calls, previous_agent_s, resumed, skipped)
+
+    def _next_iteration(self, key: int, started: float) -> None:
+        """The lane's optimizer stepped with fresh gradients: what ``_count`` does for it (the same optimizer alone
+        in the iteration that ends, which is neither the first nor skipped), without its checks."""
+        previous_start_t = self._iteration_start_t
+        previous_calls = self._calls - 1
+        previous_agent_s = self._agent_s + (perf_counter() - started)
+        self.counted += 1
+        self.iteration += 1
+        self._calls = 1
+        self._agent_s = 0.0
+        now = time.monotonic()
+        self._iteration_start_t = now
+        if not self.agent.send_steady_step(
+            self.iteration, now, now - previous_start_t, previous_calls, previous_agent_s * 1e6
+        ):
+            self._send_fields(now, previous_start_t, previous_calls, previous_agent_s, None, False)
+
+    def _send_fields(
+        self,
+        now: float,
+        previous_start_t: float | None,
+        previous_calls: int,
+        previous_agent_s: float,
+        resumed: int | None,
+        skipped: bool,
+    ) -> None:
+        """The step record of the iteration that just ended, built from its fields (the general way)."""
         fields: dict[str, object] = {"step": self.iteration, "t": now}
         if resumed is not None:
             fields["resumed_from"] = resumed
@@ -199,7 +267,7 @@ class IterationDetector:
             fields["step_time_s"] = now - previous_start_t
             fields["optimizers"] = previous_calls
             fields["agent_us"] = previous_agent_s * 1e6
-        agent.send_step(fields)
+        self.agent.send_step(fields)
 
     # -- attaching to torch ----------------------------------------------------------------------------------------
 
@@ -227,6 +295,7 @@ class IterationDetector:
         for handle in handles:
             handle.remove()
         self.attached = False
+        self._lane = None
 
     def _wrap_grad_scalers(self) -> None:
         """Wrap ``GradScaler._maybe_opt_step`` (torch.amp's, and torch.cuda.amp's if it ever defines its own)."""

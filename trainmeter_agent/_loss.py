@@ -9,8 +9,10 @@ torch.compile tracing, and never lets an error reach the loop: the user's own ex
 from __future__ import annotations
 
 import collections
-import time
 import weakref
+from time import perf_counter
+
+from trainmeter_agent._compiling import eager_check
 
 #: The metric's origin: the engine lets a tracker's or ``emit``'s own train loss win over this one.
 ORIGIN = "backward"
@@ -58,6 +60,7 @@ class LossProbe:
         self.agent = agent
         self.on = True
         self._torch = None
+        self._tensor_type: type | tuple = ()  # torch.Tensor, once attached
         self._is_compiling = lambda: False
         self._capturing = lambda: False
         self._depth = 0  # backward calls in progress: a nested one (reentrant checkpoint) is not the loop's
@@ -80,8 +83,8 @@ class LossProbe:
     def attach(self, torch) -> None:
         """Wrap ``torch.autograd.backward`` and ``GradScaler.scale``; torch is already imported by the user."""
         self._torch = torch
-        compiler = getattr(torch, "compiler", None)
-        self._is_compiling = getattr(compiler, "is_compiling", self._is_compiling)
+        self._tensor_type = torch.Tensor
+        self._is_compiling = eager_check(torch)  # torch's own check once torch.compile is called (Phases)
         cuda = getattr(torch, "cuda", None)
         self._capturing = getattr(cuda, "is_current_stream_capturing", self._capturing)
         autograd = torch.autograd
@@ -116,13 +119,13 @@ class LossProbe:
     def backward_ran(self, tensors) -> None:
         """The outermost backward returned: its root's value (or why there is none) joins the iteration."""
         agent = self.agent
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             if agent._faults:
                 agent.check_fault("loss")
             if self._is_compiling() or agent._step_owner == "emit":
                 return  # traced, not run; or steps the loop declares itself, which the losses cannot be grouped by
-            tensor_type = self._torch.Tensor
+            tensor_type = self._tensor_type
             if (
                 isinstance(tensors, tensor_type)
                 and self._scaled is None
@@ -169,7 +172,7 @@ class LossProbe:
         except Exception as exc:
             agent.stop_probe("loss", exc)
         finally:
-            agent.iterations._agent_s += time.perf_counter() - started
+            agent.iterations._agent_s += perf_counter() - started
 
     def _read(self, root) -> None:
         value = root
@@ -207,25 +210,6 @@ class LossProbe:
     def end_iteration(self, fields: dict) -> None:
         """The optimizer stepped (step record ``fields``): close this iteration's losses, send those now readable."""
         self.end_step(fields["step"], fields.get("micro_batches"))
-
-    def steady_loss(self, micro_batches: int) -> float | None:
-        """This iteration's loss when ``end_step`` would send it at once with nothing else to say (CPU values, one
-        backward per micro-batch, nothing pending, the label and the state already said): then start over. None, with
-        nothing changed, otherwise (``end_step`` is then the way)."""
-        calls = self._calls
-        if (
-            calls != micro_batches
-            or not calls
-            or self._why is not None
-            or self._copies
-            or self._pending
-            or self._said is not ATTACHED
-            or self._labelled != calls
-        ):
-            return None
-        entries = self._entries
-        self.reset_iteration()
-        return sum(entries)
 
     def end_step(self, step: int, micro_batches: int | None) -> None:
         """Step ``step`` ended with ``micro_batches`` forwards seen (None: unknown): as ``end_iteration``."""

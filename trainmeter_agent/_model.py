@@ -13,8 +13,11 @@ import contextlib
 import time
 import weakref
 from collections.abc import Mapping
+from time import perf_counter
 
 from trainmeter_agent import _shape
+from trainmeter_agent._compiling import eager_check
+from trainmeter_agent._forward import ForwardHandle, can_set_forward, set_forward
 
 NO_TOKENS = "no integer id tensor seen in the model's inputs: pass --tokens-per-step"
 _ID_KEYWORDS = ("input_ids", "idx", "tokens", "token_ids")
@@ -30,9 +33,10 @@ def _inert_hook():
 class ModelProbe:
     """What the agent knows of the trained model, and the per-iteration counts it hands to each step record.
 
-    The probe is itself the model's forward pre-hook (``__call__``). A model copied with ``copy.deepcopy`` (an EMA, an
-    eval copy) or pickled whole (``torch.save(model)``, a spawn argument) takes an inert stand-in along instead of it:
-    neither the probe nor its agent, with their locks and sockets, ever travels with a model.
+    It sees the model's forwards through a ``forward`` set on the model (``_forward.py``), or, where that cannot be
+    set, as the model's forward pre-hook (``__call__``). A model copied with ``copy.deepcopy`` (an EMA, an eval copy)
+    or pickled whole (``torch.save(model)``, a spawn argument) takes neither along: the hook leaves an inert stand-in
+    in its place, so neither the probe nor its agent, with their locks and sockets, ever travels with a model.
     """
 
     def __deepcopy__(self, memo):
@@ -51,6 +55,8 @@ class ModelProbe:
         self._outer_depth = 0
         self._handles: list[object] = []
         self._int_dtypes: tuple = ()
+        self._tensor_type: type | tuple = ()  # torch.Tensor, once attached
+        self._grad_enabled = lambda: False
         self._is_compiling = lambda: False
         self._profiler_on = lambda: False
         self.dp: int | None = None
@@ -74,9 +80,10 @@ class ModelProbe:
     def attach(self, torch) -> None:
         """Wrap ``nn.Module.__call__`` until the trained model shows itself."""
         self._torch = torch
+        self._tensor_type = torch.Tensor
+        self._grad_enabled = torch.is_grad_enabled
         self._int_dtypes = (torch.int64, torch.int32)
-        compiler = getattr(torch, "compiler", None)
-        self._is_compiling = getattr(compiler, "is_compiling", self._is_compiling)
+        self._is_compiling = eager_check(torch)  # torch's own check once torch.compile is called (Phases)
         autograd = getattr(torch._C, "_autograd", None)
         self._profiler_on = getattr(autograd, "_profiler_enabled", self._profiler_on)
         self._install_discovery()
@@ -149,7 +156,7 @@ class ModelProbe:
             return False
 
     def _adopt(self, module) -> None:
-        """Make ``module`` the model: one pre-hook on it, facts about it; discovery ends."""
+        """Make ``module`` the model: the probe on each of its forwards, facts about it; discovery ends."""
         try:
             self.stop_discovery()
             if not self.on:
@@ -160,7 +167,12 @@ class ModelProbe:
                 self.agent.probe_state("model", f"not attached: {self.why_no_root}")
                 return
             self.root_ref = weakref.ref(module)
-            self._handles.append(module.register_forward_pre_hook(self, with_kwargs=True))
+            if can_set_forward(module, self._torch):
+                self._handles.append(
+                    set_forward(self, module, self._torch)
+                )  # _forward.py says why not a hook
+            else:
+                self._handles.append(module.register_forward_pre_hook(self, with_kwargs=True))
             self._watch_train_mode(type(module))
             self.agent.probe_state("model", "attached")
             self.agent.probe_state("eval", "attached")
@@ -178,6 +190,16 @@ class ModelProbe:
         self.detach_root_hooks()
         self._adopt(compiled)
         return True
+
+    def before_compiling(self, target) -> None:
+        """torch.compile(``target``) is about to look at the modules it wraps: where one is the model, its ``forward``
+        must be its class's, as without tm (the compiled module is adopted once torch.compile returns)."""
+        root = self.root()
+        if root is None or not any(inner is root for inner in _shape.unwrap(target)):
+            return
+        for handle in self._handles:
+            if isinstance(handle, ForwardHandle):
+                handle.remove()
 
     def detach_root_hooks(self) -> None:
         handles, self._handles = self._handles, []
@@ -224,31 +246,38 @@ class ModelProbe:
     def _pre_hook(self, module, args, kwargs):
         if not self.on or self._is_compiling():
             return None  # a hook that returns something replaces the module's inputs: always None
-        started = time.perf_counter()
+        started = perf_counter()
+        agent = self.agent
         try:
-            agent = self.agent
             if agent._faults:
                 agent.check_fault("model")
             if self._profiler_on():
                 self.profiled = True
-            if module.training and self._torch.is_grad_enabled():
-                self._micro_batch(args, kwargs)
+            if module.training and self._grad_enabled():
+                if args and not kwargs and self.seq_len_sent and (self.micro_batches or agent.flops.done):
+                    ids = args[0]
+                    if (
+                        isinstance(ids, self._tensor_type)
+                        and ids.dtype in self._int_dtypes
+                        and not ids.is_meta
+                    ):
+                        # The common forward(ids), counted as _micro_batch counts it: every position is a token.
+                        self.micro_batches += 1
+                        self.tokens += ids.numel()
+                        self.tokens_source = "input_ids"
+                    else:
+                        self._micro_batch(args, kwargs)
+                else:
+                    self._micro_batch(args, kwargs)
         except Exception as exc:
-            self.agent.stop_probe("model", exc)
-        self.agent.iterations._agent_s += time.perf_counter() - started
+            agent.stop_probe("model", exc)
+        agent.iterations._agent_s += perf_counter() - started
         return None
 
     __call__ = _pre_hook  # the probe is the hook torch calls
 
     def _micro_batch(self, args, kwargs) -> None:
-        if args and not kwargs and self.seq_len_sent and (self.micro_batches or self.agent.flops.done):
-            ids = args[0]
-            if isinstance(ids, self._torch.Tensor) and ids.dtype in self._int_dtypes and not ids.is_meta:
-                # The common forward(ids), counted as the general way below counts it: every position is a token.
-                self.micro_batches += 1
-                self.tokens += ids.numel()
-                self.tokens_source = "input_ids"
-                return
+        """A training forward of the model: one more micro-batch, and its tokens."""
         ids, mask = self._find_ids(args, kwargs)
         first = self.micro_batches == 0
         self.micro_batches += 1
@@ -309,24 +338,6 @@ class ModelProbe:
         mask = batch.get("attention_mask")
         if isinstance(mask, self._torch.Tensor) and mask.device.type == "cpu":
             self.cpu_masks = {tuple(mask.shape): mask}
-
-    def steady_counts(self) -> tuple[int, int, str, int] | None:
-        """This iteration's (micro-batches, tokens, their source, dp) when ``end_iteration`` would add exactly these
-        and no absent reason, then start over; None, with nothing changed, otherwise."""
-        if (
-            self.root_ref is None
-            or not self.micro_batches
-            or self.tokens_missing
-            or self.dp is None
-            or self.profiled
-            or self._profiler_on()
-        ):
-            return None
-        counts = (self.micro_batches, self.tokens, self.tokens_source, self.dp)
-        self.micro_batches = 0
-        self.tokens = 0
-        self.tokens_source = None
-        return counts
 
     def end_iteration(self, fields: dict) -> None:
         """Add this iteration's micro-batches, tokens, dp and profiler flag to its step record, then start over."""

@@ -15,75 +15,26 @@ import threading
 import time
 from collections import deque
 
-from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
-
 #: A batch leaves at most this long after its first record ...
 WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.05"))
 #: ... or once it holds this many entries (a steady step and its loss are one entry, two records).
 MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
 
 
-# The loop's hottest records wait in the outbox as plain tuples and become records when their window leaves: built
-# there in one pass, the same records cost the loop a fraction of what building each in its own hook does.
-#: ``(STEADY_STEP, step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, tokens_source, dp, loss,
-#: loss_t)``: a steady iteration's step record, after its ``train_loss`` metric from backward() when ``loss`` is a float.
-STEADY_STEP = object()
+# The loop's hottest records wait in the outbox as plain tuples and leave as they are: the hub builds the records they
+# stand for (``trainmeter_core.model.window``, whose codes these are: ``tests/test_agent.py`` checks they match).
+#: ``(STEADY_STEP, step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, tokens_source, dp, loss, loss_t,
+#: loss_origin)``: a steady iteration's step record, after its ``train_loss`` metric from backward() when ``loss`` is
+#: a float.
+STEADY_STEP = 1
 #: ``(PHASE, phase, start_t, end_t, step, probe)``: a phase record with no other field (a DataLoader batch's data wait).
-PHASE = object()
-#: Any other tuple is a metric: ``(t, values, step, origin)``.
-
-
-def to_records(batch: list, rec, now_t: float, now_wall: float) -> list:
-    """The records a window's items stand for, in order, each dated on the wall clock when it was made (its ``t``)."""
-    out = []
-    append = out.append
-    metric_type = rec.Metric
-    for item in batch:
-        if type(item) is not tuple:
-            if item.t and not item.wall:
-                item.wall = now_wall - (now_t - item.t)
-            append(item)
-            continue
-        head = item[0]
-        if head is STEADY_STEP:
-            _, step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, source, dp, loss, loss_t = (
-                item
-            )
-            if loss is not None:
-                values = {"train_loss": loss}
-                wall = now_wall - (now_t - loss_t)
-                append(metric_type(values=values, step=step, t=loss_t, wall=wall, origin=LOSS_ORIGIN))
-            append(
-                rec.Step(
-                    step=step,
-                    t=t,
-                    wall=now_wall - (now_t - t),
-                    step_time_s=step_time_s,
-                    optimizers=optimizers,
-                    agent_us=agent_us,
-                    micro_batches=micro_batches,
-                    tokens=tokens,
-                    tokens_source=source,
-                    dp=dp,
-                    tokens_global=tokens * dp,
-                )
-            )
-        elif head is PHASE:
-            _, name, start_t, end_t, step, probe = item
-            wall = now_wall - (now_t - end_t)
-            append(
-                rec.Phase(
-                    phase=name, start_t=start_t, end_t=end_t, step=step, probe=probe, t=end_t, wall=wall
-                )
-            )
-        else:
-            t, values, step, origin = item
-            append(metric_type(values=values, step=step, t=t, wall=now_wall - (now_t - t), origin=origin))
-    return out
+PHASE = 2
+#: ``(METRIC, t, values, step, origin)``: a metric record.
+METRIC = 3
 
 
 class Outbox:
-    """Records in arrival order; ``send(batch)`` is the agent's, called by whichever thread closes the window.
+    """Records in arrival order; ``send(batch, records)`` is the agent's, called by whichever thread closes the window.
 
     ``put`` is the only call the loop makes per record: a deque append (thread-safe without a lock), a length and a
     clock comparison. Flushes take a lock so that the loop's thread and the timer never interleave two batches.
@@ -98,6 +49,8 @@ class Outbox:
 
     def _reset(self) -> None:
         self._items: deque = deque()
+        # Steady steps queued with their loss: each stands for two records (the send counts records, not items).
+        self.losses = 0
         self._opened_t = 0.0
         self._lock = threading.Lock()
         self._due = threading.Event()
@@ -111,27 +64,26 @@ class Outbox:
     def put(self, item, now: float) -> None:
         """Queue one item (a record, or what the send turns into one); close the window when it is due."""
         items = self._items
-        if not items:
-            items.append(item)
+        items.append(item)
+        if len(items) == 1:  # the first of a window
             self._opened_t = now
             if self._timer is None:
                 self._start_timer()
             self._due.set()  # after the append: the timer that wakes finds the item
-            return
-        items.append(item)
-        if now - self._opened_t >= self.window_s or len(items) >= self.max_records:
+        elif now - self._opened_t >= self.window_s or len(items) >= self.max_records:
             self.flush()
 
     def flush(self) -> None:
-        """Send everything queued so far as one batch (nothing when empty)."""
+        """Send everything queued so far as one batch (nothing when empty), with the number of records it holds."""
         with self._lock:
             items = self._items
             n = len(items)
             if not n:
                 return
             batch = [items.popleft() for _ in range(n)]
+            losses, self.losses = self.losses, 0
             self.windows += 1
-            self._send(batch)
+            self._send(batch, n + losses)
 
     # -- the timer ------------------------------------------------------------------------------------------------
 

@@ -12,6 +12,9 @@ import functools
 import os
 import time
 
+from trainmeter_agent._compiling import full_check
+from trainmeter_agent._outbox import PHASE
+
 _CHECKPOINT_DEPTH = [0]  # nested saves (DCP or save_pretrained calling torch.save) are one checkpoint
 
 
@@ -58,11 +61,38 @@ class Phases:
         if getattr(original, "_tm_wrapped", False):
             return
         phases = self
+        agent = self.agent
+        monotonic = time.monotonic
 
         def __next__(self):
-            started = time.monotonic()
+            started = monotonic()
             batch = original(self)
-            if "data_wait" not in phases.agent.stopped:
+            if (
+                agent.lean
+                and phases.data_seen
+                and agent.activated
+                and not agent._faults
+                and "data_wait" not in agent.stopped
+                and not isinstance(batch, dict)
+            ):
+                # The common batch, as _batch takes it: a phase with no extra field, labelled with the current step.
+                try:
+                    ended = monotonic()
+                    step = (
+                        agent._last_emitted_step
+                        if agent._step_owner == "emit"
+                        else (agent.iterations.iteration or None)
+                    )
+                    item = (PHASE, "data_wait", started, ended, step, "dataloader")
+                    outbox = agent.outbox
+                    if outbox._items:  # the window is open: the step that follows checks its deadline
+                        outbox._items.append(item)
+                    else:
+                        outbox.put(item, ended)
+                    agent.iterations._agent_s += monotonic() - ended
+                except Exception as exc:
+                    phases._failed("data_wait", exc)
+            elif "data_wait" not in agent.stopped:
                 phases._batch(started, batch)
             return batch
 
@@ -181,12 +211,18 @@ class Phases:
         """Before torch.compile sees ``target``: the model probe must leave nothing dynamo could trace."""
         try:
             agent = self.agent
+            torch = agent.model._torch
+            if torch is not None:
+                # Dynamo may trace the probes from now on: they ask torch's own check, which it knows by name.
+                agent.model._is_compiling = agent.loss._is_compiling = full_check(torch)
             if agent._faults:
                 agent.check_fault("compile")
-            torch_nn = agent.model._torch.nn if agent.model._torch is not None else None
+            torch_nn = torch.nn if torch is not None else None
             if torch_nn is not None and isinstance(target, torch_nn.Module):
-                # The compiled module captures nn.Module.__call__ now: it must be torch's own, never the probe's.
+                # The compiled module captures nn.Module.__call__ now: it must be torch's own, never the probe's; and
+                # the model's forward its class's.
                 self._resume_after = agent.model.pause_discovery()
+                agent.model.before_compiling(target)
             else:
                 agent.compiled_functions += 1
                 owner = getattr(target, "__self__", None)

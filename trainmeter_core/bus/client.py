@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainmeter_core.model import records as rec
+from trainmeter_core.model.window import WINDOW_TOPIC, encode_window
 
 if TYPE_CHECKING:
     import zmq
@@ -98,7 +99,21 @@ class Producer:
             self._ctx, self._sock = ctx, sock
         return self._sock
 
-    def _stamp(self, record: rec.Record, now_t: float, now_wall: float) -> None:
+    def header(self) -> dict[str, object]:
+        """The header fields this producer stamps on a record, for a caller that builds records with them
+        (``send_many(..., stamped=True)``): the same values ``stamp`` sets."""
+        header: dict[str, object] = {
+            "v": rec.SCHEMA_VERSION,
+            "source": self.source,
+            "host": HOSTNAME,
+            "pid": self.pid,
+        }
+        if self.rank is not None:
+            header["rank"] = self.rank
+        return header
+
+    def stamp(self, record: rec.Record, now_t: float, now_wall: float) -> None:
+        """Fill the header of ``record``: schema version, times (when unset), source, host, pid, rank."""
         record.v = rec.SCHEMA_VERSION
         if not record.t:
             record.t = now_t
@@ -122,6 +137,38 @@ class Producer:
             return True
         return self._send_frames(records, single=False)
 
+    def send_window(self, items: list, records: int) -> bool:
+        """Send an agent's window (``trainmeter_core.model.window``): its items, whole records already stamped
+        (``stamp``) and arrays the hub turns into records, standing for ``records`` records in all. The header carries
+        the drop count, which each whole record also carries when it is not zero. Counted as ``records``."""
+        try:
+            with self._lock:
+                if self.closed:
+                    self.dropped += records
+                    return False
+                dropped = self.dropped
+                if dropped:
+                    for item in items:
+                        if type(item) is not tuple:
+                            item.dropped = dropped
+                header = self.header()
+                header["dropped"] = dropped
+                header["now_t"] = time.monotonic()
+                header["now_wall"] = time.time()
+                frames = [WINDOW_TOPIC, encode_window(header, items)]
+                zmq = _zmq()
+                try:
+                    self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    self.dropped += records
+                    return False
+                self.sent += records
+                return True
+        except Exception as exc:  # never raise into the caller: count, remember why, go on
+            self.dropped += records
+            self._error = f"{type(exc).__name__}: {exc}"
+            return False
+
     def _send_frames(self, records: list[rec.Record], single: bool) -> bool:
         try:
             with self._lock:
@@ -130,7 +177,7 @@ class Producer:
                     return False
                 now_t, now_wall = time.monotonic(), time.time()
                 for record in records:
-                    self._stamp(record, now_t, now_wall)
+                    self.stamp(record, now_t, now_wall)
                     record.dropped = self.dropped
                 if single:
                     frames = [rec.topic(records[0].__struct_config__.tag), rec.encode(records[0])]
@@ -162,7 +209,7 @@ class Producer:
                 zmq = _zmq()
                 sock = self._socket()
                 bye = rec.Bye(sent=self.sent, reason=reason)
-                self._stamp(bye, time.monotonic(), time.time())
+                self.stamp(bye, time.monotonic(), time.time())
                 bye.dropped = self.dropped
                 frames = [rec.topic("bye"), rec.encode(bye)]
                 linger = self.linger_ms if linger_ms is None else linger_ms

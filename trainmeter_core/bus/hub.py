@@ -20,6 +20,8 @@ import zmq
 
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
 from trainmeter_core.model import records as rec
+from trainmeter_core.model import window
+from trainmeter_core.model.window import WINDOW_TOPIC
 from trainmeter_core.runlog.recorder import Recorder
 
 RCVHWM = 1_000_000
@@ -314,8 +316,33 @@ class Hub:
                 else:
                     for raw, one in zip(items, checked, strict=True):
                         self._accept(raw, checked=one)
+            elif frames[0] == WINDOW_TOPIC:
+                self._accept_window(frames[1])
             else:
                 self._accept(frames[1])
+
+    def _accept_window(self, payload) -> None:
+        """An agent's window: its whole records checked as any record is, its arrays turned into the records they
+        stand for (``model/window.py``), each then taken in like a record the agent had sent itself. A window that
+        cannot be read, or an array that is not one, is counted malformed, alone."""
+        try:
+            header, items = window.split_window(payload)
+        except rec.MalformedRecord:
+            self.malformed += 1
+            return
+        for item in items:
+            if window.is_record(item):
+                self._accept(item)
+                continue
+            try:
+                built = window.expand(item, header)
+            except rec.MalformedRecord:
+                self.received += 1
+                self.malformed += 1
+                continue
+            for record in built:
+                data = rec.to_builtins(record)
+                self._accept(rec.encode(record), checked=rec.Checked(data["kind"], data, False))
 
     def _own(self, record: rec.Record) -> None:
         record.v = rec.SCHEMA_VERSION
