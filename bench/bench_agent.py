@@ -181,7 +181,7 @@ def bench_probes(trainmeter_agent) -> None:
             data_wait(time.monotonic(), batch)
 
     figures = _per_call_us(forward_hook, 500)
-    print(f"{'model forward pre-hook':<34} median {statistics.median(figures):7.3f} µs per micro-batch")
+    print(f"{'model probe per forward':<34} median {statistics.median(figures):7.3f} µs per micro-batch")
     figures = _per_call_us(data_wait_record, 500)
     print(f"{'data-wait phase record':<34} median {statistics.median(figures):7.3f} µs per DataLoader batch")
     agent.model.reset_iteration()
@@ -226,12 +226,18 @@ def bench_backward(trainmeter_agent) -> None:
 
 
 class _BuildOnly:
-    """Stands in for the producer: takes the record and sends nothing."""
+    """Stands in for the producer: takes the records and windows and sends nothing."""
 
     def send(self, record) -> bool:
         return True
 
     def send_many(self, records) -> bool:
+        return True
+
+    def stamp(self, record, now_t: float, now_wall: float) -> None:
+        pass
+
+    def send_window(self, items: list, records: int) -> bool:
         return True
 
 
@@ -472,20 +478,21 @@ def bench_breakdown(endpoint: str, rounds: int = 31) -> None:
         print("breakdown: the model probe did not adopt the model, skipped")
         return
     iter_class = torch.utils.data.dataloader._BaseDataLoaderIter
-    wrapped_next, wrapped_backward, hook = iter_class.__next__, torch.autograd.backward, agent.model._pre_hook
+    wrapped_next, wrapped_backward = iter_class.__next__, torch.autograd.backward
+    from trainmeter_agent._forward import set_forward
 
     def switch(steps: bool, model_hook: bool, data_wait: bool, loss: bool) -> None:
         agent.iterations.attach() if steps else agent.iterations.detach()
         for handle in agent.model._handles:
             handle.remove()
-        agent.model._handles = [model.register_forward_pre_hook(hook, with_kwargs=True)] if model_hook else []
+        agent.model._handles = [set_forward(agent.model, model, torch)] if model_hook else []
         iter_class.__next__ = wrapped_next if data_wait else wrapped_next.__wrapped__
         torch.autograd.backward = wrapped_backward if loss else wrapped_backward.__wrapped__
 
     configs = {
         "no probe": (False, False, False, False),
         "optimizer hooks (steps)": (True, False, False, False),
-        "model forward pre-hook": (False, True, False, False),
+        "model probe (its forward)": (False, True, False, False),
         "DataLoader data wait": (False, False, True, False),
         "loss at backward()": (False, False, False, True),
         "every probe": (True, True, True, True),

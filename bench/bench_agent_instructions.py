@@ -102,7 +102,10 @@ def _variants(iterations: int, peer_venv: str | None, work: str) -> dict[str, tu
     with open(script, "w") as f:
         f.write(_LOOP.replace("WINDOW", str(ITERATIONS_PER_WINDOW)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO, TM_RUNS_DIR=os.path.join(work, "runs"))
+    # A fixed hash seed: dict and set layouts, hence a few thousand instructions an iteration, move with it.
+    env.update(
+        OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=REPO, TM_RUNS_DIR=os.path.join(work, "runs")
+    )
     # tm closes a window at 1000 items or 50 ms; here at 500 items (a steady step and its data wait are two).
     tm_env = dict(env, TM_AGENT_FLUSH_S="1e9", TM_AGENT_FLUSH_RECORDS=str(2 * ITERATIONS_PER_WINDOW))
     python, tm = sys.executable, os.path.join(os.path.dirname(sys.executable), "tm")
@@ -257,6 +260,7 @@ def bench_breakdown(iterations: int) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
     env.update(
         OMP_NUM_THREADS="1",
+        PYTHONHASHSEED="0",
         PYTHONPATH=REPO,
         TM_AGENT_FLUSH_S="1e9",
         TM_AGENT_FLUSH_RECORDS=str(2 * ITERATIONS_PER_WINDOW),

@@ -400,17 +400,24 @@ class FakeAgent:
         self.stopped.append(probe)
 
 
-@pytest.fixture
-def detector():
+@pytest.fixture(params=["general way", "steady lane"])
+def detector(request):
+    """The detector, its hooks called with no arguments (the general way) or with the optimizer as torch passes it,
+    which lets an optimizer alone in its iteration take the steady lane: both ways must count the same."""
     from trainmeter_agent._iterations import IterationDetector
 
-    return IterationDetector(FakeAgent())
+    detector = IterationDetector(FakeAgent())
+    detector.hook_args = (
+        (lambda optimizer: (optimizer,)) if request.param == "steady lane" else (lambda _: ())
+    )
+    return detector
 
 
 def hooked_step(detector, optimizer) -> None:
-    detector.pre_hook(optimizer, (), {})
+    args = detector.hook_args(optimizer)
+    detector.pre_hook(optimizer, args, {})
     optimizer.step()
-    detector.post_hook(optimizer, (), {})
+    detector.post_hook(optimizer, args, {})
 
 
 def test_muon_with_adamw_counts_once_per_iteration(detector, torch):
@@ -468,6 +475,35 @@ def test_a_skipped_step_starts_the_next_iteration_marked_skipped(detector, torch
     model(torch.ones(1, 2)).sum().backward()
     detector.skipped_step(optimizer)  # what GradScaler's wrapper reports when no step hook fired
     assert [(s["step"], s.get("skipped", False)) for s in detector.agent.steps] == [(1, False), (2, True)]
+
+
+def test_an_optimizer_alone_in_its_iterations_takes_the_steady_lane_and_counts_as_the_general_way(torch):
+    from trainmeter_agent._iterations import IterationDetector
+
+    def steps(as_torch_calls: bool) -> tuple[list[dict], list[bool]]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        detector = IterationDetector(FakeAgent())
+        args = (optimizer,) if as_torch_calls else ()
+        in_lane = []
+        for i in range(6):
+            if i != 3:  # iteration 3 steps twice: the second step has no backward before it
+                optimizer.zero_grad()
+                model(torch.ones(1, 2)).sum().backward()
+            in_lane.append(detector._lane == id(optimizer))
+            detector.pre_hook(optimizer, args, {})
+            optimizer.step()
+            detector.post_hook(optimizer, args, {})
+        timed = ("t", "step_time_s", "agent_us")
+        return [{k: v for k, v in s.items() if k not in timed} for s in detector.agent.steps], in_lane
+
+    lane_steps, in_lane = steps(as_torch_calls=True)
+    general_steps, _ = steps(as_torch_calls=False)
+    assert lane_steps == general_steps
+    assert [s["step"] for s in lane_steps] == [1, 2, 3, 4, 5]
+    assert [s.get("optimizers") for s in lane_steps] == [None, 1, 1, 2, 1]  # step 3's iteration stepped twice
+    assert in_lane == [False, True, True, True, True, True]  # from the second iteration on
 
 
 def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):

@@ -103,10 +103,29 @@ class IterationDetector:
                 grad = params[0].grad if params else None
                 mark = self._marks.get(key)
                 if grad is not None and mark is not None and mark[0]() is optimizer:
-                    self._calls += 1
-                    if mark[1]() is not grad or grad._version != mark[2]:
-                        self._next_iteration(key, started)
-                    self._agent_s += perf_counter() - started
+                    if mark[1]() is grad and grad._version == mark[2]:
+                        self._calls += 1  # stepped again without a backward: the same iteration
+                        self._agent_s += perf_counter() - started
+                        return None
+                    # A new iteration: what _count does for an optimizer alone in the iteration that ends, which is
+                    # neither the first nor skipped.
+                    previous_start_t = self._iteration_start_t
+                    previous_calls = self._calls
+                    previous_agent_s = self._agent_s + (perf_counter() - started)
+                    self.counted += 1
+                    self.iteration += 1
+                    self._calls = 1
+                    now = time.monotonic()
+                    self._iteration_start_t = now
+                    if not self.agent.send_steady_step(
+                        self.iteration, now, now - previous_start_t, previous_calls, previous_agent_s * 1e6
+                    ):
+                        self._send_fields(
+                            now, previous_start_t, previous_calls, previous_agent_s, None, False
+                        )
+                    self._agent_s = (
+                        perf_counter() - started
+                    )  # what is left of this call is the new iteration's
                     return None
             except Exception as exc:
                 self.agent.stop_probe("steps", exc)
@@ -224,23 +243,6 @@ class IterationDetector:
             if agent.send_steady_step(self.iteration, now, step_time_s, previous_calls, agent_us):
                 return
         self._send_fields(now, previous_start_t, previous_calls, previous_agent_s, resumed, skipped)
-
-    def _next_iteration(self, key: int, started: float) -> None:
-        """The lane's optimizer stepped with fresh gradients: what ``_count`` does for it (the same optimizer alone
-        in the iteration that ends, which is neither the first nor skipped), without its checks."""
-        previous_start_t = self._iteration_start_t
-        previous_calls = self._calls - 1
-        previous_agent_s = self._agent_s + (perf_counter() - started)
-        self.counted += 1
-        self.iteration += 1
-        self._calls = 1
-        self._agent_s = 0.0
-        now = time.monotonic()
-        self._iteration_start_t = now
-        if not self.agent.send_steady_step(
-            self.iteration, now, now - previous_start_t, previous_calls, previous_agent_s * 1e6
-        ):
-            self._send_fields(now, previous_start_t, previous_calls, previous_agent_s, None, False)
 
     def _send_fields(
         self,

@@ -126,19 +126,6 @@ class LossProbe:
             if self._is_compiling() or agent._step_owner == "emit":
                 return  # traced, not run; or steps the loop declares itself, which the losses cannot be grouped by
             tensor_type = self._tensor_type
-            if (
-                isinstance(tensors, tensor_type)
-                and self._scaled is None
-                and self._why is None
-                and self._calls < MAX_CALLS_PER_ITERATION
-                and tensors.is_cpu
-                and tensors.dim() == 0
-                and tensors.is_floating_point()
-            ):
-                # The common case, taken as the general way below takes it: a 0-dim CPU loss with no scaler.
-                self._calls += 1
-                self._entries.append(tensors.item())
-                return
             if isinstance(tensors, tensor_type):
                 root, roots = tensors, 1
             elif isinstance(tensors, (list, tuple)):
@@ -294,7 +281,31 @@ def _wrap_backward(original, probe: LossProbe):
         finally:
             probe._depth -= 1
         if probe.on and not probe._depth:
-            probe.backward_ran(args[0] if args else kwargs.get("tensors"))
+            tensors = args[0] if args else kwargs.get("tensors")
+            agent = probe.agent
+            started = perf_counter()
+            try:
+                if (
+                    type(tensors) is probe._tensor_type
+                    and not agent._faults
+                    and probe._scaled is None
+                    and probe._why is None
+                    and probe._calls < MAX_CALLS_PER_ITERATION
+                    and agent._step_owner != "emit"
+                    and not probe._is_compiling()
+                    and tensors.is_cpu
+                    and tensors.dim() == 0
+                    and tensors.is_floating_point()
+                ):
+                    # The common case, in place: a 0-dim CPU loss with no scaler, read as backward_ran reads it.
+                    probe._entries.append(tensors.item())
+                    probe._calls += 1
+                    agent.iterations._agent_s += perf_counter() - started
+                    return result
+            except Exception as exc:
+                agent.stop_probe("loss", exc)
+                return result
+            probe.backward_ran(tensors)
         return result
 
     backward.__wrapped__ = original
