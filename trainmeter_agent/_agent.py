@@ -4,7 +4,7 @@ Nothing here may raise into the training process, block it, or touch a device: e
 failure, says so once on stderr (``tm: agent <probe> stopped: ...``) and stops that probe only; zmq and msgspec are
 imported on the first record to send, so a process that never reports pays nothing for them.
 
-Why one module of about 600 lines: it is one object, the process's agent, whose methods are what every probe
+Why one module of about 650 lines: it is one object, the process's agent, whose methods are what every probe
 calls (send, fact, phase, stop a probe) and which owns the one producer and buffer; the probes with a life of their
 own already live beside it (``_iterations``, ``_model``, ``_phases``, ``_flops``, ``_taps``).
 """

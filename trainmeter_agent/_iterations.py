@@ -123,9 +123,8 @@ class IterationDetector:
                         self._send_fields(
                             now, previous_start_t, previous_calls, previous_agent_s, None, False
                         )
-                    self._agent_s = (
-                        perf_counter() - started
-                    )  # what is left of this call is the new iteration's
+                    # What is left of this call belongs to the new iteration (as _count and pre_hook count it).
+                    self._agent_s = perf_counter() - started
                     return None
             except Exception as exc:
                 self.agent.stop_probe("steps", exc)

@@ -167,10 +167,8 @@ class ModelProbe:
                 self.agent.probe_state("model", f"not attached: {self.why_no_root}")
                 return
             self.root_ref = weakref.ref(module)
-            if can_set_forward(module, self._torch):
-                self._handles.append(
-                    set_forward(self, module, self._torch)
-                )  # _forward.py says why not a hook
+            if can_set_forward(module, self._torch):  # _forward.py says why rather than a hook
+                self._handles.append(set_forward(self, module, self._torch))
             else:
                 self._handles.append(module.register_forward_pre_hook(self, with_kwargs=True))
             self._watch_train_mode(type(module))

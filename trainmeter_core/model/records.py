@@ -24,7 +24,8 @@ SCHEMA_VERSION = 2
 #: ``SCHEMA_VERSION`` on every record they send (the producer and the hub), so every line says its schema.
 UNSTAMPED_VERSION = 1
 #: Version of the agent <-> launcher protocol, carried in ``hello``.
-PROTOCOL_VERSION = 1
+#: 2: the agent sends its records in windows (``model/window.py``), which the hub turns into records.
+PROTOCOL_VERSION = 2
 
 Provenance = Literal["declared", "emitted", "detected", "assumed"]
 Severity = Literal["info", "warning", "critical"]
