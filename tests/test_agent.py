@@ -400,17 +400,22 @@ class FakeAgent:
         self.stopped.append(probe)
 
 
-@pytest.fixture(params=["general way", "steady lane"])
-def detector(request):
+HOOK_WAYS = ["general way", "steady lane"]
+
+
+def detector_called(way: str):
     """The detector, its hooks called with no arguments (the general way) or with the optimizer as torch passes it,
     which lets an optimizer alone in its iteration take the steady lane: both ways must count the same."""
     from trainmeter_agent._iterations import IterationDetector
 
     detector = IterationDetector(FakeAgent())
-    detector.hook_args = (
-        (lambda optimizer: (optimizer,)) if request.param == "steady lane" else (lambda _: ())
-    )
+    detector.hook_args = (lambda optimizer: (optimizer,)) if way == "steady lane" else (lambda _: ())
     return detector
+
+
+@pytest.fixture(params=HOOK_WAYS)
+def detector(request):
+    return detector_called(request.param)
 
 
 def hooked_step(detector, optimizer) -> None:

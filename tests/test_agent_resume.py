@@ -4,14 +4,12 @@ holds, read once, before the process's first step, and never from a device."""
 from __future__ import annotations
 
 import pytest
-from test_agent import FakeAgent, hooked_step
+from test_agent import HOOK_WAYS, detector_called, hooked_step
 
 
-@pytest.fixture
-def detector():
-    from trainmeter_agent._iterations import IterationDetector
-
-    return IterationDetector(FakeAgent())
+@pytest.fixture(params=HOOK_WAYS)
+def detector(request):
+    return detector_called(request.param)
 
 
 def adamw_at_step(torch, steps: int):
