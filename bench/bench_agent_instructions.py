@@ -34,17 +34,38 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARM_UP = 300  # iterations before the measured ones: lazy inits, the agent's hello, its counted FLOP step
 ITERATIONS_PER_WINDOW = 250
 
-_LOOP = """
-import functools, sys, time
-import torch
+# The tight loop's model, data and iteration, shared by the whole-process variants and the breakdown. ``iteration``
+# takes and ignores any arguments: functools.reduce and the itertools entries below call it.
+_TIGHT_SETUP = """
 torch.set_num_threads(1)
 torch.manual_seed(0)
-warm_up, n, hooks = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "empty-hooks"
 ids = torch.randint(16, (4096, 8))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
 model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-if hooks:
+"""
+_TIGHT_ITERATION = """
+def batches():
+    while True:
+        yield from loader
+source = batches()
+def iteration(*_):
+    (x,) = next(source)
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+    loss.backward()
+    optimizer.step()
+    return True
+"""
+
+_LOOP = (
+    """
+import functools, sys, time
+import torch
+warm_up, n, hooks = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "empty-hooks"
+"""
+    + _TIGHT_SETUP
+    + """if hooks:
     import torch.optim.optimizer as optimizer_module
     import torch.utils.data.dataloader as dataloader
     plain_next, plain_backward = dataloader._BaseDataLoaderIter.__next__, torch.autograd.backward
@@ -60,26 +81,18 @@ if hooks:
     model.register_forward_pre_hook(lambda module, args, kwargs: None, with_kwargs=True)
     optimizer_module.register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: None)
     optimizer_module.register_optimizer_step_post_hook(lambda optimizer, args, kwargs: None)
-def batches():
-    while True:
-        yield from loader
-source = batches()
-def iteration(carried, _):
-    (x,) = next(source)
-    optimizer.zero_grad()
-    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
-    loss.backward()
-    optimizer.step()
-    return carried
-started = time.perf_counter()
+"""
+    + _TIGHT_ITERATION
+    + """started = time.perf_counter()
 for _ in range(warm_up):
-    iteration(None, None)
+    iteration()
 per_iteration_s = (time.perf_counter() - started) / warm_up
 previous_generation = sys.modules.get("trainmeter.agent.core")  # 0.0.7's agent: it flushes by time alone
 if previous_generation is not None:
     previous_generation.FLUSH_INTERVAL = WINDOW * per_iteration_s
 functools.reduce(iteration, range(n), None)  # the measured iterations: callgrind counts inside reduce only
 """
+)
 
 
 def _callgrind(out: str) -> list[str]:
@@ -180,7 +193,8 @@ _ENTRIES = (
     "accumulate_next",
     "functools_reduce",
 )
-_BREAKDOWN = """
+_BREAKDOWN = (
+    """
 import functools, itertools, os, subprocess, sys, tempfile
 socket_dir = tempfile.mkdtemp(dir="/tmp")
 endpoint = f"ipc://{socket_dir}/in"
@@ -194,25 +208,11 @@ from trainmeter_agent import _bootstrap
 from trainmeter_agent._forward import set_forward
 agent = _bootstrap.install()
 import torch
-torch.set_num_threads(1)
-torch.manual_seed(0)
 n = int(sys.argv[1])
-ids = torch.randint(16, (4096, 8))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
-model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-def batches():
-    while True:
-        yield from loader
-source = batches()
-def iteration(*_):
-    (x,) = next(source)
-    optimizer.zero_grad()
-    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
-    loss.backward()
-    optimizer.step()
-    return True
-for _ in range(50):
+"""
+    + _TIGHT_SETUP
+    + _TIGHT_ITERATION
+    + """for _ in range(50):
     iteration()
 assert agent.model.root() is model, "the model probe did not adopt the model"
 iter_class = torch.utils.data.dataloader._BaseDataLoaderIter
@@ -244,6 +244,7 @@ switch(True, True, True, True)
 agent.at_exit()
 drain.kill()
 """
+)
 _NAMES = {
     "takewhile_next": "no probe",
     "dropwhile_next": "steps alone",

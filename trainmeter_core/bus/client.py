@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,8 +100,8 @@ class Producer:
         return self._sock
 
     def header(self) -> dict[str, object]:
-        """The header fields this producer stamps on a record, for a caller that builds records with them
-        (``send_many(..., stamped=True)``): the same values ``stamp`` sets."""
+        """The header fields this producer stamps on a record (the same values ``stamp`` sets), as an agent's window
+        carries them for the records the hub builds from its arrays (``send_window``)."""
         header: dict[str, object] = {
             "v": rec.SCHEMA_VERSION,
             "source": self.source,
@@ -141,58 +141,52 @@ class Producer:
         """Send an agent's window (``trainmeter_core.model.window``): its items, whole records already stamped
         (``stamp``) and arrays the hub turns into records, standing for ``records`` records in all. The header carries
         the drop count, which each whole record also carries when it is not zero. Counted as ``records``."""
-        try:
-            with self._lock:
-                if self.closed:
-                    self.dropped += records
-                    return False
-                dropped = self.dropped
-                if dropped:
-                    for item in items:
-                        if type(item) is not tuple:
-                            item.dropped = dropped
-                header = self.header()
-                header["dropped"] = dropped
-                header["now_t"] = time.monotonic()
-                header["now_wall"] = time.time()
-                frames = [WINDOW_TOPIC, encode_window(header, items)]
-                zmq = _zmq()
-                try:
-                    self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
-                except zmq.Again:
-                    self.dropped += records
-                    return False
-                self.sent += records
-                return True
-        except Exception as exc:  # never raise into the caller: count, remember why, go on
-            self.dropped += records
-            self._error = f"{type(exc).__name__}: {exc}"
-            return False
+
+        def frames() -> list[bytes]:
+            dropped = self.dropped
+            if dropped:
+                for item in items:
+                    if type(item) is not tuple:
+                        item.dropped = dropped
+            header = self.header()
+            header["dropped"] = dropped
+            header["now_t"] = time.monotonic()
+            header["now_wall"] = time.time()
+            return [WINDOW_TOPIC, encode_window(header, items)]
+
+        return self._send_message(frames, records)
 
     def _send_frames(self, records: list[rec.Record], single: bool) -> bool:
+        def frames() -> list[bytes]:
+            now_t, now_wall = time.monotonic(), time.time()
+            for record in records:
+                self.stamp(record, now_t, now_wall)
+                record.dropped = self.dropped
+            if single:
+                return [rec.topic(records[0].__struct_config__.tag), rec.encode(records[0])]
+            return [BATCH_TOPIC, rec.encode_many(records)]
+
+        return self._send_message(frames, len(records))
+
+    def _send_message(self, frames: Callable[[], list[bytes]], count: int) -> bool:
+        """Send the message ``frames()`` makes, under the lock, as ``count`` records: counted sent, or dropped when the
+        producer is closed, the hub's queue is full or anything fails (never raised into the caller)."""
         try:
             with self._lock:
                 if self.closed:
-                    self.dropped += len(records)
+                    self.dropped += count
                     return False
-                now_t, now_wall = time.monotonic(), time.time()
-                for record in records:
-                    self.stamp(record, now_t, now_wall)
-                    record.dropped = self.dropped
-                if single:
-                    frames = [rec.topic(records[0].__struct_config__.tag), rec.encode(records[0])]
-                else:
-                    frames = [BATCH_TOPIC, rec.encode_many(records)]
+                message = frames()
                 zmq = _zmq()
                 try:
-                    self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
+                    self._socket().send_multipart(message, flags=zmq.NOBLOCK, copy=True)
                 except zmq.Again:
-                    self.dropped += len(records)
+                    self.dropped += count
                     return False
-                self.sent += len(records)
+                self.sent += count
                 return True
         except Exception as exc:  # never raise into the caller: count, remember why, go on
-            self.dropped += len(records)
+            self.dropped += count
             self._error = f"{type(exc).__name__}: {exc}"
             return False
 
