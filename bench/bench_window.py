@@ -84,7 +84,7 @@ def _feed(hub: Hub, recorder: Recorder, messages: list[tuple[str, bytes]]) -> tu
             checked = rec.check_batch(payload)
             for raw, one in zip(items, checked, strict=True):
                 hub._accept(raw, checked=one)
-        hub._flush_publish()
+        hub.out.flush()
     recorder.flush(timeout_s=120)
     return time.process_time() - started, hub.seq - before_seq
 

@@ -138,6 +138,9 @@ def test_checkpoints_are_phases_with_the_files_they_wrote(run, torch, tmp_path):
         ("torch.distributed.checkpoint.save", [str(folder / "dcp")]),
         ("safetensors.save_file", [str(folder / "model.safetensors")]),
     ]
+    # The folders they went to, said once each as they appear (the host sampler watches their filesystems).
+    said = [f for f in kinds(run.records(), "fact") if f["name"] == "checkpoint.folders"]
+    assert [f["value"] for f in said] == [[str(folder)], [str(folder), str(folder / "dcp")]]
 
 
 @heavy

@@ -12,7 +12,7 @@ from conftest import log_records, only_run, run_tm, wait_for
 
 from trainmeter_core.bus.proctree import CLOCK_TICKS, PAGE_B, ProcessTree
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
-from trainmeter_sources.host import TreeSampler
+from trainmeter_sources.host import CHECKPOINT_FOLDERS_FACT, TreeSampler
 from trainmeter_sources.node import NodeReader, cgroup_limits
 
 
@@ -181,3 +181,36 @@ def test_a_run_records_its_process_tree_and_the_node(tm_env, tmp_path):
     nodes = [r for r in records if r["kind"] == "sample.node" and "cpu_user" in r]
     assert nodes and nodes[-1]["mem_total_b"] > 0 and nodes[-1]["cpu_count"] == os.cpu_count()
     assert {fs["role"] for fs in nodes[-1]["filesystems"]} >= {"run", "shm"}
+
+
+@pytest.mark.xdist_group("heavy")
+def test_the_filesystem_of_a_checkpoint_folder_is_watched_once_the_training_saves_there(
+    tm_env, tmp_path, torch
+):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    # One optimizer step first: a process that never trains never says hello, and its agent stays silent.
+    save = (
+        "import sys, time, torch\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.ones(1, 2)).sum().backward()\n"
+        "optimizer.step()\n"
+        "torch.save(model.state_dict(), sys.argv[1])\n"
+        "time.sleep(2)\n"
+    )
+    env = dict(tm_env, TM_HOST_INTERVAL_S="0.2")
+    result = run_tm(["--", sys.executable, "-c", save, str(folder / "model.pt")], env)
+    assert result.returncode == 0, result.stderr
+    records = log_records(only_run(tmp_path / "runs"))
+    said = [r for r in records if r["kind"] == "fact" and r["name"] == CHECKPOINT_FOLDERS_FACT]
+    assert [r["value"] for r in said] == [[str(folder)]]
+    watched = [
+        fs
+        for r in records
+        if r["kind"] == "sample.node" and r["seq"] > said[0]["seq"]
+        for fs in r.get("filesystems", [])
+        if fs["role"] == "checkpoints"
+    ]
+    assert watched and {fs["path"] for fs in watched} == {str(folder)}
+    assert all(fs["total_b"] > 0 for fs in watched)

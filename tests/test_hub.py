@@ -15,7 +15,8 @@ import zmq
 from conftest import log_records, wait_for
 
 from trainmeter_core.bus import client as bus
-from trainmeter_core.bus.hub import PUBLISH_GROUP_MAX, Hub
+from trainmeter_core.bus.hub import Hub
+from trainmeter_core.bus.publish import PUBLISH_GROUP_MAX
 from trainmeter_core.model import records as rec
 from trainmeter_core.model import window
 from trainmeter_core.runlog.recorder import Recorder
@@ -295,6 +296,94 @@ def test_a_burst_is_published_in_groups_in_order_with_consecutive_seq(short_dir,
     assert [seq for seq, _ in groups] == [first, first + 1000, first + 2000]
     assert [r.step for r in typed_steps] == list(range(n))
     assert [r.seq for r in typed_steps] == list(range(first, first + n))
+
+
+def _loop_records(n: int, first_step: int) -> list[rec.Record]:
+    """What a training loop sends per iteration, interleaved: its data wait, its loss, its step."""
+    out: list[rec.Record] = []
+    for i in range(first_step, first_step + n):
+        out.append(rec.Phase(phase="data_wait", start_t=i, end_t=i + 0.1, step=i, probe="dataloader"))
+        out.append(rec.Metric(values={"train_loss": 1.0}, step=i, origin="backward"))
+        out.append(rec.Step(step=i))
+    return out
+
+
+def _published(poller, sub_raw, n: int) -> list[tuple[bytes, int, list[str]]]:
+    """The next messages carrying ``n`` loop records: (topic, first seq, the kinds of its records in order); the
+    notices and steps that probed the subscriptions are left out."""
+    messages = []
+    while sum(len(kinds) for _, _, kinds in messages) < n:
+        assert poller.poll(30_000), "timed out waiting for the loop's records"
+        topic, seq, body = sub_raw.recv_multipart()
+        items = [
+            rec.decode(bytes(item)) for item in (rec.split_batch(body) if body[:1] == b"\xdd" else [body])
+        ]
+        if any(isinstance(r, rec.Notice) or (isinstance(r, rec.Step) and r.step < 0) for r in items):
+            assert len(items) == 1, "a probe shares a message with the loop's records"
+            continue
+        messages.append((topic, int.from_bytes(seq, "big"), [rec.kind_of(r) for r in items]))
+    return messages
+
+
+def test_kinds_no_subscriber_filters_for_leave_together_and_a_filtered_kind_leaves_apart(short_dir, tmp_path):
+    # A training loop's data wait, loss and step interleave: as groups of one kind they would leave as three messages
+    # per iteration. Kinds no subscriber filters for share a message (topic "*"); a kind some subscriber filters for
+    # keeps messages of its own, so that its filter still finds it. No tick or stats of the hub's own come between.
+    with (
+        running_hub(short_dir, tmp_path, tick_s=3600, stats_every_s=3600) as hub,
+        raw_push(hub.in_endpoint) as sock,
+        raw_sub(hub.out_endpoint) as sub_raw,
+    ):
+        steps_only = bus.Subscriber(hub.out_endpoint, ["step"])
+        every = bus.Subscriber(hub.out_endpoint)
+        try:
+            poller = zmq.Poller()
+            poller.register(sub_raw, zmq.POLLIN)
+            _wait_subscribed(sock, lambda: poller.poll(50) and sub_raw.recv_multipart())
+            _wait_subscribed(sock, lambda: every.recv(0.05))
+            probe = [b"step", rec.encode(rec.Step(step=-1))]
+            wait_for(lambda: sock.send_multipart(probe) or steps_only.recv(0.05), what="the step filter")
+            wait_for(lambda: b"step" in hub.topics, what="the hub to see the step filter")
+            sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(_loop_records(100, 0))])
+            filtered = _published(poller, sub_raw, 300)
+            steps = []
+            while len(steps) < 100:
+                record = steps_only.recv(30)
+                assert record is not None, "timed out waiting for the filtered subscriber"
+                if record.step >= 0:
+                    steps.append(record)
+            steps_only.close()
+            wait_for(lambda: b"step" not in hub.topics, what="the hub to see the step filter go")
+            sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(_loop_records(100, 100))])
+            together = _published(poller, sub_raw, 300)
+            seen = []
+            while len(seen) < 600:
+                record = every.recv(30)
+                assert record is not None, "timed out waiting for the subscriber of every kind"
+                if not isinstance(record, rec.Notice) and not (
+                    isinstance(record, rec.Step) and record.step < 0
+                ):
+                    seen.append(record)
+        finally:
+            steps_only.close()
+            every.close()
+    # With a filter on steps: the data wait and the loss of each iteration together, its step alone.
+    assert filtered == [
+        message
+        for i in range(100)
+        for message in (
+            (b"*", filtered[0][1] + 3 * i, ["phase", "metric"]),
+            (b"step", filtered[0][1] + 3 * i + 2, ["step"]),
+        )
+    ]
+    assert [r.step for r in steps] == list(range(100))
+    # Without it: the whole burst in one message.
+    assert [(topic, kinds) for topic, _, kinds in together] == [(b"*", ["phase", "metric", "step"] * 100)]
+    # The subscriber of every kind took all of them in the hub's order, numbered without a hole.
+    assert [rec.kind_of(r) for r in seen] == ["phase", "metric", "step"] * 200
+    assert [r.seq for r in seen[:300]] == list(range(filtered[0][1], filtered[0][1] + 300))
+    assert [r.seq for r in seen[300:]] == list(range(together[0][1], together[0][1] + 300))
+    assert [r.step for r in seen if isinstance(r, rec.Step)] == list(range(200))
 
 
 def test_records_of_one_kind_published_one_by_one_each_carry_their_own_seq(short_dir, tmp_path):

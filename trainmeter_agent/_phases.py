@@ -16,6 +16,13 @@ from trainmeter_agent._compiling import full_check
 from trainmeter_agent._outbox import PHASE
 
 _CHECKPOINT_DEPTH = [0]  # nested saves (DCP or save_pretrained calling torch.save) are one checkpoint
+#: The fact naming every folder this process wrote checkpoints to (a list): the host sampler watches their
+#: filesystems. A fact rather than the phases themselves, so that no subscriber filters for phases: a filter on a kind
+#: makes the hub publish each of its records apart from the records around it (``Hub._publish``), and a data wait is
+#: a phase in every iteration.
+CHECKPOINT_FOLDERS_FACT = "checkpoint.folders"
+#: Folders named at most: a loop that saves to a new folder each time still makes a bounded fact.
+MAX_CHECKPOINT_FOLDERS = 64
 
 
 def _mark(wrapper, original):
@@ -46,6 +53,7 @@ class Phases:
         self.agent = agent
         self.data_seen = False
         self._resume_after = False  # torch.compile(module) paused the model's discovery: resume it after
+        self.checkpoint_folders: list[str] = []  # as said in the latest CHECKPOINT_FOLDERS_FACT
 
     def _failed(self, probe: str, exc: BaseException) -> None:
         self.agent.stop_probe(probe, exc)
@@ -143,8 +151,22 @@ class Phases:
             if not paths and how == "torch.save":
                 return  # into memory (io.BytesIO): torch.distributed's object collectives pickle this way
             self.agent.phase("checkpoint", started, ended, probe=how, paths=paths)
+            self._new_folders(paths)
         except Exception as exc:
             self._failed("checkpoint", exc)
+
+    def _new_folders(self, paths: list[str]) -> None:
+        """Say ``CHECKPOINT_FOLDERS_FACT`` again when a checkpoint went to a folder not named yet (paths are absolute:
+        a file's folder, or the folder itself for a directory checkpoint such as DCP's)."""
+        folders = self.checkpoint_folders
+        added = False
+        for path in paths:
+            folder = path if os.path.isdir(path) else os.path.dirname(path)
+            if folder not in folders and len(folders) < MAX_CHECKPOINT_FOLDERS:
+                folders.append(folder)
+                added = True
+        if added:
+            self.agent.fact(CHECKPOINT_FOLDERS_FACT, list(folders), "checkpoint")
 
     def attach_torch_save(self, torch) -> None:
         original = torch.save

@@ -21,6 +21,8 @@ from trainmeter_sources.settings import interval_from_env
 INTERVAL_ENV = "TM_HOST_INTERVAL_S"
 TOP_PROCESSES = 5
 SHM = "/dev/shm"
+#: The agent's fact naming the folders a training process wrote checkpoints to (trainmeter_agent/_phases.py).
+CHECKPOINT_FOLDERS_FACT = "checkpoint.folders"
 
 
 @dataclass
@@ -92,7 +94,9 @@ class HostSampler(Component):
 
     name = "host"
     shared = True
-    subscribes = ("phase",)  # checkpoint paths, so their filesystem is watched
+    # The folders a training process wrote checkpoints to (its agent's "checkpoint.folders" fact), so their
+    # filesystems are watched.
+    subscribes = ("fact",)
 
     def run(self, ctx: ComponentContext) -> None:
         interval_s, note = interval_from_env(INTERVAL_ENV, 1.0)
@@ -127,8 +131,15 @@ class HostSampler(Component):
             if left_s <= 0:
                 return
             record = ctx.recv(left_s)
-            if isinstance(record, rec.Phase) and record.phase == "checkpoint":
-                for path in record.paths:
-                    folder = os.path.dirname(os.path.abspath(path)) if not os.path.isdir(path) else path
-                    if folder not in paths["checkpoints"]:
+            if (
+                isinstance(record, rec.Fact)
+                and record.name == CHECKPOINT_FOLDERS_FACT
+                and isinstance(record.value, list)
+            ):
+                for folder in record.value:
+                    if (
+                        isinstance(folder, str)
+                        and os.path.isabs(folder)
+                        and folder not in paths["checkpoints"]
+                    ):
                         paths["checkpoints"].append(folder)

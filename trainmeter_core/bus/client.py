@@ -29,6 +29,9 @@ DEFAULT_HWM = 100_000
 #: How long a closing producer lets queued messages reach a live hub.
 DEFAULT_LINGER_MS = 2_000
 BATCH_TOPIC = b"batch"
+#: The topic of a group the hub publishes of consecutive records of several kinds (each record names its own): only
+#: for kinds no subscriber filters for, so that it reaches the subscribers of every kind alone (docs/bus.md).
+MIXED_TOPIC = b"*"
 #: Messages a subscriber takes off its socket per poll.
 RECV_AT_ONCE = 256
 HOSTNAME = _socket.gethostname()
@@ -299,8 +302,11 @@ class Subscriber:
             self.malformed += 1
             return
         kind = frames[0].decode("ascii", "replace")
-        # A SUB filter is a prefix match: "step" would also let "step.x" through.
-        if self.kinds is not None and kind not in self.kinds and kind != "run.end":
+        kinds = self.kinds
+        # A SUB filter is a prefix match: "step" would also let "step.x" through. A group of several kinds (topic
+        # "*") holds none that a filter asked for; its records are still checked one by one below.
+        mixed = frames[0] == MIXED_TOPIC
+        if kinds is not None and not mixed and kind not in kinds and kind != "run.end":
             return
         seq = int.from_bytes(frames[1], "big")
         body = frames[2]
@@ -319,7 +325,8 @@ class Subscriber:
                 self.malformed += 1
             else:
                 record.seq = seq
-                self._pending.append(record)
+                if not mixed or kinds is None or rec.kind_of(record) in kinds:
+                    self._pending.append(record)
             seq += 1
         self.last_seq = seq - 1
 

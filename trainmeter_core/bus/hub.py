@@ -1,7 +1,7 @@
 """The hub in the launcher: PULL -> validate -> sequence number -> recorder -> XPUB.
 
 Every record accepted gets the next sequence number, goes to the recorder, and is republished as the bytes the
-producer sent (never re-encoded) with its topic and sequence number in frames of their own. Once a second the hub
+producer sent (never re-encoded), grouped with the records around it (``bus/publish.py``). Once a second the hub
 publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds ``bus.stats``. Malformed
 frames are counted and dropped; kinds and fields from a newer writer are kept and counted as unknown; nothing a
 producer sends can stop the hub.
@@ -19,16 +19,13 @@ from typing import Any
 import zmq
 
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
+from trainmeter_core.bus.publish import Publication
 from trainmeter_core.model import records as rec
 from trainmeter_core.model import window
 from trainmeter_core.model.window import WINDOW_TOPIC
 from trainmeter_core.runlog.recorder import Recorder
 
 RCVHWM = 1_000_000
-PUBLISH_GROUP_MAX = 1000
-_SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
-_SEND_LAST = int(zmq.NOBLOCK)
-_send_frame = zmq.backend.Socket.send
 FINAL_FLUSH_WAIT_S = 2.0
 #: The agent's fact naming a folder torch.profiler wrote traces to (the launcher imports them at the run's end).
 PROFILER_DIR_FACT = "profiler.trace_dir"
@@ -71,11 +68,11 @@ class Hub:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pull.bind(in_endpoint)
         self.pub.bind(out_endpoint)
+        self.out = Publication(self.pub)
         self.seq = (
             after_seq  # a log already written goes on: a resumed run, a finished run reopened by tm import
         )
         self.received = 0
-        self.published = 0
         self.malformed = 0
         self.unknown = 0
         self.kinds: dict[str, int] = {}
@@ -88,17 +85,11 @@ class Hub:
             set()
         )  # processes whose agent said hello (the launcher's silence watch asks)
         self.last_snapshot: dict[str, Any] | None = None
-        self.topics: set[bytes] = (
-            set()
-        )  # the topic prefixes subscribers hold (XPUB tells the first and the last)
         self.profiler_dirs: list[
             str
         ] = []  # where the agent saw torch.profiler write traces (imported at the end)
         self.ticks = after_tick
         self._inbox: deque[rec.Record] = deque()
-        self._out: list = []
-        self._out_kind = ""
-        self._out_first_seq = 0
         self._finish: rec.RunEnd | None = None
         self._before_end: Callable[[list[str]], list[rec.Record]] | None = None
         self.ended_without_bye: list[str] = []  # producers that said hello and never bye, as the run ended
@@ -222,7 +213,7 @@ class Hub:
                 except OSError:
                     pass
             if self.pub in events:
-                self._drain_subscriptions()
+                self.out.drain_subscriptions()
             if self.pull in events:
                 self._drain_pull(limit=20_000)
             while self._inbox:
@@ -268,28 +259,24 @@ class Hub:
                 self.seq_of_end = self.seq
                 if job is not None:
                     job.ack_recorded()  # every record a node sent so far is in the log: the nodes may know it
-                self._flush_publish()
+                self.out.flush()
                 self._ended.set()
-            self._flush_publish()
+            self.out.flush()
             if self._stop_requested:
                 return
 
     def listening(self, kind: str) -> bool:
         """Whether a subscriber receives records of this kind now (so publishing one is worth waiting for)."""
-        topic = rec.topic(kind)
-        return any(topic.startswith(prefix) for prefix in list(self.topics))
+        return self.out.listening(kind)
 
-    def _drain_subscriptions(self) -> None:
-        while True:
-            try:
-                message = self.pub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            # b"\x01" + prefix subscribes, b"\x00" + prefix unsubscribes (the last subscriber of that prefix left).
-            if message[:1] == b"\x01":
-                self.topics.add(message[1:])
-            elif message[:1] == b"\x00":
-                self.topics.discard(message[1:])
+    @property
+    def topics(self) -> set[bytes]:
+        """The topic prefixes subscribers hold now."""
+        return self.out.topics
+
+    @property
+    def published(self) -> int:
+        return self.out.published
 
     def _drain_pull(self, limit: int | None) -> None:
         n = 0
@@ -381,42 +368,11 @@ class Hub:
                 self.last_snapshot = data
         elif self.recorder is not None:
             self.recorder.put(data)
-        self._publish(kind, payload)
+        self.out.publish(kind, payload, self.seq)
         self._observe(kind, data, node_host is not None)
         if self.forwarder is not None and kind not in NOT_FORWARDED:
             self.forwarder.put(payload)
         return True
-
-    def _publish(self, kind: str, payload) -> None:
-        # Consecutive records of one kind leave as one message (a MessagePack array of the producers' bytes, with
-        # the first one's sequence number): a send costs ~2 µs, so a burst would otherwise cap the hub near 80k/s.
-        # An empty group starts afresh even for the same kind: the last one was flushed with its own first seq.
-        if not self._out or kind != self._out_kind or len(self._out) >= PUBLISH_GROUP_MAX:
-            self._flush_publish()
-            self._out_kind = kind
-            self._out_first_seq = self.seq
-        self._out.append(payload)
-        self.published += 1
-
-    def _flush_publish(self) -> None:
-        out = self._out
-        if not out:
-            return
-        if len(out) == 1:
-            body = out[0]
-        else:
-            body = b"".join([b"\xdd" + len(out).to_bytes(4, "big"), *out])
-        # Frame by frame with plain int flags, through pyzmq's own send under the wrapper that only adds routing ids and
-        # groups: send_multipart's per-frame flag arithmetic (enum objects) costs twice the sends themselves, and the
-        # wrapper a third of each. ZeroMQ still delivers the three frames together or not at all.
-        pub, send = self.pub, _send_frame
-        try:
-            send(pub, self._out_kind.encode(), _SEND_MORE)
-            send(pub, self._out_first_seq.to_bytes(8, "big"), _SEND_MORE)
-            send(pub, body, _SEND_LAST)
-        except zmq.Again:  # XPUB drops for a slow subscriber instead of blocking; the subscriber sees a gap
-            pass
-        self._out = []
 
     def _late(self, payload) -> None:
         try:
@@ -436,7 +392,7 @@ class Hub:
             self.recorder.put(checked.data)
             self.kinds["alert"] = self.kinds.get("alert", 0) + 1
             self.late_alerts += 1
-        self._publish(checked.kind, payload)
+        self.out.publish(checked.kind, payload, self.seq)
 
     def _observe(self, kind: str, data: dict[str, Any], remote: bool = False) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
