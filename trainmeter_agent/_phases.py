@@ -18,7 +18,7 @@ from trainmeter_agent._outbox import PHASE
 _CHECKPOINT_DEPTH = [0]  # nested saves (DCP or save_pretrained calling torch.save) are one checkpoint
 #: The fact naming every folder this process wrote checkpoints to (a list): the host sampler watches their
 #: filesystems. A fact rather than the phases themselves, so that no subscriber filters for phases: a filter on a kind
-#: makes the hub publish each of its records apart from the records around it (``Hub._publish``), and a data wait is
+#: makes the hub publish each of its records apart from the records around it (``bus/publish.py``), and a data wait is
 #: a phase in every iteration.
 CHECKPOINT_FOLDERS_FACT = "checkpoint.folders"
 #: Folders named at most: a loop that saves to a new folder each time still makes a bounded fact.
