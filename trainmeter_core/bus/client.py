@@ -280,7 +280,7 @@ class Subscriber:
 
     def _receive_waiting(self) -> None:
         """Every message already queued (up to RECV_AT_ONCE), after a poll said one is: a poll per message would cost
-        more than the message (a training's step, loss and data wait are three messages of different kinds)."""
+        more than the message (a kind some subscriber filters for leaves in messages of its own, between the others)."""
         zmq = _zmq()
         try:
             for _ in range(RECV_AT_ONCE):
