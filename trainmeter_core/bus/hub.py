@@ -276,6 +276,7 @@ class Hub:
 
     @property
     def published(self) -> int:
+        """Records published so far (``bus.stats``)."""
         return self.out.published
 
     def _drain_pull(self, limit: int | None) -> None:
