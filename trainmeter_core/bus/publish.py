@@ -4,7 +4,8 @@ Consecutive records leave as one message, a MessagePack array of the producers' 
 number: a send costs ~2 µs, so a burst would otherwise cap the hub near 80k/s. A group holds one kind, under that
 kind's topic, or several kinds that no subscriber filters for, under ``MIXED_TOPIC``: a training loop's step, loss
 and data wait interleave, and would otherwise leave as three messages per iteration, each sent here and taken off the
-socket by every subscriber of every kind (docs/bus.md, "Messages"). Only the hub's thread calls it.
+socket by every subscriber of every kind (docs/bus.md, "Messages"). Only the hub's thread sends and takes in
+subscriptions; ``listening`` is also asked from the launcher's other threads (it reads a copy of the topics).
 """
 
 from __future__ import annotations
