@@ -308,6 +308,22 @@ def _loop_records(n: int, first_step: int) -> list[rec.Record]:
     return out
 
 
+def _is_probe(record) -> bool:
+    """A notice or a negative step: what the test sent to learn that a subscription is live."""
+    return isinstance(record, rec.Notice) or (isinstance(record, rec.Step) and record.step < 0)
+
+
+def _received(sub, n: int, who: str) -> list:
+    """The next ``n`` records a typed subscriber receives, the probes left out."""
+    got = []
+    while len(got) < n:
+        record = sub.recv(30)
+        assert record is not None, f"timed out waiting for {who}"
+        if not _is_probe(record):
+            got.append(record)
+    return got
+
+
 def _published(poller, sub_raw, n: int) -> list[tuple[bytes, int, list[str]]]:
     """The next messages carrying ``n`` loop records: (topic, first seq, the kinds of its records in order); the
     notices and steps that probed the subscriptions are left out."""
@@ -318,7 +334,7 @@ def _published(poller, sub_raw, n: int) -> list[tuple[bytes, int, list[str]]]:
         items = [
             rec.decode(bytes(item)) for item in (rec.split_batch(body) if body[:1] == b"\xdd" else [body])
         ]
-        if any(isinstance(r, rec.Notice) or (isinstance(r, rec.Step) and r.step < 0) for r in items):
+        if any(_is_probe(r) for r in items):
             assert len(items) == 1, "a probe shares a message with the loop's records"
             continue
         messages.append((topic, int.from_bytes(seq, "big"), [rec.kind_of(r) for r in items]))
@@ -346,24 +362,12 @@ def test_kinds_no_subscriber_filters_for_leave_together_and_a_filtered_kind_leav
             wait_for(lambda: b"step" in hub.topics, what="the hub to see the step filter")
             sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(_loop_records(100, 0))])
             filtered = _published(poller, sub_raw, 300)
-            steps = []
-            while len(steps) < 100:
-                record = steps_only.recv(30)
-                assert record is not None, "timed out waiting for the filtered subscriber"
-                if record.step >= 0:
-                    steps.append(record)
+            steps = _received(steps_only, 100, "the filtered subscriber")
             steps_only.close()
             wait_for(lambda: b"step" not in hub.topics, what="the hub to see the step filter go")
             sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(_loop_records(100, 100))])
             together = _published(poller, sub_raw, 300)
-            seen = []
-            while len(seen) < 600:
-                record = every.recv(30)
-                assert record is not None, "timed out waiting for the subscriber of every kind"
-                if not isinstance(record, rec.Notice) and not (
-                    isinstance(record, rec.Step) and record.step < 0
-                ):
-                    seen.append(record)
+            seen = _received(every, 600, "the subscriber of every kind")
         finally:
             steps_only.close()
             every.close()
