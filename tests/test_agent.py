@@ -511,6 +511,84 @@ def test_an_optimizer_alone_in_its_iterations_takes_the_steady_lane_and_counts_a
     assert in_lane == [False, True, True, True, True, True]  # from the second iteration on
 
 
+def _counted_through_torch(torch, optimizer_class, plan: str) -> tuple[list[dict], list[bool]]:
+    """The detector attached to torch's own global step hooks, around a loop that follows ``plan``, one letter an
+    iteration: ``s`` a backward then a step, ``d`` the same then a second step without a backward, ``c`` a
+    ``step(closure)``. Returns its step records (without their times) and, per iteration, whether its post-hook was
+    registered with torch when the iteration began."""
+    from torch.optim import optimizer as optimizer_module
+
+    from trainmeter_agent._iterations import IterationDetector
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = optimizer_class(model.parameters(), lr=0.1)
+    detector = IterationDetector(FakeAgent())
+    post_registered = []
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(torch.ones(1, 2)).sum()
+        loss.backward()
+        return loss
+
+    detector.attach()
+    try:
+        for letter in plan:
+            post_registered.append(
+                any(
+                    hook == detector.post_hook
+                    for hook in optimizer_module._global_optimizer_post_hooks.values()
+                )
+            )
+            if letter == "c":
+                optimizer.step(closure)
+                continue
+            closure()
+            optimizer.step()
+            if letter == "d":
+                optimizer.step()
+    finally:
+        detector.detach()
+    timed = ("t", "step_time_s", "agent_us")
+    return [{k: v for k, v in s.items() if k not in timed} for s in detector.agent.steps], post_registered
+
+
+def test_the_steady_lane_drops_the_post_hook_once_steps_leave_the_gradient_alone_and_counts_the_same(torch):
+    plan = "sssssdscsssd"
+    records, post_registered = _counted_through_torch(torch, torch.optim.SGD, plan)
+    # Iterations 1-3 are the lane's first three steps that leave the gradient as they found it (iteration 0 counts
+    # the first step the general way): from iteration 4 on, no post-hook until the step(closure) takes it back.
+    assert post_registered == [True] * 4 + [False] * 4 + [True] * 4
+    assert [r["step"] for r in records] == list(range(1, len(plan) + 1))
+    # Each record says how many steps the iteration before it took: a second step without a backward (iteration 5,
+    # without the post-hook) joins its iteration.
+    assert [r.get("optimizers") for r in records] == [None, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1]
+
+
+def test_an_optimizer_that_touches_its_gradients_keeps_the_post_hook(torch):
+    class Rescaling(torch.optim.Optimizer):
+        """Plain SGD that first rescales the gradients in place (as some optimizers clip them): their versions move
+        inside the step. Its own step, not SGD's: a ``super().step()`` would run the step hooks a second time."""
+
+        def __init__(self, params, lr):
+            super().__init__(params, {"lr": lr})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            loss = closure() if closure is not None else None
+            for group in self.param_groups:
+                for param in group["params"]:
+                    param.grad.mul_(1.0)
+                    param.add_(param.grad, alpha=-group["lr"])
+            return loss
+
+    records, post_registered = _counted_through_torch(torch, Rescaling, "sssssdss")
+    assert all(post_registered)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [r.get("optimizers") for r in records] == [None, 1, 1, 1, 1, 1, 2, 1]
+
+
 def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
     from trainmeter_agent import _agent
 

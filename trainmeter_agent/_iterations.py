@@ -13,6 +13,10 @@ import time
 import weakref
 from time import perf_counter
 
+#: Steps of the steady lane, in a row, that left their optimizer's first gradient as they found it (same object, same
+#: version) before the lane stops calling the post-hook: the pre-hook then writes the mark the post-hook would write.
+POSTLESS_AFTER = 3
+
 
 def restored_step(optimizer: object) -> int | None:
     """The ``step`` an optimizer's state holds before this process stepped it: the step a resumed training loaded from
@@ -62,7 +66,11 @@ class IterationDetector:
         self.steps_on = True
         self.scaler_on = True
         self.attached = False
-        self._handles: list[object] = []
+        self._pre_handle = None
+        self._post_handle = None  # None while attached: the lane goes without it (see _lane_postless)
+        self._register_post = None  # torch's register_optimizer_step_post_hook, once attached
+        # Whether the lane may still go without the post-hook: once it had to take it back, it keeps it.
+        self._postless_allowed = True
         self.reset()
 
     def reset(self) -> None:
@@ -81,6 +89,11 @@ class IterationDetector:
         # The steady lane: id() of the one optimizer that makes up each iteration, once it has counted one (None
         # otherwise). Its hooks then take a short way with the same outcome as the general one (see ``pre_hook``).
         self._lane: int | None = None
+        # Steps in a row of the lane that left the first gradient as they found it: its id() and version in the
+        # pre-hook, compared in the post-hook (ids only: the gradient lives through the step; no reference is kept).
+        self._clean_steps = 0
+        self._seen_grad = 0
+        self._seen_version = -1
 
     @property
     def watching(self) -> bool:
@@ -96,26 +109,34 @@ class IterationDetector:
             # The steady lane: the optimizer that alone makes up each iteration, stepped without a closure. What
             # _grads_changed and _count decide for it, decided in place: its first parameter's gradient is the first
             # gradient, and a new one (or a bumped version) starts the next iteration. Anything else goes the
-            # general way below, from the same state.
-            started = perf_counter()
+            # general way below, from the same state. One clock here, monotonic, for the step's time and the agent's
+            # own (perf_counter reads the same clock on Linux): one read less an iteration.
+            started = time.monotonic()
             try:
                 params = optimizer.param_groups[0]["params"]
                 grad = params[0].grad if params else None
                 mark = self._marks.get(key)
                 if grad is not None and mark is not None and mark[0]() is optimizer:
-                    if mark[1]() is grad and grad._version == mark[2]:
+                    version = grad._version
+                    same = mark[1]() is grad
+                    if same and version == mark[2]:
                         self._calls += 1  # stepped again without a backward: the same iteration
-                        self._agent_s += perf_counter() - started
+                        self._agent_s += time.monotonic() - started
                         return None
+                    if self._post_handle is None:
+                        # No post-hook (_lane_postless): its mark, written here, as it would find it after the step.
+                        self._marks[key] = (mark[0], mark[1] if same else weakref.ref(grad), version)
+                    else:
+                        self._seen_grad, self._seen_version = id(grad), version
                     # A new iteration: what _count does for an optimizer alone in the iteration that ends, which is
                     # neither the first nor skipped.
                     previous_start_t = self._iteration_start_t
                     previous_calls = self._calls
-                    previous_agent_s = self._agent_s + (perf_counter() - started)
+                    now = time.monotonic()
+                    previous_agent_s = self._agent_s + (now - started)
                     self.counted += 1
                     self.iteration += 1
                     self._calls = 1
-                    now = time.monotonic()
                     self._iteration_start_t = now
                     if not self.agent.send_steady_step(
                         self.iteration, now, now - previous_start_t, previous_calls, previous_agent_s * 1e6
@@ -124,7 +145,7 @@ class IterationDetector:
                             now, previous_start_t, previous_calls, previous_agent_s, None, False
                         )
                     # What is left of this call belongs to the new iteration (as _count and pre_hook count it).
-                    self._agent_s = perf_counter() - started
+                    self._agent_s = time.monotonic() - started
                     return None
             except Exception as exc:
                 self.agent.stop_probe("steps", exc)
@@ -133,6 +154,8 @@ class IterationDetector:
             return None  # a hook that returns something replaces the step's arguments: always None
         started = perf_counter()
         try:
+            if self._post_handle is None and self.attached:
+                self._take_post_hook_back()  # in time for this step: torch reads its post-hooks after the step
             agent = self.agent
             if agent._faults:
                 agent.check_fault("steps")
@@ -163,7 +186,14 @@ class IterationDetector:
                     grad_ref = mark[1]
                     if grad_ref() is not grad:
                         grad_ref = weakref.ref(grad)
-                    self._marks[key] = (mark[0], grad_ref, grad._version)
+                    version = grad._version
+                    self._marks[key] = (mark[0], grad_ref, version)
+                    if id(grad) == self._seen_grad and version == self._seen_version:
+                        self._clean_steps += 1
+                        if self._clean_steps >= POSTLESS_AFTER and self._postless_allowed and self.attached:
+                            self._lane_postless()
+                    else:
+                        self._clean_steps = 0
                     self._agent_s += perf_counter() - started
                     return None
             if self._closure_steps and key in self._closure_steps:
@@ -283,7 +313,8 @@ class IterationDetector:
         register_post = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
         if register_pre is None or register_post is None:
             raise RuntimeError("this torch has no global optimizer step hooks (torch >= 2.0 needed)")
-        self._handles = [register_pre(self.pre_hook), register_post(self.post_hook)]
+        self._pre_handle, self._post_handle = register_pre(self.pre_hook), register_post(self.post_hook)
+        self._register_post = register_post
         self.attached = True
         try:
             self._wrap_grad_scalers()
@@ -292,11 +323,32 @@ class IterationDetector:
 
     def detach(self) -> None:
         """Remove the optimizer hooks (GradScaler's wrapper stays, idle without them)."""
-        handles, self._handles = self._handles, []
+        handles, self._pre_handle, self._post_handle = (self._pre_handle, self._post_handle), None, None
         for handle in handles:
-            handle.remove()
+            if handle is not None:
+                handle.remove()
         self.attached = False
         self._lane = None
+        self._clean_steps = 0
+
+    def _lane_postless(self) -> None:
+        """The lane's optimizer has left its first gradient as it found it for ``POSTLESS_AFTER`` steps in a row: the
+        post-hook goes, and the lane's pre-hook writes the mark it wrote (the gradient and its version, which the
+        step does not move). A call on any other way takes it back first (``_take_post_hook_back``).
+
+        On issue 16's tight loop the post-hook cost about 3k instructions an iteration of the agent's 51k: torch's
+        call of it, two clock reads, the first gradient looked up again and its mark written (docs/architecture.md,
+        "What an iteration costs inside a loop, counted")."""
+        handle, self._post_handle = self._post_handle, None
+        if handle is not None:
+            handle.remove()
+
+    def _take_post_hook_back(self) -> None:
+        """Register the post-hook again, for good: the lane's optimizer, another one or a ``step(closure)`` takes the
+        general way, where the post-hook writes the marks (and counts a closure's step)."""
+        self._postless_allowed = False
+        self._clean_steps = 0
+        self._post_handle = self._register_post(self.post_hook)
 
     def _wrap_grad_scalers(self) -> None:
         """Wrap ``GradScaler._maybe_opt_step`` (torch.amp's, and torch.cuda.amp's if it ever defines its own)."""
