@@ -67,7 +67,8 @@ class IterationDetector:
         self.scaler_on = True
         self.attached = False
         self._pre_handle = None
-        self._post_handle = None  # None while attached: the lane goes without it (see _lane_postless)
+        self._post_handle = None
+        self._postless = False  # attached, and the lane goes without the post-hook (see _lane_postless)
         self._register_post = None  # torch's register_optimizer_step_post_hook, once attached
         # Whether the lane may still go without the post-hook: once it had to take it back, it keeps it.
         self._postless_allowed = True
@@ -123,7 +124,7 @@ class IterationDetector:
                         self._calls += 1  # stepped again without a backward: the same iteration
                         self._agent_s += time.monotonic() - started
                         return None
-                    if self._post_handle is None:
+                    if self._postless:
                         # No post-hook (_lane_postless): its mark, written here, as it would find it after the step.
                         self._marks[key] = (mark[0], mark[1] if same else weakref.ref(grad), version)
                     else:
@@ -154,7 +155,7 @@ class IterationDetector:
             return None  # a hook that returns something replaces the step's arguments: always None
         started = perf_counter()
         try:
-            if self._post_handle is None and self.attached:
+            if self._postless:
                 self._take_post_hook_back()  # in time for this step: torch reads its post-hooks after the step
             agent = self.agent
             if agent._faults:
@@ -328,6 +329,7 @@ class IterationDetector:
             if handle is not None:
                 handle.remove()
         self.attached = False
+        self._postless = False
         self._lane = None
         self._clean_steps = 0
 
@@ -340,6 +342,7 @@ class IterationDetector:
         call of it, two clock reads, the first gradient looked up again and its mark written (docs/architecture.md,
         "What an iteration costs inside a loop, counted")."""
         handle, self._post_handle = self._post_handle, None
+        self._postless = True
         if handle is not None:
             handle.remove()
 
@@ -349,6 +352,7 @@ class IterationDetector:
         self._postless_allowed = False
         self._clean_steps = 0
         self._post_handle = self._register_post(self.post_hook)
+        self._postless = False
 
     def _wrap_grad_scalers(self) -> None:
         """Wrap ``GradScaler._maybe_opt_step`` (torch.amp's, and torch.cuda.amp's if it ever defines its own)."""
