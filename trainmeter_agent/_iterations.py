@@ -189,7 +189,9 @@ class IterationDetector:
                         grad_ref = weakref.ref(grad)
                     version = grad._version
                     self._marks[key] = (mark[0], grad_ref, version)
-                    if id(grad) == self._seen_grad and version == self._seen_version:
+                    # What this step's pre-hook saw (0 if it went another way), compared once.
+                    seen, self._seen_grad = self._seen_grad, 0
+                    if id(grad) == seen and version == self._seen_version:
                         self._clean_steps += 1
                         if self._clean_steps >= POSTLESS_AFTER and self._postless_allowed and self.attached:
                             self._lane_postless()
