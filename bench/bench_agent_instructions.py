@@ -1,7 +1,8 @@
 """What the agent costs a tight training loop, counted in instructions instead of seconds: each iteration of issue 16's
 tight loop (Embedding(16, 4) + Linear(4, 16), DataLoader batch 1, AdamW, 1 thread) run under valgrind's callgrind,
-plain, with do-nothing hooks at the agent's attach points, under the real ``tm`` with every probe on, and under
-trainmeter 0.0.7 (the previous generation) from its own venv. Prints figures; asserts nothing.
+plain, with do-nothing hooks at the agent's attach points, under the real ``tm`` with every probe on (its C hooks,
+and again with its Python ones: ``TM_AGENT_NATIVE=0``), and under trainmeter 0.0.7 (the previous generation) from
+its own venv. Prints figures; asserts nothing.
 
 Why instructions: on this shared 2-core machine the loop's CPU time per iteration moved by 2x from one day to the
 next and by +-30 us between rounds of one run (``bench_agent.py``), more than the agent's whole cost. An instruction
@@ -118,6 +119,11 @@ def _variants(iterations: int, peer_venv: str | None, work: str) -> dict[str, tu
         "plain": (under("plain", [python, script, *args, "plain"]), env),
         "empty hooks": (under("hooks", [python, script, *args, "empty-hooks"]), env),
         "tm": ([tm, "-q", "--no-web", "--", *under("tm", [python, script, *args, "plain"])], tm_env),
+        # The same agent with its Python hooks (the fallback where the C ones are not built)
+        "tm, Python": (
+            [tm, "-q", "--no-web", "--", *under("tm-python", [python, script, *args, "plain"])],
+            dict(tm_env, TM_AGENT_NATIVE="0"),
+        ),
     }
     if peer_venv:
         peer_python, peer_tm = os.path.join(peer_venv, "bin", "python"), os.path.join(peer_venv, "bin", "tm")
@@ -161,6 +167,9 @@ def bench_loops(iterations: int, peer_venv: str | None) -> None:
             else ""
         )
         print(f"  {name:<12} {value:12,.0f}{added}")
+    if "tm" in per and "tm, Python" in per and "plain" in per:
+        c_added, python_added = per["tm"] - per["plain"], per["tm, Python"] - per["plain"]
+        print(f"  the C hooks add {c_added / python_added:.2f}x what the Python hooks add")
     if {"tm", "plain", "0.0.7", "0.0.7 plain"} <= set(per):
         tm_added, peer_added = per["tm"] - per["plain"], per["0.0.7"] - per["0.0.7 plain"]
         print(
@@ -224,7 +233,7 @@ def switch(steps, model_probe, data_wait, loss):
     agent.iterations.attach() if steps else agent.iterations.detach()
     for handle in agent.model._handles:
         handle.remove()
-    agent.model._handles = [set_forward(agent.model, model, torch)] if model_probe else []
+    agent.model._handles = [set_forward(agent.model, model, torch, agent.native)] if model_probe else []
     iter_class.__next__ = wrapped_next if data_wait else wrapped_next.__wrapped__
     torch.autograd.backward = wrapped_backward if loss else wrapped_backward.__wrapped__
 entries = {

@@ -106,6 +106,8 @@ typedef struct {
     PyObject *attached; /* StepPreHook: _loss.ATTACHED */
     PyObject *origin;   /* StepPreHook: _loss.ORIGIN */
     PyObject *overhead_first, *overhead_every; /* StepPreHook: _agent.OVERHEAD_FIRST, OVERHEAD_EVERY */
+    PyObject *floating_dtype; /* Backward: the last loss's dtype, and whether it is a floating-point one */
+    int floating;
     Field fields[N_FIELDS];
 } Hook;
 
@@ -255,6 +257,7 @@ static int hook_traverse(Hook *self, visitproc visit, void *arg) {
     Py_VISIT(self->origin);
     Py_VISIT(self->overhead_first);
     Py_VISIT(self->overhead_every);
+    Py_VISIT(self->floating_dtype);
     for (int i = 0; i < N_FIELDS; i++) Py_VISIT(self->fields[i].type);
     return 0;
 }
@@ -271,6 +274,7 @@ static int hook_clear(Hook *self) {
     Py_CLEAR(self->origin);
     Py_CLEAR(self->overhead_first);
     Py_CLEAR(self->overhead_every);
+    Py_CLEAR(self->floating_dtype);
     for (int i = 0; i < N_FIELDS; i++) Py_CLEAR(self->fields[i].type);
     return 0;
 }
@@ -713,10 +717,24 @@ static int read_loss(Hook *self, PyObject *tensors, double started) {
         Py_DECREF(dims);
     }
     if (common > 0) {
-        PyObject *floating = call_method(tensors, NAME[F_is_floating_point], NULL, 0);
-        if (floating == NULL) return -1;
-        common = PyObject_IsTrue(floating);
-        Py_DECREF(floating);
+        /* tensors.is_floating_point(): of an exact torch.Tensor, its dtype's is_floating_point (both are
+           at::isFloatingType of the same scalar type), remembered for the last dtype object (dtypes are singletons):
+           one getter instead of a method call. */
+        PyObject *dtype = PyObject_GetAttr(tensors, NAME[F_dtype]);
+        if (dtype == NULL) return -1;
+        if (dtype != self->floating_dtype) {
+            PyObject *floating = PyObject_GetAttr(dtype, NAME[F_is_floating_point]);
+            int is = floating != NULL ? PyObject_IsTrue(floating) : -1;
+            Py_XDECREF(floating);
+            if (is < 0) {
+                Py_DECREF(dtype);
+                return -1;
+            }
+            Py_XSETREF(self->floating_dtype, Py_NewRef(dtype));
+            self->floating = is;
+        }
+        Py_DECREF(dtype);
+        common = self->floating;
     }
     if (common <= 0) return common;
     /* The common case, in place: a 0-dim CPU loss with no scaler, read as backward_ran reads it. */
@@ -1276,7 +1294,14 @@ static PyObject *trace_as(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)args[0];
-    if (PyDict_SetItemString(type->tp_dict, "__call__", args[1]) < 0) return NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *dict = PyType_GetDict(type);
+#else
+    PyObject *dict = Py_XNewRef(type->tp_dict);
+#endif
+    int stored = dict != NULL ? PyDict_SetItemString(dict, "__call__", args[1]) : -1;
+    Py_XDECREF(dict);
+    if (stored < 0) return NULL;
     PyType_Modified(type);
     Py_RETURN_NONE;
 }
