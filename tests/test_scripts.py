@@ -101,7 +101,9 @@ def test_the_demo_reaches_its_dashboard_without_apt_get_sudo_playwright_or_the_b
     if os.environ.get("TM_REQUIRE_NATIVE") == "1":
         assert steps[3] == "setup: the agent's C hooks are built (trainmeter_agent/_native.c)"
     else:
-        assert steps[3].startswith(("setup: the agent's C hooks are built", "setup: the agent's C hooks are not"))
+        assert steps[3].startswith(
+            ("setup: the agent's C hooks are built", "setup: the agent's C hooks are not")
+        )
     assert steps[4].startswith("setup: .venv ready for demo")
     assert steps[5].startswith("demo: measuring this CPU's dense matmul peak")
     assert steps[6].startswith("demo: training a tiny GPT under tm")
