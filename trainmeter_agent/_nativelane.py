@@ -24,7 +24,7 @@ import zlib
 #: Why the C hooks are not used, when this install was built without them.
 NOT_BUILT = (
     "trainmeter_agent._native is not in this install (it is built with tm when a C compiler and Python's headers "
-    "are there): the agent runs its Python hooks, which cost a tight loop about 3x more per iteration"
+    "are there): the agent runs its Python hooks, which add about 1.7x as much to a tight loop's iteration"
 )
 
 
