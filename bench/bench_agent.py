@@ -485,7 +485,7 @@ def bench_breakdown(endpoint: str, rounds: int = 31) -> None:
         agent.iterations.attach() if steps else agent.iterations.detach()
         for handle in agent.model._handles:
             handle.remove()
-        agent.model._handles = [set_forward(agent.model, model, torch, agent.native)] if model_hook else []
+        agent.model._handles = [set_forward(agent.model, model, torch)] if model_hook else []
         iter_class.__next__ = wrapped_next if data_wait else wrapped_next.__wrapped__
         torch.autograd.backward = wrapped_backward if loss else wrapped_backward.__wrapped__
 

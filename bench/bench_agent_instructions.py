@@ -1,13 +1,17 @@
 """What the agent costs a tight training loop, counted in instructions instead of seconds: each iteration of issue 16's
 tight loop (Embedding(16, 4) + Linear(4, 16), DataLoader batch 1, AdamW, 1 thread) run under valgrind's callgrind,
-plain, with do-nothing hooks at the agent's attach points, under the real ``tm`` with every probe on (its C hooks,
-and again with its Python ones: ``TM_AGENT_NATIVE=0``), and under trainmeter 0.0.7 (the previous generation) from
-its own venv. Prints figures; asserts nothing.
+plain, with do-nothing hooks at the agent's attach points, with one more thread that only sleeps, under the real
+``tm`` with every probe on, and under trainmeter 0.0.7 (the previous generation) from its own venv. Prints figures;
+asserts nothing.
 
 Why instructions: on this shared 2-core machine the loop's CPU time per iteration moved by 2x from one day to the
 next and by +-30 us between rounds of one run (``bench_agent.py``), more than the agent's whole cost. An instruction
 count is the same on every run of the same code. It does not weigh cache misses or a slow instruction more than any
-other, so it is a proxy for time, not time; ``bench_agent.py`` still measures the time.
+other, so it is a proxy for time, not time; ``bench_agent.py`` still measures the time. It is a poor proxy for the
+agent's work: an iteration of the agent runs code the loop does not (torch's and CPython's entry points, each once),
+which misses the instruction cache and the branch predictor far more often per instruction than the loop's own.
+Halving the agent's instructions (its hooks in C, tried in 0a0e4f6 and reverted) did not move its time
+(docs/architecture.md, "What an iteration costs inside a loop").
 
 Only the training thread's instructions inside the measured iterations count (callgrind's ``--toggle-collect`` on
 ``functools.reduce``, through which the loop runs them): the start, the warm-up and the agent's flush thread do not,
@@ -36,11 +40,13 @@ WARM_UP = 300  # iterations before the measured ones: lazy inits, the agent's he
 ITERATIONS_PER_WINDOW = 250
 
 _LOOP = """
-import functools, sys, time
+import functools, sys, threading, time
 import torch
 torch.set_num_threads(1)
 torch.manual_seed(0)
 warm_up, n, hooks = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "empty-hooks"
+if sys.argv[3] == "sleeping-thread":  # a second thread that never runs: what merely having one costs the loop
+    threading.Thread(target=time.sleep, args=(1e9,), daemon=True).start()
 ids = torch.randint(16, (4096, 8))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
 model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
@@ -118,12 +124,10 @@ def _variants(iterations: int, peer_venv: str | None, work: str) -> dict[str, tu
     variants = {
         "plain": (under("plain", [python, script, *args, "plain"]), env),
         "empty hooks": (under("hooks", [python, script, *args, "empty-hooks"]), env),
+        # No agent, one more thread, asleep: glibc's malloc takes its arena lock in a process with two threads, and
+        # tm's agent has two (zmq's I/O thread and the flush timer), where 0.0.7's has none.
+        "plain, 2 threads": (under("thread", [python, script, *args, "sleeping-thread"]), env),
         "tm": ([tm, "-q", "--no-web", "--", *under("tm", [python, script, *args, "plain"])], tm_env),
-        # The same agent with its Python hooks (the fallback where the C ones are not built)
-        "tm, Python": (
-            [tm, "-q", "--no-web", "--", *under("tm-python", [python, script, *args, "plain"])],
-            dict(tm_env, TM_AGENT_NATIVE="0"),
-        ),
     }
     if peer_venv:
         peer_python, peer_tm = os.path.join(peer_venv, "bin", "python"), os.path.join(peer_venv, "bin", "tm")
@@ -166,10 +170,7 @@ def bench_loops(iterations: int, peer_venv: str | None) -> None:
             if base is not None and name not in ("plain", "0.0.7 plain")
             else ""
         )
-        print(f"  {name:<12} {value:12,.0f}{added}")
-    if "tm" in per and "tm, Python" in per and "plain" in per:
-        c_added, python_added = per["tm"] - per["plain"], per["tm, Python"] - per["plain"]
-        print(f"  the C hooks add {c_added / python_added:.2f}x what the Python hooks add")
+        print(f"  {name:<16} {value:12,.0f}{added}")
     if {"tm", "plain", "0.0.7", "0.0.7 plain"} <= set(per):
         tm_added, peer_added = per["tm"] - per["plain"], per["0.0.7"] - per["0.0.7 plain"]
         print(
@@ -233,7 +234,7 @@ def switch(steps, model_probe, data_wait, loss):
     agent.iterations.attach() if steps else agent.iterations.detach()
     for handle in agent.model._handles:
         handle.remove()
-    agent.model._handles = [set_forward(agent.model, model, torch, agent.native)] if model_probe else []
+    agent.model._handles = [set_forward(agent.model, model, torch)] if model_probe else []
     iter_class.__next__ = wrapped_next if data_wait else wrapped_next.__wrapped__
     torch.autograd.backward = wrapped_backward if loss else wrapped_backward.__wrapped__
 entries = {

@@ -1,5 +1,4 @@
-"""The wheel carries everything a user needs: four packages, the `tm` script, the agent's bootstrap and C hooks, and
-the specs.
+"""The wheel carries everything a user needs: four packages, the `tm` script, the agent's bootstrap and the specs.
 
 An editable install would hide a missing ``specs/``, so this builds the real wheel, installs it in a fresh venv and
 loads a spec from there.
@@ -43,10 +42,6 @@ def test_the_wheel_installs_in_a_fresh_venv_and_loads_a_spec_from_itself(tmp_pat
     assert "trainmeter_agent/boot/sitecustomize.py" in names
     for package in ("trainmeter_core", "trainmeter_sources", "trainmeter_agent", "trainmeter_web"):
         assert f"{package}/__init__.py" in names
-    # The agent's C hooks, compiled for this interpreter, and the source they are checked against; the tag says so.
-    native = f"trainmeter_agent/_native{sysconfig.get_config_var('EXT_SUFFIX')}"
-    assert native in names and "trainmeter_agent/_native.c" in names
-    assert not wheel.name.endswith("-py3-none-any.whl")
 
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -69,13 +64,10 @@ def test_the_wheel_installs_in_a_fresh_venv_and_loads_a_spec_from_itself(tmp_pat
         "print(trainmeter_core.__file__)\n"
         "print(spec_dir)\n"
         "print(spec.id, h.dense_peak_flop_per_s(spec)[0])\n"
-        "from trainmeter_agent import _nativelane\n"
-        "print(_nativelane.load()[1] or 'built')\n"
     )
     result = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    module_file, spec_dir, spec_line, native_state = result.stdout.splitlines()
-    assert native_state == "built"  # the wheel's C hooks load, and match the source beside them
+    module_file, spec_dir, spec_line = result.stdout.splitlines()
     assert module_file.startswith(str(venv)) and spec_dir.startswith(str(venv))
     assert spec_line.split()[0] == "h100-sxm" and float(spec_line.split()[1]) == pytest.approx(989.4e12)
     tm = subprocess.run([str(venv / "bin" / "tm"), "--version"], env=env, capture_output=True, text=True)

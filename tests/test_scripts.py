@@ -97,16 +97,9 @@ def test_the_demo_reaches_its_dashboard_without_apt_get_sudo_playwright_or_the_b
     assert steps[0] == "setup: checking for torch and numpy in .venv"
     assert steps[1] == "setup: torch and numpy are installed"
     assert steps[2].startswith("setup: installing tm and its dependencies")
-    # Whether tm's install built the agent's C hooks, said either way (CI requires them: TM_REQUIRE_NATIVE=1).
-    if os.environ.get("TM_REQUIRE_NATIVE") == "1":
-        assert steps[3] == "setup: the agent's C hooks are built (trainmeter_agent/_native.c)"
-    else:
-        assert steps[3].startswith(
-            ("setup: the agent's C hooks are built", "setup: the agent's C hooks are not")
-        )
-    assert steps[4].startswith("setup: .venv ready for demo")
-    assert steps[5].startswith("demo: measuring this CPU's dense matmul peak")
-    assert steps[6].startswith("demo: training a tiny GPT under tm")
+    assert steps[3].startswith("setup: .venv ready for demo")
+    assert steps[4].startswith("demo: measuring this CPU's dense matmul peak")
+    assert steps[5].startswith("demo: training a tiny GPT under tm")
     # pip's own progress is shown, not swallowed.
     assert "Successfully installed" in result.stdout or "Installing collected packages" in result.stdout
     assert "tm: dashboard http://" in result.stderr, out[-4000:]

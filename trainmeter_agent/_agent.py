@@ -67,26 +67,6 @@ def _tracker_names() -> list[str]:
 class Agent:
     """Turns what the probes see into records: ``hello`` on the first record, ``step``, ``metric``, ``bye`` at exit."""
 
-    # What _native.c reads and writes on every iteration, at fixed offsets (a __slots__ member each); every other
-    # attribute lives in __dict__ as before.
-    __slots__ = (
-        "activated",
-        "_faults",
-        "stopped",
-        "iterations",
-        "_step_owner",
-        "_last_emitted_step",
-        "outbox",
-        "model",
-        "flops",
-        "loss",
-        "_pending_tokens",
-        "_overhead_s",
-        "_overhead_steps",
-        "__dict__",
-        "__weakref__",
-    )
-
     #: The steady iteration's short ways (the optimizer hooks' lane, the data wait's and the step's own). False sends
     #: every iteration the general way: ``tests/test_agent_depth.py`` runs one loop both ways and compares the records.
     lean = True
@@ -112,7 +92,6 @@ class Agent:
         self.flops = None
         self.loss = None  # the loss passed to backward()
         self.phases = None
-        self.native = None  # the C hooks (_nativelane.NativeLane), once torch is imported
         self.taps = None
         self.watched_trackers: set[str] = set()  # module names whose import loads the tracker taps
         # torch.compile calls on functions: what runs inside them is hidden from the probes.
@@ -179,8 +158,6 @@ class Agent:
             self.flops.done = True
         elif probe == "loss" and self.loss is not None:
             self.loss.on = False
-        elif probe == "native" and self.native is not None:
-            self.native.leave("stopped after an internal error: the agent runs its Python hooks")
         try:
             detail = f"{type(exc).__name__}: {exc}"
         except Exception:

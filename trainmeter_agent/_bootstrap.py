@@ -117,10 +117,8 @@ def attach_torch_probes(agent: Agent, torch) -> None:
     from trainmeter_agent._flops import FlopCount
     from trainmeter_agent._loss import LossProbe
     from trainmeter_agent._model import ModelProbe
-    from trainmeter_agent._nativelane import NativeLane
     from trainmeter_agent._phases import Phases
 
-    agent.native = NativeLane(agent)  # before the probes: they ask it for their C hooks
     agent.model = ModelProbe(agent)
     agent.flops = FlopCount(agent)
     agent.loss = LossProbe(agent)
@@ -140,9 +138,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
             agent.stop_probe(probe, exc)
     agent.probe_state("eval", "not attached: the model was not seen yet")
     agent.probe_state("flops", "attached")
-    agent.native.say_state()
     watch = agent.watcher.watch
-    watch("torch._dynamo", "native", agent.native.watch_dynamo)
     watch("torch.profiler", "profiler", lambda profiler: attach_profiler(agent, profiler))
     watch("safetensors.torch", "checkpoint", phases.attach_safetensors)
     watch("torch.distributed.checkpoint", "checkpoint", phases.attach_dcp)

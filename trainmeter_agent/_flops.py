@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from trainmeter_agent import _shape
-from trainmeter_agent._forward import is_probe_forward
+from trainmeter_agent._forward import ModelForward
 
 #: The iteration whose micro-batches are counted: the first one after a whole step has run (lazy inits done). It is
 #: the process's second, whatever the step numbers say (a resumed training's go on from its checkpoint).
@@ -112,10 +112,6 @@ def _counter():
 
 class FlopCount:
     """The state of the one count: waiting, counting (the mode is on the dispatch stack), done."""
-
-    # What _native.c reads and writes on every iteration, at fixed offsets (a __slots__ member each); every other
-    # attribute lives in __dict__ as before.
-    __slots__ = ("done", "_started_step", "__dict__", "__weakref__")
 
     def __init__(self, agent) -> None:
         self.agent = agent
@@ -336,7 +332,7 @@ def meta_copy(module, torch, memo: dict | None = None):
             state[key] = type(value)(value) if isinstance(value, dict) else value
     if "_compiled_call_impl" in state:
         state["_compiled_call_impl"] = None
-    if is_probe_forward(state.get("forward")):
+    if type(state.get("forward")) is ModelForward:
         del state["forward"]  # the model probe's: it would run the model itself, not this copy
     new.__dict__.update(state)
     return new

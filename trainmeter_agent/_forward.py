@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import sys
 import types
 import weakref
 
@@ -26,12 +25,9 @@ class ModelForward:
 
     It reads as the bound method it stands for: ``__self__``, ``__func__``, ``__wrapped__`` (so
     ``inspect.signature(model.forward)`` is the model's own, as the HF Trainer reads it), and every other attribute
-    of its function, as a bound method reads them (``__code__``: torch.export's non-strict tracing reads it).
+    of its function, as a bound method reads them (``__code__``: torch.export's non-strict tracing reads it)."""
 
-    Its C twin (``_native.c``'s Forward, where the C hooks are built) reads the same way, and dynamo, which cannot
-    trace C, traces this class's ``__call__`` in its place (``_nativelane.load``)."""
-
-    __slots__ = ("probe", "module_ref", "function", "__weakref__", "__dict__")
+    __slots__ = ("probe", "module_ref", "function", "__weakref__", "__dict__")  # dynamo guards read __dict__
 
     def __init__(self, probe, module) -> None:
         self.probe = probe
@@ -44,8 +40,7 @@ class ModelForward:
         return self.function(module, *args, **kwargs)
 
     def __getattr__(self, name: str):
-        # Any other attribute as the bound method reads it, from its function (__code__, __defaults__, __name__, ...):
-        # torch.export's non-strict tracing reads model.forward.__code__.
+        # Any other attribute as the bound method reads it, from its function (__code__, __defaults__, __name__, ...).
         if name in ModelForward.__slots__:
             raise AttributeError(name)  # not set yet (a copy being built): never the function's
         return getattr(types.MethodType(self.function, self.module_ref()), name)
@@ -76,34 +71,14 @@ class ModelForward:
 class ForwardHandle:
     """Takes the probe's ``forward`` off the model again (the way a hook's handle removes the hook)."""
 
-    def __init__(self, module, forward) -> None:
+    def __init__(self, module, forward: ModelForward) -> None:
         self.module_ref = weakref.ref(module)
-        self.forward = forward  # a ModelForward, or its C twin (_native.Forward)
+        self.forward = forward
 
     def remove(self) -> None:
         module = self.module_ref()
         if module is not None and module.__dict__.get("forward") is self.forward:
             del module.__dict__["forward"]
-
-    def use_python(self) -> None:
-        """Put a ``ModelForward`` where its C twin is (``_nativelane.NativeLane.leave``)."""
-        module, forward = self.module_ref(), self.forward
-        if module is None or type(forward) is ModelForward or module.__dict__.get("forward") is not forward:
-            return
-        self.forward = ModelForward(forward.probe, module)
-        module.__dict__["forward"] = self.forward
-
-
-def is_probe_forward(value) -> bool:
-    """Whether ``value`` is a model probe's ``forward``: a ``ModelForward`` or its C twin."""
-    kind = type(value)
-    return kind is ModelForward or kind is _native_forward_type()
-
-
-def _native_forward_type() -> type | None:
-    """The C twin's type where this process loaded the C hooks (a process that did not has no such forward)."""
-    module = sys.modules.get("trainmeter_agent._native")
-    return getattr(module, "Forward", None)
 
 
 def can_set_forward(module, torch) -> bool:
@@ -113,13 +88,10 @@ def can_set_forward(module, torch) -> bool:
     return isinstance(inspect.getattr_static(type(module), "forward", None), types.FunctionType)
 
 
-def set_forward(probe, module, torch, native=None) -> ForwardHandle:
-    """Put the probe's ``forward`` on ``module`` (its C twin where ``native``, a ``NativeLane``, is on); the handle
-    takes it off."""
+def set_forward(probe, module, torch) -> ForwardHandle:
+    """Put the probe's ``forward`` on ``module``; the handle takes it off."""
     _leave_out_of_copies(torch.nn.Module)
-    forward = native.forward(probe, module) if native is not None else None
-    if forward is None:
-        forward = ModelForward(probe, module)
+    forward = ModelForward(probe, module)
     module.__dict__["forward"] = forward
     return ForwardHandle(module, forward)
 
@@ -131,7 +103,7 @@ def _leave_out_of_copies(module_class) -> None:
 
         def __getstate__(self):
             state = getstate(self)
-            if type(state) is dict and is_probe_forward(state.get("forward")):
+            if type(state) is dict and type(state.get("forward")) is ModelForward:
                 if state is self.__dict__:
                     state = dict(state)
                 del state["forward"]
@@ -143,7 +115,7 @@ def _leave_out_of_copies(module_class) -> None:
 
         def _replicate_for_data_parallel(self):
             replica = replicate(self)
-            if is_probe_forward(replica.__dict__.get("forward")):
+            if type(replica.__dict__.get("forward")) is ModelForward:
                 del replica.__dict__["forward"]
             return replica
 

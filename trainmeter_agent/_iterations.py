@@ -61,25 +61,6 @@ class IterationDetector:
     step GradScaler skipped (inf/NaN gradients) starts or joins an iteration the same way, marked skipped.
     """
 
-    # What _native.c reads and writes on every iteration, at fixed offsets (a __slots__ member each); every other
-    # attribute lives in __dict__ as before.
-    __slots__ = (
-        "iteration",
-        "pre_calls",
-        "_lane",
-        "steps_on",
-        "_marks",
-        "_postless",
-        "_seen_grad",
-        "_seen_version",
-        "_iteration_start_t",
-        "_calls",
-        "_agent_s",
-        "counted",
-        "__dict__",
-        "__weakref__",
-    )
-
     def __init__(self, agent) -> None:
         self.agent = agent
         self.steps_on = True
@@ -170,11 +151,6 @@ class IterationDetector:
             except Exception as exc:
                 self.agent.stop_probe("steps", exc)
                 return None
-        return self._general_pre(optimizer, args, kwargs)
-
-    def _general_pre(self, optimizer: object, args: object, kwargs: object) -> None:
-        """``pre_hook``'s general way: every step the steady lane does not take (``_native.c``'s StepPreHook, the C
-        twin of ``pre_hook``, calls it too)."""
         if not self.steps_on:
             return None  # a hook that returns something replaces the step's arguments: always None
         started = perf_counter()
@@ -340,9 +316,7 @@ class IterationDetector:
         register_post = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
         if register_pre is None or register_post is None:
             raise RuntimeError("this torch has no global optimizer step hooks (torch >= 2.0 needed)")
-        native = getattr(self.agent, "native", None)
-        pre_hook = native.step_pre_hook(self) if native is not None else self.pre_hook
-        self._pre_handle, self._post_handle = register_pre(pre_hook), register_post(self.post_hook)
+        self._pre_handle, self._post_handle = register_pre(self.pre_hook), register_post(self.post_hook)
         self._register_post = register_post
         self.attached = True
         try:
@@ -360,14 +334,6 @@ class IterationDetector:
         self._postless = False
         self._lane = None
         self._clean_steps = 0
-
-    def use_python_pre_hook(self) -> None:
-        """Put ``pre_hook`` where its C twin is (``_nativelane.NativeLane.leave``), in the same place among torch's
-        global pre-hooks (the handle stays valid)."""
-        handle = self._pre_handle
-        hooks = handle.hooks_dict_ref() if handle is not None else None
-        if hooks is not None and handle.id in hooks and hooks[handle.id] != self.pre_hook:
-            hooks[handle.id] = self.pre_hook
 
     def _lane_postless(self) -> None:
         """The lane's optimizer has left its first gradient as it found it for ``POSTLESS_AFTER`` steps in a row: the

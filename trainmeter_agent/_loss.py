@@ -56,25 +56,6 @@ class _PinnedRing:
 class LossProbe:
     """Collects the losses passed to backward in each iteration and sends their sum once every one is readable."""
 
-    # What _native.c reads and writes on every iteration, at fixed offsets (a __slots__ member each); every other
-    # attribute lives in __dict__ as before.
-    __slots__ = (
-        "on",
-        "_depth",
-        "_tensor_type",
-        "_scaled",
-        "_why",
-        "_calls",
-        "_is_compiling",
-        "_entries",
-        "_copies",
-        "_pending",
-        "_said",
-        "_labelled",
-        "__dict__",
-        "__weakref__",
-    )
-
     def __init__(self, agent) -> None:
         self.agent = agent
         self.on = True
@@ -109,13 +90,7 @@ class LossProbe:
         autograd = torch.autograd
         original = autograd.backward
         if not getattr(original, "_tm_wrapped", False):
-            python_backward = _wrap_backward(original, self)
-            native = getattr(self.agent, "native", None)
-            autograd.backward = (
-                native.backward(autograd, original, self, python_backward)
-                if native is not None
-                else python_backward
-            )
+            autograd.backward = _wrap_backward(original, self)
         self._wrap_scale()
         self._say("not attached: no backward() seen yet")
 

@@ -39,27 +39,6 @@ class ModelProbe:
     in its place, so neither the probe nor its agent, with their locks and sockets, ever travels with a model.
     """
 
-    # What _native.c reads and writes on every iteration, at fixed offsets (a __slots__ member each); every other
-    # attribute lives in __dict__ as before.
-    __slots__ = (
-        "on",
-        "_is_compiling",
-        "_profiler_on",
-        "profiled",
-        "_grad_enabled",
-        "seq_len_sent",
-        "micro_batches",
-        "_tensor_type",
-        "_int_dtypes",
-        "tokens",
-        "tokens_source",
-        "root_ref",
-        "tokens_missing",
-        "dp",
-        "__dict__",
-        "__weakref__",
-    )
-
     def __deepcopy__(self, memo):
         return _inert_hook()
 
@@ -189,7 +168,7 @@ class ModelProbe:
                 return
             self.root_ref = weakref.ref(module)
             if can_set_forward(module, self._torch):  # _forward.py says why rather than a hook
-                self._handles.append(set_forward(self, module, self._torch, self.agent.native))
+                self._handles.append(set_forward(self, module, self._torch))
             else:
                 self._handles.append(module.register_forward_pre_hook(self, with_kwargs=True))
             self._watch_train_mode(type(module))
@@ -219,12 +198,6 @@ class ModelProbe:
         for handle in self._handles:
             if isinstance(handle, ForwardHandle):
                 handle.remove()
-
-    def use_python_forwards(self) -> None:
-        """The model's C ``forward`` swapped for a ``ModelForward`` (``_nativelane.NativeLane.leave``)."""
-        for handle in self._handles:
-            if isinstance(handle, ForwardHandle):
-                handle.use_python()
 
     def detach_root_hooks(self) -> None:
         handles, self._handles = self._handles, []

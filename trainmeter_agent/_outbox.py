@@ -40,10 +40,6 @@ class Outbox:
     clock comparison. Flushes take a lock so that the loop's thread and the timer never interleave two batches.
     """
 
-    # What _native.c reads and writes on every iteration, at fixed offsets (a __slots__ member each); every other
-    # attribute lives in __dict__ as before.
-    __slots__ = ("_items", "_opened_t", "window_s", "max_records", "losses", "__dict__", "__weakref__")
-
     def __init__(self, send, window_s: float = WINDOW_S, max_records: int = MAX_RECORDS) -> None:
         self._send = send
         self.window_s = window_s

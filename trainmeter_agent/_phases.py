@@ -49,10 +49,6 @@ def _path(target) -> str | None:
 class Phases:
     """The phase probes of one agent."""
 
-    # What _native.c reads and writes on every iteration, at fixed offsets (a __slots__ member each); every other
-    # attribute lives in __dict__ as before.
-    __slots__ = ("data_seen", "__dict__", "__weakref__")
-
     def __init__(self, agent) -> None:
         self.agent = agent
         self.data_seen = False
@@ -108,11 +104,7 @@ class Phases:
                 phases._batch(started, batch)
             return batch
 
-        python_next = _mark(__next__, original)
-        native = agent.native
-        iter_class.__next__ = (
-            native.data_next(iter_class, original, self, python_next) if native is not None else python_next
-        )
+        iter_class.__next__ = _mark(__next__, original)
         self.agent.probe_state("data_wait", "not attached: no torch DataLoader iterated yet")
 
     def _batch(self, started: float, batch) -> None:
@@ -243,13 +235,8 @@ class Phases:
             agent = self.agent
             torch = agent.model._torch
             if torch is not None:
-                # Dynamo may trace the probes from now on: they ask torch's own check, which it knows by name, and
-                # run as Python (it cannot trace the C hooks).
+                # Dynamo may trace the probes from now on: they ask torch's own check, which it knows by name.
                 agent.model._is_compiling = agent.loss._is_compiling = full_check(torch)
-                if agent.native is not None:
-                    agent.native.leave(
-                        "torch.compile was called: the agent runs its Python hooks, which dynamo can trace"
-                    )
             if agent._faults:
                 agent.check_fault("compile")
             torch_nn = torch.nn if torch is not None else None

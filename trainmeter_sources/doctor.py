@@ -39,17 +39,9 @@ for name in %r:
     if not found:
         missing.append(name)
 stdlib = sysconfig.get_paths().get("stdlib") or ""
-native = None
-if "trainmeter_agent" not in missing:
-    try:
-        from trainmeter_agent import _nativelane
-        native = _nativelane.load()[1] or "built"
-    except Exception as exc:
-        native = f"not checked: {type(exc).__name__}: {exc}"
 print(json.dumps({
     "version": list(sys.version_info[:3]),
     "missing": missing,
-    "native": native,
     "pip": importlib.util.find_spec("pip") is not None,
     "managed": os.path.exists(os.path.join(stdlib, "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix,
 }))
@@ -287,11 +279,6 @@ def check_agent(report: Report, python: str | None) -> None:
     missing = [AGENT_MODULES[m] for m in probe["missing"]]
     if not missing:
         report.ok(f"agent: can join {interpreter} (Python {version})")
-        native = probe.get("native")
-        if native == "built":
-            report.ok("agent: its C hooks are built and match their source (trainmeter_agent/_native.c)")
-        elif native is not None:
-            report.warn(f"agent: {native}")
         return
     # Installing trainmeter brings msgspec and pyzmq; without it missing only they need installing.
     target = project_source() if "trainmeter" in missing else " ".join(missing)

@@ -18,10 +18,8 @@ import base64
 import hashlib
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -32,39 +30,27 @@ CARRIED = ("pyzmq", "msgspec")
 USUALLY_THERE = ("pluggy", "aiohttp", "nvidia-ml-py")
 
 
-def build_trainmeter(out: Path) -> list[Path]:
-    """trainmeter's own wheels, built from this checkout (hatchling, no build isolation: no registry needed): one with
-    the agent's C hooks compiled for this interpreter, and one without them (py3-none-any) for a GPU machine whose
-    Python is another (pip, and gpu-check's unzip, take the first where its tag fits; the run then says
-    ``probe.native: not attached`` and why)."""
-    for old in out.glob("trainmeter-*.whl"):
+def build_trainmeter(out: Path) -> Path:
+    """trainmeter's own wheel, built from this checkout (hatchling, no build isolation: no registry needed)."""
+    before = set(out.glob("trainmeter-*.whl"))
+    for old in before:
         old.unlink()
-    built = []
-    for native in (True, False):
-        env = dict(os.environ)
-        if not native:
-            env["TM_BUILD_NATIVE"] = "0"
-        with tempfile.TemporaryDirectory() as folder:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "wheel",
-                    "-q",
-                    "--no-deps",
-                    "--no-build-isolation",
-                    "-w",
-                    folder,
-                    str(REPO),
-                ],
-                check=True,
-                env=env,
-            )
-            (wheel,) = Path(folder).glob("trainmeter-*.whl")
-            if (out / wheel.name).exists():
-                continue  # the C hooks could not be built here: the first wheel is the pure one already
-            built.append(Path(shutil.move(str(wheel), out / wheel.name)))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+    )
+    (built,) = out.glob("trainmeter-*.whl")
     return built
 
 
@@ -139,8 +125,8 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     names = list(CARRIED) + (list(USUALLY_THERE) if args.all else [])
-    for built in build_trainmeter(args.out):
-        print(f"wheels: {built.name}")
+    built = build_trainmeter(args.out)
+    print(f"wheels: {built.name}")
     if args.download:
         platforms = args.platform or [
             "manylinux_2_28_x86_64",

@@ -1,6 +1,6 @@
-"""A loop that lets dynamo in after a few eager steps, for tests/test_agent_native.py.
+"""A loop that lets dynamo in after a few eager steps, for tests/test_agent_dynamo.py.
 
-Usage: native_dynamo.py compile|function|export|export-strict. ``compile``: torch.compile(model) (backend "eager"),
+Usage: dynamo_modes.py compile|function|export|export-strict. ``compile``: torch.compile(model) (backend "eager"),
 then steps through the compiled model. ``function``: a compiled function (fullgraph) that calls the model, stepped
 through. ``export``, ``export-strict``: torch.export.export of the model in training (its default, non-strict
 tracing, or dynamo's), then eager steps again.
