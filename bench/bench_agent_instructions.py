@@ -8,9 +8,9 @@ Why instructions: on this shared 2-core machine the loop's CPU time per iteratio
 next and by +-30 us between rounds of one run (``bench_agent.py``), more than the agent's whole cost. An instruction
 count is the same on every run of the same code. It does not weigh cache misses or a slow instruction more than any
 other, so it is a proxy for time, not time; ``bench_agent.py`` still measures the time. It is a poor proxy for the
-agent's work: an iteration of the agent runs code the loop does not (torch's and CPython's entry points, each once),
-which misses the instruction cache and the branch predictor far more often per instruction than the loop's own.
-Halving the agent's instructions (its hooks in C, tried in 0a0e4f6 and reverted) did not move its time
+agent's work: its instructions ran at a third to a seventh of the loop's pace. In valgrind's simulation they miss the
+instruction cache 1.5 times and the branch predictor twice as often per instruction as the loop's own, which explains
+part of it. Halving the agent's instructions (its hooks in C, tried in 0a0e4f6 and reverted) did not move its time
 (docs/architecture.md, "What an iteration costs inside a loop").
 
 Only the training thread's instructions inside the measured iterations count (callgrind's ``--toggle-collect`` on

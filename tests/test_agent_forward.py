@@ -52,6 +52,21 @@ def test_it_reads_as_the_bound_method_it_stands_for(watched, torch):
     plain = torch.nn.Sequential.forward.__get__(model)
     assert model.forward.__self__ is model and model.forward.__func__ is torch.nn.Sequential.forward
     assert inspect.signature(model.forward) == inspect.signature(plain)  # what the HF Trainer reads
+    # Every other attribute of the function, as the bound method reads it (torch.export reads __code__).
+    assert model.forward.__code__ is plain.__code__ and model.forward.__name__ == plain.__name__
+    with pytest.raises(AttributeError):
+        _ = model.forward.no_such_attribute
+
+
+def test_once_the_model_is_gone_its_forward_reads_nothing_of_the_function(torch):
+    from trainmeter_agent._forward import ModelForward
+
+    model = torch.nn.Linear(2, 2)
+    forward = ModelForward(SeenForwards(), model)
+    assert forward.__code__ is torch.nn.Linear.forward.__code__
+    del model
+    with pytest.raises(AttributeError):
+        _ = forward.__code__
 
 
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])

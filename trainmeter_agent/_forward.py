@@ -43,7 +43,10 @@ class ModelForward:
         # Any other attribute as the bound method reads it, from its function (__code__, __defaults__, __name__, ...).
         if name in ModelForward.__slots__:
             raise AttributeError(name)  # not set yet (a copy being built): never the function's
-        return getattr(types.MethodType(self.function, self.module_ref()), name)
+        module = self.module_ref()
+        if module is None:
+            raise AttributeError(name)  # the model is gone: there is no bound method to read
+        return getattr(types.MethodType(self.function, module), name)
 
     @property
     def __self__(self):
