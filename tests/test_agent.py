@@ -396,6 +396,9 @@ class FakeAgent:
     def send_steady_step(self, *args) -> bool:
         return False  # every step comes through send_step with its fields, where these tests read them
 
+    def regate(self) -> None:
+        pass  # no short way of its own to gate
+
     def stop_probe(self, probe: str, exc: BaseException) -> None:
         self.stopped.append(probe)
 

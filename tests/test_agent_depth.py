@@ -13,6 +13,7 @@ from conftest import wait_for
 from test_agent import SCRIPTS, Run, kinds, plain_env, tm_lines
 
 from trainmeter_agent._agent import MODEL_PROBES
+from trainmeter_agent._iterations import AGENT_US_EVERY
 
 heavy = pytest.mark.xdist_group("heavy")
 GPT = str(SCRIPTS / "gpt_loop.py")
@@ -420,7 +421,7 @@ _RUN_DEPENDENT = {"t", "wall", "step_time_s", "agent_us", "start_t", "end_t", "p
 
 @heavy
 def test_the_steady_step_path_sends_the_records_the_general_path_sends(run, torch):
-    args = ["--steps", "12", "--accum", "2", "--eval-every", "4", "--dataloader"]
+    args = ["--steps", "34", "--accum", "2", "--eval-every", "4", "--dataloader"]
     run.python([GPT, *args], run.env(), byes=1)
     run.python(["-c", _GENERAL_ONLY, GPT, *args], run.env(), byes=2)
     records = run.records()
@@ -435,11 +436,15 @@ def test_the_steady_step_path_sends_the_records_the_general_path_sends(run, torc
     assert [r["kind"] for r in steady] == [r["kind"] for r in general]  # the same records in the same order
     assert steady == general
     steps = [r for r in steady if r["kind"] == "step"]
-    assert [s["step"] for s in steps] == list(range(1, 13))
-    # Each steady step still carries its timings: present, and positive.
+    assert [s["step"] for s in steps] == list(range(1, 35))
+    # Each steady step still carries its step time, and the agent's own time where it timed itself: step 16, 32, ...
     for pid in pids:
-        timed = [r for r in records if r["pid"] == pid and r["kind"] == "step" and r["step"] > 1]
-        assert all(r["step_time_s"] > 0 and r["agent_us"] > 0 for r in timed)
+        later = [r for r in records if r["pid"] == pid and r["kind"] == "step" and r["step"] > 1]
+        assert all(r["step_time_s"] > 0 for r in later)
+        assert (
+            [r["step"] for r in later if "agent_us" in r] == [16, 32] == list(range(16, 35, AGENT_US_EVERY))
+        )
+        assert all(r["agent_us"] > 0 for r in later if "agent_us" in r)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ class SeenForwards:
 
     def __init__(self) -> None:
         self.seen: list[tuple[object, tuple, dict]] = []
+        self.fast = False  # no short way: every forward reaches _pre_hook
 
     def _pre_hook(self, module, args, kwargs) -> None:
         self.seen.append((module, args, kwargs))

@@ -15,7 +15,8 @@ import os
 import sys
 import time
 
-from trainmeter_agent._iterations import IterationDetector
+from trainmeter_agent._gates import gate_input
+from trainmeter_agent._iterations import AGENT_US_EVERY, IterationDetector
 from trainmeter_agent._loss import ATTACHED as LOSS_ATTACHED
 from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
@@ -26,8 +27,8 @@ from trainmeter_agent._watch import ModuleWatcher
 PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
 #: The probes that see inside a model's loop (tests/agent_scripts/gpt_loop.py uses every one).
 MODEL_PROBES = ("model", "eval", "data_wait", "checkpoint", "compile", "flops", "loss")
-#: The overhead fact goes out after this many steps, then every OVERHEAD_EVERY steps.
-OVERHEAD_FIRST, OVERHEAD_EVERY = 10, 200
+#: The overhead fact goes out after this many steps (the first timed one), then every OVERHEAD_EVERY steps.
+OVERHEAD_FIRST, OVERHEAD_EVERY = AGENT_US_EVERY, 200
 
 
 class InjectedFault(RuntimeError):
@@ -71,7 +72,17 @@ class Agent:
     #: every iteration the general way: ``tests/test_agent_depth.py`` runs one loop both ways and compares the records.
     lean = True
 
+    # The states the steady paths' gates are computed from (``_gates.py``); the sets ``stopped`` and ``_faults``
+    # change in one place each (``_stop_probe``, ``check_fault``), which regates too.
+    activated = gate_input("activated")
+    _step_owner = gate_input("_step_owner", "'hooks' or 'emit': whichever sent the first step record")
+    model = gate_input("model")
+    flops = gate_input("flops")
+    loss = gate_input("loss", "the loss passed to backward()")
+    phases = gate_input("phases")
+
     def __init__(self, endpoint: str, *, role: str = "trainer") -> None:
+        self._gated = False  # regate() waits for the end of __init__
         self.endpoint = endpoint
         self.role = role
         self.pid = os.getpid()
@@ -101,11 +112,66 @@ class Agent:
         # Steps, metrics (as (t, values, step, origin) until they leave), phases, facts and notices, in call order.
         self.outbox = Outbox(self._send_batch)
         self._reset_buffers()
+        # The steady step's view of the loss probe (regate): the probe while its loss may leave with the step, or None.
+        self._steady_loss = None
+        self._loss_on = False
+        self._gated = True
+        self.regate()
+
+    # -- the steady paths' gates -----------------------------------------------------------------------------------
+
+    def _regate(self) -> None:
+        self.regate()
+
+    def regate(self) -> None:
+        """Recompute what the hot hooks read instead of the agent's state (``_gates.py``): ``phases.fast``,
+        ``model.fast``, ``loss.fast`` and ``iterations.steady``. Each stands for the terms of
+        its short way's condition that change rarely; the terms that change within an iteration are still asked
+        there. A gate that is False only sends its hook the general way, which sends the same records."""
+        if not self._gated:
+            return
+        model, loss, phases, flops, iterations = (
+            self.model,
+            self.loss,
+            self.phases,
+            self.flops,
+            self.iterations,
+        )
+        stopped = self.stopped
+        owner = self._step_owner
+        quiet = bool(self.lean) and not self._faults
+        if phases is not None:
+            phases.fast = (
+                quiet
+                and self.activated
+                and phases.data_seen
+                and "data_wait" not in stopped
+                and owner != "emit"
+            )
+        # No FLOP count will start: it is over, or this rank never counts (``FlopCount._counting_rank``).
+        flops_settled = flops is not None and (flops.done or not flops._counting_rank)
+        if model is not None:
+            model.fast = quiet and model.on and model.eager and model.seq_len_sent and flops_settled
+        if loss is not None:
+            loss.fast = quiet and loss.on and loss.eager and owner != "emit"
+        steady = (
+            quiet
+            and owner == "hooks"
+            and model is not None
+            and "model" not in stopped
+            and flops is not None
+            and (flops.done or flops._started_step is None)
+            and model.root_ref is not None
+            and model.dp is not None
+        )
+        iterations.steady = steady
+        self._loss_on = loss is not None and loss.on
+        self._steady_loss = loss if steady and self._loss_on and loss._said is LOSS_ATTACHED else None
 
     def _reset_buffers(self) -> None:
         self._overhead_s = 0.0
         self._overhead_steps = 0
-        self._step_owner: str | None = None  # "hooks" or "emit": whichever sent the first step record
+        self._step_owner = None
         self._last_emitted_step: int | None = None
         self._last_emitted_step_t: float | None = None
         self._pending_tokens: int | None = None
@@ -117,6 +183,7 @@ class Agent:
         """Raise the internal error TM_AGENT_FAULT asked for, once, at the probe's first use."""
         if probe in self._faults:
             self._faults.discard(probe)
+            self.regate()
             raise InjectedFault(f"injected by TM_AGENT_FAULT={probe}")
 
     def say(self, message: str, once_key: str | None = None) -> None:
@@ -142,6 +209,7 @@ class Agent:
         if probe in self.stopped:
             return
         self.stopped.add(probe)
+        self.regate()
         if probe == "emit":
             self.emit_on = False
         elif probe in ("steps", "torch_import"):
@@ -303,30 +371,26 @@ class Agent:
         self._count_overhead(fields)
 
     def send_steady_step(
-        self, step: int, t: float, step_time_s: float, optimizers: int, agent_us: float
+        self, step: int, t: float, step_time_s: float, optimizers: int, agent_us: float | None
     ) -> bool:
         """The step record of a steady iteration, the same record ``send_step`` would build, without its field dict.
 
-        Steady: the hooks own the steps, no emitted tokens wait, no FLOP count ends here and the model probe saw this
-        iteration's forward, its tokens and its dp. Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step``
-        would add is read from their per-iteration state here, in one function: on a tight loop every call and line
-        of an iteration shows (docs/architecture.md, "What an iteration costs"), and ``tests/test_agent_depth.py``
-        checks that both ways send the same records. False (nothing changed) sends the iteration down ``send_step``.
+        Steady (``iterations.steady``, and this iteration's own terms asked here): the hooks own the steps, no emitted
+        tokens wait, no FLOP count ends here and the model probe saw this iteration's forward, its tokens and its dp.
+        Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step`` would add is read from their per-iteration
+        state here, in one function: on a tight loop every call and line of an iteration shows (docs/architecture.md,
+        "What an iteration costs"), and ``tests/test_agent_depth.py`` checks that both ways send the same records.
+        False (nothing changed) sends the iteration down ``send_step``.
         """
-        model, flops = self.model, self.flops
+        if not self.iterations.steady:
+            return False
+        model = self.model
         try:
             if (
-                not self.lean
-                or self._step_owner != "hooks"
-                or self._pending_tokens is not None
-                or model is None
-                or "model" in self.stopped
-                or not (flops.done or flops._started_step is None)
-                or model.root_ref is None
-                or not model.micro_batches
+                not model.micro_batches
                 or model.tokens_missing
-                or model.dp is None
                 or model.profiled
+                or self._pending_tokens is not None
                 or model._profiler_on()
             ):
                 return False
@@ -338,15 +402,16 @@ class Agent:
         model.tokens = 0
         model.tokens_source = None
         loss_value = loss_t = None
-        loss, outbox = self.loss, self.outbox
-        if loss is not None and loss.on:
+        outbox = self.outbox
+        if self._loss_on:
+            loss = self._steady_loss
             try:
                 if (
-                    loss._calls == micro_batches
+                    loss is not None
+                    and loss._calls == micro_batches
                     and loss._why is None
                     and not loss._copies
                     and not loss._pending
-                    and loss._said is LOSS_ATTACHED
                     and loss._labelled == micro_batches
                 ):
                     # One CPU value per micro-batch, nothing pending, its label and state already said: the loss
@@ -357,7 +422,7 @@ class Agent:
                     loss_t = time.monotonic()
                     outbox.losses += 1  # this step's item stands for two records
                 else:
-                    loss.end_step(step, micro_batches)  # queues its own metric, before the step record
+                    self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
             except Exception as exc:
                 self.stop_probe("loss", exc)
         # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.window).
@@ -379,8 +444,9 @@ class Agent:
             ),
             t,
         )
-        self._overhead_s += agent_us
-        self._overhead_steps += 1
+        if agent_us is not None:
+            self._overhead_s += agent_us
+            self._overhead_steps += 1
         if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
             self._overhead_fact(step)
         return True
@@ -388,15 +454,17 @@ class Agent:
     def _count_overhead(self, fields: dict) -> None:
         """Now and then, the agent's own cost per step as a fact (with the drops so far) for the dashboard."""
         agent_us = fields.get("agent_us")
-        if agent_us is None or fields.get("profiled"):
-            return  # a counted step holds the FLOP counter's one-off cost, not the agent's steady one
-        self._overhead_s += agent_us
-        self._overhead_steps += 1
+        if agent_us is not None and not fields.get("profiled"):
+            # A counted step holds the FLOP counter's one-off cost, not the agent's steady one.
+            self._overhead_s += agent_us
+            self._overhead_steps += 1
         step = fields["step"]
         if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
             self._overhead_fact(step)
 
     def _overhead_fact(self, step: int) -> None:
+        if not self._overhead_steps:
+            return  # no timed iteration since the last one (AGENT_US_EVERY)
         mean_us = self._overhead_s / self._overhead_steps
         dropped = getattr(self.producer, "dropped", 0)
         note = f"mean over {self._overhead_steps} steps up to {step}; records dropped so far: {dropped}"

@@ -19,6 +19,15 @@ def eager_check(torch):
     return full_check(torch)
 
 
+def eager_flag_holder(torch):
+    """``torch.compiler`` where it holds the flag ``eager_check`` reads (a short way reads the attribute itself), or
+    None."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
+        return compiler
+    return None
+
+
 def full_check(torch):
     """torch's ``torch.compiler.is_compiling`` (a torch without it never compiles: always False)."""
     compiler = getattr(torch, "compiler", None)

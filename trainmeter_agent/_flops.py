@@ -13,6 +13,7 @@ import sys
 
 from trainmeter_agent import _shape
 from trainmeter_agent._forward import ModelForward
+from trainmeter_agent._gates import gate_input
 
 #: The iteration whose micro-batches are counted: the first one after a whole step has run (lazy inits done). It is
 #: the process's second, whatever the step numbers say (a resumed training's go on from its checkpoint).
@@ -113,14 +114,21 @@ def _counter():
 class FlopCount:
     """The state of the one count: waiting, counting (the mode is on the dispatch stack), done."""
 
+    # The states the agent's gates read (``_gates.py``): the model's and the step's short ways wait for the count.
+    done = gate_input("done")
+    _started_step = gate_input("_started_step", "the step the count started at, or None")
+
     def __init__(self, agent) -> None:
         self.agent = agent
         self.done = False
         self._counter = None
-        self._started_step: int | None = None
+        self._started_step = None
         self._meta_inputs = None  # (args, kwargs) as meta tensors, for a compiled model
         rank = _shape.env_int("RANK")
         self._counting_rank = rank is None or rank == 0  # one rank counts: the others would only repeat it
+
+    def _regate(self) -> None:
+        self.agent.regate()
 
     def _wanted(self) -> bool:
         return not self.done and self._counting_rank

@@ -13,6 +13,12 @@ import time
 import weakref
 from time import perf_counter
 
+from trainmeter_agent._gates import gate_input
+
+#: The agent times itself (``agent_us``) in one iteration of this many: the iterations whose step is a multiple of it.
+#: Two clock reads in each hook of every iteration were a tenth of what the agent added to a tight loop's iteration;
+#: one in 16 gives the same mean, and 16 is no multiple of the decimal periods a loop evaluates or logs at.
+AGENT_US_EVERY = 16
 #: Steps of the steady lane, in a row, that left their optimizer's first gradient as they found it (same object, same
 #: version) before the lane stops calling the post-hook: the pre-hook then writes the mark the post-hook would write.
 POSTLESS_AFTER = 3
@@ -61,8 +67,14 @@ class IterationDetector:
     step GradScaler skipped (inf/NaN gradients) starts or joins an iteration the same way, marked skipped.
     """
 
+    #: Whether the hooks count steps (False once the steps probe stopped); a gate input (``_gates.py``).
+    steps_on = gate_input("steps_on")
+
     def __init__(self, agent) -> None:
         self.agent = agent
+        self.lane_on = False  # steps_on, read by the lane without the property
+        # The agent's gate: the steady step may be sent the short way (Agent.send_steady_step).
+        self.steady = False
         self.steps_on = True
         self.scaler_on = True
         self.attached = False
@@ -86,7 +98,10 @@ class IterationDetector:
         self._closure_steps: set[int] = set()  # optimizers inside a step(closure) call
         self._calls = 0  # optimizer.step calls (skipped ones included) in the current iteration
         self._iteration_start_t: float | None = None
-        self._agent_s = 0.0  # the agent's own time in the current iteration
+        self._agent_s = 0.0  # the agent's own time in the current iteration (counted where ``timed``)
+        # Whether the hooks' short ways time themselves in this iteration (``AGENT_US_EVERY``); the general ways always
+        # do, and a step record carries ``agent_us`` only for a timed iteration.
+        self.timed = False
         # The steady lane: id() of the one optimizer that makes up each iteration, once it has counted one (None
         # otherwise). Its hooks then take a short way with the same outcome as the general one (see ``pre_hook``).
         self._lane: int | None = None
@@ -95,6 +110,10 @@ class IterationDetector:
         self._clean_steps = 0
         self._seen_grad = 0
         self._seen_version = -1
+
+    def _regate(self) -> None:
+        self.lane_on = self.steps_on
+        self.agent.regate()
 
     @property
     def watching(self) -> bool:
@@ -106,13 +125,13 @@ class IterationDetector:
     def pre_hook(self, optimizer: object, args: object, kwargs: object) -> None:
         self.pre_calls += 1
         key = id(optimizer)
-        if key == self._lane and self.steps_on and len(args) == 1 and not kwargs:
+        if key == self._lane and self.lane_on and len(args) == 1 and not kwargs:
             # The steady lane: the optimizer that alone makes up each iteration, stepped without a closure. What
             # _grads_changed and _count decide for it, decided in place: its first parameter's gradient is the first
             # gradient, and a new one (or a bumped version) starts the next iteration. Anything else goes the
             # general way below, from the same state. One clock here, monotonic, for the step's time and the agent's
-            # own (perf_counter reads the same clock on Linux): one read less an iteration.
-            started = time.monotonic()
+            # own (perf_counter reads the same clock on Linux).
+            now = time.monotonic()
             try:
                 params = optimizer.param_groups[0]["params"]
                 grad = params[0].grad if params else None
@@ -122,7 +141,8 @@ class IterationDetector:
                     same = mark[1]() is grad
                     if same and version == mark[2]:
                         self._calls += 1  # stepped again without a backward: the same iteration
-                        self._agent_s += time.monotonic() - started
+                        if self.timed:
+                            self._agent_s += time.monotonic() - now
                         return None
                     if self._postless:
                         # No post-hook (_lane_postless): its mark, written here, as it would find it after the step.
@@ -133,20 +153,22 @@ class IterationDetector:
                     # neither the first nor skipped.
                     previous_start_t = self._iteration_start_t
                     previous_calls = self._calls
-                    now = time.monotonic()
-                    previous_agent_s = self._agent_s + (now - started)
+                    timed = self.timed
+                    previous_agent_s = self._agent_s
                     self.counted += 1
-                    self.iteration += 1
+                    step = self.iteration = self.iteration + 1
                     self._calls = 1
                     self._iteration_start_t = now
+                    self._agent_s = 0.0
+                    self.timed = (step + 1) % AGENT_US_EVERY == 0
+                    agent_us = (previous_agent_s + (time.monotonic() - now)) * 1e6 if timed else None
                     if not self.agent.send_steady_step(
-                        self.iteration, now, now - previous_start_t, previous_calls, previous_agent_s * 1e6
+                        step, now, now - previous_start_t, previous_calls, agent_us
                     ):
-                        self._send_fields(
-                            now, previous_start_t, previous_calls, previous_agent_s, None, False
-                        )
-                    # What is left of this call belongs to the new iteration (as _count and pre_hook count it).
-                    self._agent_s = time.monotonic() - started
+                        self._send_fields(now, previous_start_t, previous_calls, agent_us, None, False)
+                    if self.timed:
+                        # What is left of this call belongs to the new iteration (as _count and pre_hook count it).
+                        self._agent_s = time.monotonic() - now
                     return None
             except Exception as exc:
                 self.agent.stop_probe("steps", exc)
@@ -246,7 +268,7 @@ class IterationDetector:
         # A new iteration; its step record describes the one that just ended.
         previous_start_t = self._iteration_start_t
         previous_calls = self._calls - 1
-        previous_agent_s = self._agent_s + (perf_counter() - started)
+        agent_us = (self._agent_s + (perf_counter() - started)) * 1e6 if self.timed else None
         resumed = None
         if not self.counted:
             # A process's first iteration: an optimizer restored from a checkpoint goes on from its step (after a
@@ -265,27 +287,28 @@ class IterationDetector:
         self._lane = key if agent.lean and "steps" not in agent._faults else None
         self._calls = 1
         self._agent_s = 0.0
+        self.timed = (self.iteration + 1) % AGENT_US_EVERY == 0
         if not agent.activated:
             agent.activate()  # hello first, also in time: the step's own time is taken after it
         now = time.monotonic()
         self._iteration_start_t = now
         if previous_start_t is not None and resumed is None and not skipped:
             # A steady iteration: the agent builds its record without a field dict where every probe is steady.
-            step_time_s, agent_us = now - previous_start_t, previous_agent_s * 1e6
-            if agent.send_steady_step(self.iteration, now, step_time_s, previous_calls, agent_us):
+            if agent.send_steady_step(self.iteration, now, now - previous_start_t, previous_calls, agent_us):
                 return
-        self._send_fields(now, previous_start_t, previous_calls, previous_agent_s, resumed, skipped)
+        self._send_fields(now, previous_start_t, previous_calls, agent_us, resumed, skipped)
 
     def _send_fields(
         self,
         now: float,
         previous_start_t: float | None,
         previous_calls: int,
-        previous_agent_s: float,
+        agent_us: float | None,
         resumed: int | None,
         skipped: bool,
     ) -> None:
-        """The step record of the iteration that just ended, built from its fields (the general way)."""
+        """The step record of the iteration that just ended, built from its fields (the general way); ``agent_us``
+        is None where the iteration was not timed (``AGENT_US_EVERY``)."""
         fields: dict[str, object] = {"step": self.iteration, "t": now}
         if resumed is not None:
             fields["resumed_from"] = resumed
@@ -300,7 +323,8 @@ class IterationDetector:
         else:
             fields["step_time_s"] = now - previous_start_t
             fields["optimizers"] = previous_calls
-            fields["agent_us"] = previous_agent_s * 1e6
+            if agent_us is not None:
+                fields["agent_us"] = agent_us
         self.agent.send_step(fields)
 
     # -- attaching to torch ----------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import collections
 import weakref
 from time import perf_counter
 
-from trainmeter_agent._compiling import eager_check
+from trainmeter_agent._compiling import eager_check, eager_flag_holder
+from trainmeter_agent._gates import gate_input
 
 #: The metric's origin: the engine lets a tracker's or ``emit``'s own train loss win over this one.
 ORIGIN = "backward"
@@ -56,8 +57,19 @@ class _PinnedRing:
 class LossProbe:
     """Collects the losses passed to backward in each iteration and sends their sum once every one is readable."""
 
+    # The states the agent's gates read (``_gates.py``): backward()'s short way runs while ``fast``.
+    on = gate_input("on")
+    _said = gate_input("_said", "the latest probe.loss state")
+    eager = gate_input(
+        "eager", "torch.compile never called: the compile flag is read from torch.compiler itself"
+    )
+
     def __init__(self, agent) -> None:
         self.agent = agent
+        self.iterations = agent.iterations  # the same object for the agent's life (a fork child resets it)
+        self.fast = False
+        self.eager = False
+        self._compiler = None  # torch.compiler while eager
         self.on = True
         self._torch = None
         self._tensor_type: type | tuple = ()  # torch.Tensor, once attached
@@ -69,8 +81,11 @@ class LossProbe:
         # Iterations whose losses are not all readable yet, in order: (step or None, entries, backward calls).
         self._pending: collections.deque = collections.deque()
         self._labelled: int | None = None  # backward calls per iteration the label fact describes
-        self._said: str | None = None  # the latest probe.loss state
+        self._said = None
         self.reset_iteration()
+
+    def _regate(self) -> None:
+        self.agent.regate()
 
     def reset_iteration(self) -> None:
         self._calls = 0
@@ -85,6 +100,8 @@ class LossProbe:
         self._torch = torch
         self._tensor_type = torch.Tensor
         self._is_compiling = eager_check(torch)  # torch's own check once torch.compile is called (Phases)
+        self._compiler = eager_flag_holder(torch)
+        self.eager = self._compiler is not None
         cuda = getattr(torch, "cuda", None)
         self._capturing = getattr(cuda, "is_current_stream_capturing", self._capturing)
         autograd = torch.autograd
@@ -280,31 +297,37 @@ def _wrap_backward(original, probe: LossProbe):
             result = original(*args, **kwargs)
         finally:
             probe._depth -= 1
-        if probe.on and not probe._depth:
-            tensors = args[0] if args else kwargs.get("tensors")
-            agent = probe.agent
-            started = perf_counter()
+        if probe._depth:
+            return result
+        tensors = args[0] if args else kwargs.get("tensors")
+        if probe.fast:
+            # The common case, in place: a 0-dim CPU floating-point loss with no scaler, read as backward_ran reads it
+            # (``probe.fast``: the probe on, no fault to inject, the steps not the loop's own, torch.compile never
+            # called).
+            iterations = probe.iterations
+            timed = iterations.timed
+            if timed:
+                started = perf_counter()
             try:
                 if (
                     type(tensors) is probe._tensor_type
-                    and not agent._faults
                     and probe._scaled is None
                     and probe._why is None
                     and probe._calls < MAX_CALLS_PER_ITERATION
-                    and agent._step_owner != "emit"
-                    and not probe._is_compiling()
+                    and not probe._compiler._is_compiling_flag
                     and tensors.is_cpu
-                    and tensors.dim() == 0
-                    and tensors.is_floating_point()
+                    and tensors.ndim == 0
+                    and tensors.dtype.is_floating_point
                 ):
-                    # The common case, in place: a 0-dim CPU loss with no scaler, read as backward_ran reads it.
                     probe._entries.append(tensors.item())
                     probe._calls += 1
-                    agent.iterations._agent_s += perf_counter() - started
+                    if timed:
+                        iterations._agent_s += perf_counter() - started
                     return result
             except Exception as exc:
-                agent.stop_probe("loss", exc)
+                probe.agent.stop_probe("loss", exc)
                 return result
+        if probe.on:
             probe.backward_ran(tensors)
         return result
 

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from time import perf_counter
 
 from trainmeter_agent import _shape
-from trainmeter_agent._compiling import eager_check
+from trainmeter_agent._compiling import eager_check, eager_flag_holder
 from trainmeter_agent._forward import ForwardHandle, can_set_forward, set_forward
+from trainmeter_agent._gates import gate_input
 
 NO_TOKENS = "no integer id tensor seen in the model's inputs: pass --tokens-per-step"
 _ID_KEYWORDS = ("input_ids", "idx", "tokens", "token_ids")
@@ -39,6 +40,15 @@ class ModelProbe:
     in its place, so neither the probe nor its agent, with their locks and sockets, ever travels with a model.
     """
 
+    # The states the agent's gates read (``_gates.py``): the short way of ``ModelForward`` runs while ``fast``.
+    on = gate_input("on")
+    root_ref = gate_input("root_ref")
+    dp = gate_input("dp")
+    seq_len_sent = gate_input("seq_len_sent")
+    eager = gate_input(
+        "eager", "torch.compile never called: the compile flag is read from torch.compiler itself"
+    )
+
     def __deepcopy__(self, memo):
         return _inert_hook()
 
@@ -47,6 +57,10 @@ class ModelProbe:
 
     def __init__(self, agent) -> None:
         self.agent = agent
+        self.iterations = agent.iterations  # the same object for the agent's life (a fork child resets it)
+        self.fast = False
+        self.eager = False
+        self._compiler = None  # torch.compiler while eager: its flag says whether dynamo or export traces now
         self.on = True
         self.root_ref = None
         self.why_no_root = "no training forward of a module seen yet"
@@ -59,7 +73,7 @@ class ModelProbe:
         self._grad_enabled = lambda: False
         self._is_compiling = lambda: False
         self._profiler_on = lambda: False
-        self.dp: int | None = None
+        self.dp = None
         self.dp_reason = "the model was not seen yet"
         self._eval_start_t: float | None = None
         self.framework_eval = 0  # >0 inside an HF Trainer or Lightning eval loop (their phase wins)
@@ -67,6 +81,9 @@ class ModelProbe:
         # shape -> the CPU attention mask the DataLoader last yielded (for a mask that is on an accelerator now)
         self.cpu_masks: dict[tuple, object] = {}
         self.reset_iteration()
+
+    def _regate(self) -> None:
+        self.agent.regate()
 
     def reset_iteration(self) -> None:
         self.micro_batches = 0
@@ -84,6 +101,8 @@ class ModelProbe:
         self._grad_enabled = torch.is_grad_enabled
         self._int_dtypes = (torch.int64, torch.int32)
         self._is_compiling = eager_check(torch)  # torch's own check once torch.compile is called (Phases)
+        self._compiler = eager_flag_holder(torch)
+        self.eager = self._compiler is not None
         autograd = getattr(torch._C, "_autograd", None)
         self._profiler_on = getattr(autograd, "_profiler_enabled", self._profiler_on)
         self._install_discovery()
@@ -242,7 +261,8 @@ class ModelProbe:
     # -- micro-batches and tokens ---------------------------------------------------------------------------------
 
     def _pre_hook(self, module, args, kwargs):
-        if not self.on or self._is_compiling():
+        if self._is_compiling() or not self.on:
+            # Traced by dynamo: its own check first, which it knows by name (``on`` is a gate input's property).
             return None  # a hook that returns something replaces the module's inputs: always None
         started = perf_counter()
         agent = self.agent

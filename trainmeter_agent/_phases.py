@@ -13,6 +13,7 @@ import os
 import time
 
 from trainmeter_agent._compiling import full_check
+from trainmeter_agent._gates import gate_input
 from trainmeter_agent._outbox import PHASE
 
 _CHECKPOINT_DEPTH = [0]  # nested saves (DCP or save_pretrained calling torch.save) are one checkpoint
@@ -49,11 +50,18 @@ def _path(target) -> str | None:
 class Phases:
     """The phase probes of one agent."""
 
+    #: Whether a DataLoader batch was seen (and ``probe.data_wait`` said attached); a gate input (``_gates.py``).
+    data_seen = gate_input("data_seen")
+
     def __init__(self, agent) -> None:
         self.agent = agent
+        self.fast = False  # the agent's gate for the data wait's short way
         self.data_seen = False
         self._resume_after = False  # torch.compile(module) paused the model's discovery: resume it after
         self.checkpoint_folders: list[str] = []  # as said in the latest CHECKPOINT_FOLDERS_FACT
+
+    def _regate(self) -> None:
+        self.agent.regate()
 
     def _failed(self, probe: str, exc: BaseException) -> None:
         self.agent.stop_probe(probe, exc)
@@ -70,34 +78,25 @@ class Phases:
             return
         phases = self
         agent = self.agent
+        iterations = agent.iterations  # the same object for the agent's life (a fork child resets it)
         monotonic = time.monotonic
 
         def __next__(self):
             started = monotonic()
             batch = original(self)
-            if (
-                agent.lean
-                and phases.data_seen
-                and agent.activated
-                and not agent._faults
-                and "data_wait" not in agent.stopped
-                and not isinstance(batch, dict)
-            ):
-                # The common batch, as _batch takes it: a phase with no extra field, labelled with the current step.
+            if phases.fast and not isinstance(batch, dict):
+                # The common batch, as _batch takes it: a phase with no extra field, labelled with the current step
+                # (``phases.fast``: the agent said hello, no probe stopped or fault to inject, the steps the hooks').
                 try:
                     ended = monotonic()
-                    step = (
-                        agent._last_emitted_step
-                        if agent._step_owner == "emit"
-                        else (agent.iterations.iteration or None)
-                    )
-                    item = (PHASE, "data_wait", started, ended, step, "dataloader")
+                    item = (PHASE, "data_wait", started, ended, iterations.iteration or None, "dataloader")
                     outbox = agent.outbox
                     if outbox._items:  # the window is open: the step that follows checks its deadline
                         outbox._items.append(item)
                     else:
                         outbox.put(item, ended)
-                    agent.iterations._agent_s += monotonic() - ended
+                    if iterations.timed:
+                        iterations._agent_s += monotonic() - ended
                 except Exception as exc:
                     phases._failed("data_wait", exc)
             elif "data_wait" not in agent.stopped:
@@ -235,8 +234,10 @@ class Phases:
             agent = self.agent
             torch = agent.model._torch
             if torch is not None:
-                # Dynamo may trace the probes from now on: they ask torch's own check, which it knows by name.
+                # Dynamo may trace the probes from now on: they ask torch's own check, which it knows by name, and
+                # their short ways (which read torch.compiler's flag themselves) end.
                 agent.model._is_compiling = agent.loss._is_compiling = full_check(torch)
+                agent.model.eager = agent.loss.eager = False
             if agent._faults:
                 agent.check_fault("compile")
             torch_nn = torch.nn if torch is not None else None

@@ -176,7 +176,8 @@ class Step(Record, tag="step", kw_only=True):
     tokens_global: int | None = None
     dp: int | None = None
     optimizers: int | None = None  # optimizer.step calls seen in the previous iteration
-    agent_us: float | None = None  # the agent's own time spent in this iteration
+    # The agent's own time in this iteration, where it timed itself: one iteration in 16 (steps 16, 32, ...)
+    agent_us: float | None = None
     # On a process's first step only: the step its training resumed after, read from the optimizer's restored
     # state (its ``step``), so the steps of a resumed run go on where its checkpoint left them
     resumed_from: int | None = None

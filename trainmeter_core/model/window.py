@@ -37,13 +37,14 @@ class WindowHeader(msgspec.Struct, kw_only=True):
 
 class SteadyStep(msgspec.Struct, array_like=True, tag=STEADY_STEP):
     """A steady iteration: its ``step`` record, after the ``train_loss`` metric read at backward() when ``loss`` is
-    not None (dated ``loss_t``, under ``loss_origin``)."""
+    not None (dated ``loss_t``, under ``loss_origin``). ``agent_us`` is None where the agent did not time the
+    iteration (it times one in 16)."""
 
     step: int
     t: float
     step_time_s: float
     optimizers: int
-    agent_us: float
+    agent_us: float | None
     micro_batches: int
     tokens: int
     tokens_source: rec.TokenSource
