@@ -185,7 +185,7 @@ def test_three_hundred_steps_give_the_same_losses_and_weights_with_and_without_t
     assert extra == []  # no line (warning or tm:) that the plain run did not print
     records = run.records()
     assert len(kinds(records, "step")) == 300
-    # The agent's own cost per step, published after step 10 and at step 200, with the drops so far.
+    # The agent's own cost per step, published at step 16 and at step 256 (timed steps), with the drops so far.
     overhead = [f for f in kinds(records, "fact") if f["name"] == "agent_overhead_us"]
     assert len(overhead) == 2 and all(f["value"] > 0 and f["unit"] == "us/step" for f in overhead)
     assert overhead[-1]["note"].endswith("records dropped so far: 0")

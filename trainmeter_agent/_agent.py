@@ -27,8 +27,8 @@ from trainmeter_agent._watch import ModuleWatcher
 PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
 #: The probes that see inside a model's loop (tests/agent_scripts/gpt_loop.py uses every one).
 MODEL_PROBES = ("model", "eval", "data_wait", "checkpoint", "compile", "flops", "loss")
-#: The overhead fact goes out after this many steps (the first timed one), then every OVERHEAD_EVERY steps.
-OVERHEAD_FIRST, OVERHEAD_EVERY = AGENT_US_EVERY, 200
+#: The overhead fact goes out at the first timed step, then every OVERHEAD_EVERY steps (a timed one too).
+OVERHEAD_FIRST, OVERHEAD_EVERY = AGENT_US_EVERY, 16 * AGENT_US_EVERY
 
 
 class InjectedFault(RuntimeError):
@@ -113,6 +113,7 @@ class Agent:
         self.outbox = Outbox(self._send_batch)
         self._reset_buffers()
         # The steady step's view of the loss probe (regate): the probe while its loss may leave with the step, or None.
+        self._steady_model = None  # the model probe while the steady step may take its short way
         self._steady_loss = None
         self._loss_on = False
         self._gated = True
@@ -165,6 +166,7 @@ class Agent:
             and model.dp is not None
         )
         iterations.steady = steady
+        self._steady_model = model if steady else None
         self._loss_on = loss is not None and loss.on
         self._steady_loss = loss if steady and self._loss_on and loss._said is LOSS_ATTACHED else None
 
@@ -382,9 +384,9 @@ class Agent:
         "What an iteration costs"), and ``tests/test_agent_depth.py`` checks that both ways send the same records.
         False (nothing changed) sends the iteration down ``send_step``.
         """
-        if not self.iterations.steady:
+        model = self._steady_model
+        if model is None:
             return False
-        model = self.model
         try:
             if (
                 not model.micro_batches
@@ -426,29 +428,31 @@ class Agent:
             except Exception as exc:
                 self.stop_probe("loss", exc)
         # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.window).
-        outbox.put(
-            (
-                STEADY_STEP,
-                step,
-                t,
-                step_time_s,
-                optimizers,
-                agent_us,
-                micro_batches,
-                tokens,
-                tokens_source,
-                model.dp,
-                loss_value,
-                loss_t,
-                LOSS_ORIGIN,
-            ),
+        item = (
+            STEADY_STEP,
+            step,
             t,
+            step_time_s,
+            optimizers,
+            agent_us,
+            micro_batches,
+            tokens,
+            tokens_source,
+            model.dp,
+            loss_value,
+            loss_t,
+            LOSS_ORIGIN,
         )
+        items = outbox._items
+        if items and t - outbox._opened_t < outbox.window_s and len(items) < outbox.max_records - 1:
+            items.append(item)  # an open window that is not due: what Outbox.put would do, a call less
+        else:
+            outbox.put(item, t)
         if agent_us is not None:
             self._overhead_s += agent_us
             self._overhead_steps += 1
-        if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
-            self._overhead_fact(step)
+            if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:  # timed steps, both
+                self._overhead_fact(step)
         return True
 
     def _count_overhead(self, fields: dict) -> None:
