@@ -292,10 +292,11 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 }
 
 
-# The floor under any agent: the same loop with do-nothing hooks at every place tm's probes attach (the DataLoader's
-# __next__ with the two clock reads a data wait needs, autograd.backward, a forward pre-hook on the model with its
-# keywords, the global optimizer step pre- and post-hooks). What this adds is torch's and Python's cost of calling
-# out at all, before any probe does work: a per-iteration target below it cannot be met by a probe in Python.
+# The floor under any agent: the same loop with do-nothing hooks where tm's probes attach in a steady iteration (the
+# DataLoader's __next__ with the two clock reads a data wait needs, autograd.backward, a forward set on the model that
+# calls its class's, the global optimizer step pre-hook; tm's post-hook leaves the steady lane). What this adds is
+# torch's and Python's cost of calling out at all, before any probe does work: a per-iteration target below it cannot
+# be met by a probe in Python.
 _FLOOR_HOOKS = """
 import torch.utils.data.dataloader as _dataloader
 _next = _dataloader._BaseDataLoaderIter.__next__
@@ -310,9 +311,13 @@ _backward = torch.autograd.backward
 def _seen_backward(*args, **kwargs):
     return _backward(*args, **kwargs)
 torch.autograd.backward = _seen_backward
-model.register_forward_pre_hook(lambda module, args, kwargs: None, with_kwargs=True)
+class _Forward:
+    def __init__(self, module):
+        self.module, self.function = module, type(module).forward
+    def __call__(self, *args, **kwargs):
+        return self.function(self.module, *args, **kwargs)
+model.__dict__["forward"] = _Forward(model)
 _optimizer_module.register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: None)
-_optimizer_module.register_optimizer_step_post_hook(lambda optimizer, args, kwargs: None)
 """
 
 
@@ -437,9 +442,15 @@ def _loop_lines(name: str, results: dict, rounds: int) -> None:
         )
 
 
-def bench_breakdown(endpoint: str, rounds: int = 31) -> None:
-    """The tight loop in this process with each probe switched on alone, all on, and all off, in alternating short
-    rounds: where the agent's time per iteration goes (CPU µs added, median of paired rounds)."""
+def bench_breakdown(endpoint: str, blocks: int = 300, per_block: int = 30) -> None:
+    """The tight loop in this process, its probes switched on and off by their own switches (the hooks stay where they
+    are: patching a class or a module in and out would also undo CPython's specialised attribute reads around them),
+    in alternating blocks of ``per_block`` iterations, each iteration timed on its own: the probes' work in time (µs
+    an iteration, paired medians of blocks; the median of an iteration's wall time leaves out the moments another
+    process had the core). Every probe at once against none, then each probe's share as they add up in the order the
+    steady step needs them (the steps alone go the general way; with the model's forward seen they take the steady
+    step; then the data wait; then the loss). What stays when every probe is off (the hooks called, returning at
+    once) is the loop's ``empty hooks`` line below, not counted here."""
     try:
         import torch
     except ImportError:
@@ -460,59 +471,75 @@ def bench_breakdown(endpoint: str, rounds: int = 31) -> None:
             yield from loader
 
     source = batches()
+    clock = time.perf_counter_ns
 
-    def run(n: int) -> None:
+    def run(n: int, times: list[int] | None = None) -> None:
         for _ in range(n):
+            started = clock() if times is not None else 0
             (x,) = next(source)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
             loss.backward()
             optimizer.step()
+            if times is not None:
+                times.append(clock() - started)
 
     # The model bench_probes adopted is let go, so that this one is adopted at its first forward.
     agent.model.detach_root_hooks()
     agent.model.resume_discovery()
     agent.iterations.attach()
-    run(50)
+    run(300)
     if agent.model.root() is not model:
         print("breakdown: the model probe did not adopt the model, skipped")
         return
-    iter_class = torch.utils.data.dataloader._BaseDataLoaderIter
-    wrapped_next, wrapped_backward = iter_class.__next__, torch.autograd.backward
-    from trainmeter_agent._forward import set_forward
 
-    def switch(steps: bool, model_hook: bool, data_wait: bool, loss: bool) -> None:
-        agent.iterations.attach() if steps else agent.iterations.detach()
-        for handle in agent.model._handles:
-            handle.remove()
-        agent.model._handles = [set_forward(agent.model, model, torch)] if model_hook else []
-        iter_class.__next__ = wrapped_next if data_wait else wrapped_next.__wrapped__
-        torch.autograd.backward = wrapped_backward if loss else wrapped_backward.__wrapped__
+    def switch(steps: bool, model_probe: bool, data_wait: bool, loss: bool) -> None:
+        agent.iterations.steps_on = steps
+        agent.model.on = model_probe
+        agent.loss.on = loss
+        (agent.stopped.discard if data_wait else agent.stopped.add)("data_wait")
+        agent.regate()  # the set changed outside stop_probe
 
-    configs = {
-        "no probe": (False, False, False, False),
-        "optimizer hooks (steps)": (True, False, False, False),
-        "model probe (its forward)": (False, True, False, False),
-        "DataLoader data wait": (False, False, True, False),
-        "loss at backward()": (False, False, False, True),
-        "every probe": (True, True, True, True),
+    off = (False, False, False, False)
+    # (steps, model, data wait, loss): each configuration adds one probe to the one before.
+    stacked = {
+        "optimizer hooks (steps), alone": (True, False, False, False),
+        "+ model probe (its forward)": (True, True, False, False),
+        "+ DataLoader data wait": (True, True, True, False),
+        "+ loss at backward()": (True, True, True, True),
     }
-    figures: dict[str, list[float]] = {name: [] for name in configs}
-    for _ in range(rounds):
-        for name, config in configs.items():
-            switch(*config)
-            run(10)
-            started = time.process_time()
-            run(200)
-            figures[name].append((time.process_time() - started) / 200 * 1e6)
+
+    def paired(on: tuple, without: tuple) -> list[float]:
+        """µs an iteration, block by block: the median of ``on`` minus the median of ``without``, in either order."""
+        figures = []
+        for block in range(blocks):
+            medians = {}
+            for config in (on, without) if block % 2 else (without, on):
+                switch(*config)
+                run(5)  # the switch's own iterations (the lane found again, a mark written) are not timed
+                times: list[int] = []
+                run(per_block, times)
+                medians[config] = statistics.median(times)
+            figures.append((medians[on] - medians[without]) / 1e3)
+        return figures
+
+    started = time.perf_counter()
+    print(
+        f"the probes' work, tight loop in-process ({_load()}; {blocks} pairs of blocks of {per_block} iterations, "
+        f"the median iteration of each):"
+    )
+    _quartiles("every probe, against every probe off", paired(stacked["+ loss at backward()"], off))
+    before = off
+    for name, config in stacked.items():
+        _quartiles(f"  {name}", paired(config, before))
+        before = config
     switch(True, True, True, True)
-    base = figures["no probe"]
-    print(f"per-probe breakdown, tight loop in-process ({rounds} alternating rounds; {_load()}):")
-    for name, values in figures.items():
-        added = [v - b for v, b in zip(values, base, strict=True)]
-        print(
-            f"  {name:<26} {statistics.median(values):7.1f} µs CPU/iteration, added {statistics.median(added):6.2f} µs"
-        )
+    print(f"  ({time.perf_counter() - started:.0f} s)")
+
+
+def _quartiles(name: str, figures: list[float]) -> None:
+    q1, median, q3 = statistics.quantiles(figures, n=4)
+    print(f"  {name:<40} {median:+7.2f} µs an iteration (quartiles {q1:+.1f} to {q3:+.1f})")
 
 
 def _load() -> str:

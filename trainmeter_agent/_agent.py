@@ -632,7 +632,8 @@ class Agent:
             self._waiting_step = None
             self._step_owner = "emit"
             self._send_emitted_step(*waiting)
-        self._step_owner = "emit"
+        if self._step_owner != "emit":  # set once: each assignment recomputes the gates
+            self._step_owner = "emit"
         self._send_emitted_step(step, now, tokens)
         return step
 

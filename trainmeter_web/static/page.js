@@ -224,7 +224,7 @@ export function explainRows(key) {
     const o = (state.doc && state.doc.overhead) || {};
     return [el("div", { class: "t-title" }, "tm's own overhead"),
       el("div", {}, finite(o.agent_us_per_step)
-        ? `the agent spent ${byUnit(o.agent_us_per_step, "")} µs per step on average over ${o.agent_steps} steps`
+        ? `the agent spent ${byUnit(o.agent_us_per_step, "")} µs per step on average over the ${o.agent_steps} steps it timed (one in 16)`
         : o.agent_absent || "n/a"),
       el("div", {}, finite(o.dropped_total) ? `${o.dropped_total} records dropped on the bus` : o.drops_absent || "")];
   }
