@@ -19,9 +19,8 @@ class Model:
     """Stands in for the adopted model (the probe keeps a weak reference to it)."""
 
 
-def steady_agent(monkeypatch, faults: str = "") -> tuple[Agent, Model]:
-    """An agent in the state of a steady loop: hello said, the model adopted with its dp and sequence length, the FLOP
-    count over, the loss attached, a DataLoader batch seen, the steps the optimizer hooks' own."""
+def bare_agent(monkeypatch, faults: str = "") -> Agent:
+    """An agent with its torch probes built, as torch's import builds them, and nothing seen yet."""
     monkeypatch.setenv("TM_AGENT_FAULT", faults)
     agent = Agent("ipc:///nonexistent/in")
     agent.model, agent.flops, agent.loss, agent.phases = (
@@ -30,6 +29,13 @@ def steady_agent(monkeypatch, faults: str = "") -> tuple[Agent, Model]:
         LossProbe(agent),
         Phases(agent),
     )
+    return agent
+
+
+def steady_agent(monkeypatch, faults: str = "") -> tuple[Agent, Model]:
+    """An agent in the state of a steady loop: hello said, the model adopted with its dp and sequence length, the FLOP
+    count over, the loss attached, a DataLoader batch seen, the steps the optimizer hooks' own."""
+    agent = bare_agent(monkeypatch, faults)
     model = Model()
     agent.activated = True
     agent.model.eager = agent.loss.eager = True  # torch.compile never called
@@ -63,14 +69,7 @@ def test_a_steady_loop_opens_every_short_way(monkeypatch):
 
 
 def test_a_fresh_agent_opens_none(monkeypatch):
-    monkeypatch.delenv("TM_AGENT_FAULT", raising=False)
-    agent = Agent("ipc:///nonexistent/in")
-    agent.model, agent.flops, agent.loss, agent.phases = (
-        ModelProbe(agent),
-        FlopCount(agent),
-        LossProbe(agent),
-        Phases(agent),
-    )
+    agent = bare_agent(monkeypatch)
     # Only the lane's own switch is on: its hooks are attached and count (the lane is chosen per optimizer).
     assert ways(agent) == {**dict.fromkeys(ALL_OPEN, False), "lane": True}
 

@@ -112,8 +112,9 @@ class Agent:
         # Steps, metrics (as (t, values, step, origin) until they leave), phases, facts and notices, in call order.
         self.outbox = Outbox(self._send_batch)
         self._reset_buffers()
-        # The steady step's view of the loss probe (regate): the probe while its loss may leave with the step, or None.
-        self._steady_model = None  # the model probe while the steady step may take its short way
+        # The steady step's view of the probes (regate): the model probe while the steady step may take its short way,
+        # the loss probe while its loss may leave with the step (else None), and whether the loss probe is on.
+        self._steady_model = None
         self._steady_loss = None
         self._loss_on = False
         self._gated = True
@@ -126,9 +127,9 @@ class Agent:
 
     def regate(self) -> None:
         """Recompute what the hot hooks read instead of the agent's state (``_gates.py``): ``phases.fast``,
-        ``model.fast``, ``loss.fast`` and ``iterations.steady``. Each stands for the terms of
-        its short way's condition that change rarely; the terms that change within an iteration are still asked
-        there. A gate that is False only sends its hook the general way, which sends the same records."""
+        ``model.fast``, ``loss.fast`` and ``iterations.steady``. Each stands for the terms of its short way's condition
+        that change rarely; the terms that change within an iteration are still asked there. A gate that is False only
+        sends its hook the general way, which sends the same records."""
         if not self._gated:
             return
         model, loss, phases, flops, iterations = (

@@ -86,7 +86,8 @@ class Phases:
             batch = original(self)
             if phases.fast and not isinstance(batch, dict):
                 # The common batch, as _batch takes it: a phase with no extra field, labelled with the current step
-                # (``phases.fast``: the agent said hello, no probe stopped or fault to inject, the steps the hooks').
+                # (``phases.fast``: the agent said hello, the probe on, no fault to inject, the steps not the loop's
+                # own).
                 try:
                     ended = monotonic()
                     item = (PHASE, "data_wait", started, ended, iterations.iteration or None, "dataloader")
