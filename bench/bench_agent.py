@@ -501,10 +501,11 @@ def bench_breakdown(endpoint: str, blocks: int = 300, per_block: int = 30) -> No
         agent.regate()  # the set changed outside stop_probe
 
     off = (False, False, False, False)
-    # (steps, model, data wait, loss): each configuration adds one probe to the one before.
+    # (steps, model, data wait, loss): each configuration adds one probe to the one before. The steps alone go the
+    # general way (the steady step reads the model probe's micro-batches), so the model's share can come out negative.
     stacked = {
         "optimizer hooks (steps), alone": (True, False, False, False),
-        "+ model probe (its forward)": (True, True, False, False),
+        "+ model probe (the steady step)": (True, True, False, False),
         "+ DataLoader data wait": (True, True, True, False),
         "+ loss at backward()": (True, True, True, True),
     }
@@ -533,8 +534,19 @@ def bench_breakdown(endpoint: str, blocks: int = 300, per_block: int = 30) -> No
     for name, config in stacked.items():
         _quartiles(f"  {name}", paired(config, before))
         before = config
+    print("  each probe alone, against every probe off:")
+    alone = {
+        "model probe (its forward)": (False, True, False, False),
+        "DataLoader data wait": (False, False, True, False),
+        "loss at backward()": (False, False, False, True),
+    }
+    for name, config in alone.items():
+        _quartiles(f"    {name}", paired(config, off))
     switch(True, True, True, True)
-    print(f"  ({time.perf_counter() - started:.0f} s)")
+    print(
+        f"  ({time.perf_counter() - started:.0f} s; the steps alone send their record the general way, the model "
+        "probe on lets them take the steady step: its share is the model's work less what that saves)"
+    )
 
 
 def _quartiles(name: str, figures: list[float]) -> None:
@@ -578,9 +590,11 @@ def main() -> None:
     parser.add_argument("--peer-venv", default=os.environ.get("TM_PEER_VENV") or "/work/peer")
     parser.add_argument("--iterations", type=int, default=10_000, help="iterations of the tight loop per run")
     parser.add_argument("--loops-only", action="store_true")
+    parser.add_argument("--breakdown-only", action="store_true", help="only the probes' work in one process")
     args = parser.parse_args()
     print(
         f"{_load()}; reproduce: {sys.executable} bench/bench_agent.py --rounds {args.rounds} --peer-venv {args.peer_venv}"
+        + (" --breakdown-only" if args.breakdown_only else "")
     )
     socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-bench-")
     endpoint = f"ipc://{socket_dir}/in"
@@ -596,13 +610,16 @@ def main() -> None:
             print(
                 f"install(): {(time.perf_counter() - started) * 1e3:.2f} ms (python {sys.version.split()[0]})"
             )
-            bench_emit(trainmeter_agent)
-            bench_step_hooks(trainmeter_agent)
-            bench_probes(trainmeter_agent)
-            bench_backward(trainmeter_agent)
+            if not args.breakdown_only:
+                bench_emit(trainmeter_agent)
+                bench_step_hooks(trainmeter_agent)
+                bench_probes(trainmeter_agent)
+                bench_backward(trainmeter_agent)
             bench_breakdown(endpoint)
             print(f"records sent {agent.producer.sent}, dropped {agent.producer.dropped}")
             agent.at_exit()
+        if args.breakdown_only:
+            return
         bench_loops(args.rounds, args.peer_venv, args.iterations)
         if not args.loops_only:
             bench_startup(endpoint)
