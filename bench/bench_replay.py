@@ -213,7 +213,10 @@ def side_by_side(n: int, rounds: int, peer_venv: str | None) -> None:
                 f"{peer_cpu_rate:,.0f} per CPU second, peak memory {peer_peak:.0f} MB; tm/0.0.7 speed "
                 f"{rate / peer_rate:.2f}x wall, {cpu_rate / peer_cpu_rate:.2f}x CPU; memory {peak / peer_peak:.2f}x"
             )
-        print(f"  reproduce: {sys.executable} bench/bench_replay.py --records {n} --rounds {rounds} --fuzz 0")
+        print(
+            f"  reproduce: {sys.executable} bench/bench_replay.py --records {n} --rounds {rounds} --fuzz 0"
+            + (f" --peer-venv {peer_venv}" if peer_venv else "")
+        )
 
 
 def _load() -> str:
