@@ -444,11 +444,9 @@ class Agent:
             loss_t,
             LOSS_ORIGIN,
         )
-        items = outbox._items
-        if items and t - outbox._opened_t < outbox.window_s and len(items) < outbox.max_records - 1:
-            items.append(item)  # an open window that is not due: what Outbox.put would do, a call less
-        else:
-            outbox.put(item, t)
+        # Through put, never an append of its own: put appends before it asks whether the window is new, so the flush
+        # timer emptying the deque in between cannot leave an item in a window it never opened (no deadline, no wake).
+        outbox.put(item, t)
         if agent_us is not None:
             self._overhead_s += agent_us
             self._overhead_steps += 1

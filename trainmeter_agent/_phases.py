@@ -91,11 +91,9 @@ class Phases:
                 try:
                     ended = monotonic()
                     item = (PHASE, "data_wait", started, ended, iterations.iteration or None, "dataloader")
-                    outbox = agent.outbox
-                    if outbox._items:  # the window is open: the step that follows checks its deadline
-                        outbox._items.append(item)
-                    else:
-                        outbox.put(item, ended)
+                    # Through put (see Agent.send_steady_step): an append of its own, after a look at the deque, could
+                    # land in a window the flush timer had just emptied, with no deadline and no timer to wake.
+                    agent.outbox.put(item, ended)
                     if iterations.timed:
                         iterations._agent_s += monotonic() - ended
                 except Exception as exc:
