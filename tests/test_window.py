@@ -122,3 +122,30 @@ def test_an_array_that_is_not_one_of_the_three_items_is_malformed(item):
 def test_a_window_that_cannot_be_read_is_malformed(payload):
     with pytest.raises(rec.MalformedRecord):
         window.split_window(payload)
+
+
+def test_the_count_a_window_is_sent_with_is_the_number_of_records_the_hub_builds_from_it():
+    from trainmeter_agent._outbox import Outbox
+
+    def steady(step: int, loss: float | None) -> tuple:
+        t = 10.0 + step
+        return (window.STEADY_STEP, step, t, 0.1, 1, None, 1, 8, "input_ids", 1, loss, t, "backward")
+
+    sent: list[tuple[list, int]] = []
+    outbox = Outbox(lambda batch, records: sent.append((batch, records)), window_s=60.0, max_records=3)
+    items = [
+        steady(1, 2.5),
+        (window.BARE_PHASE, "data_wait", 11.0, 11.1, 1, "dataloader"),
+        steady(2, None),  # no loss with this step: one record
+        steady(3, 2.25),
+        (window.BARE_METRIC, 13.5, {"lr": 0.1}, 3, "emit"),
+    ]
+    outbox.ready = True
+    for item in items:
+        outbox.put(item, 10.0)
+        if item[0] == window.STEADY_STEP and item[1] == 3:
+            # The timer's flush between two puts (what it does when the loop pauses): each window counts its own.
+            outbox.flush()
+    outbox.flush()
+    assert [len(batch) for batch, _ in sent] == [3, 1, 1]
+    assert [records for _, records in sent] == [len(_records(batch)) for batch, _ in sent] == [4, 2, 1]

@@ -422,8 +422,7 @@ class Agent:
                     loss_value = sum(loss._entries)
                     loss._calls = 0  # LossProbe.reset_iteration: why and copies are already None and False
                     loss._entries = []
-                    loss_t = time.monotonic()
-                    outbox.losses += 1  # this step's item stands for two records
+                    loss_t = time.monotonic()  # the item stands for two records (_outbox.records_in)
                 else:
                     self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
             except Exception as exc:

@@ -33,6 +33,14 @@ PHASE = 2
 METRIC = 3
 
 
+def records_in(batch: list) -> int:
+    """The records a batch stands for: one an item, two a steady step with its loss (counted here, from the items the
+    batch holds, so a window's count is its own whichever thread closed it and whenever)."""
+    return len(batch) + sum(
+        1 for item in batch if type(item) is tuple and item[0] == STEADY_STEP and item[10] is not None
+    )
+
+
 class Outbox:
     """Records in arrival order; ``send(batch, records)`` is the agent's, called by whichever thread closes the window.
 
@@ -49,8 +57,6 @@ class Outbox:
 
     def _reset(self) -> None:
         self._items: deque = deque()
-        # Steady steps queued with their loss: each stands for two records (the send counts records, not items).
-        self.losses = 0
         self._opened_t = 0.0
         self._lock = threading.Lock()
         self._due = threading.Event()
@@ -81,9 +87,8 @@ class Outbox:
             if not n:
                 return
             batch = [items.popleft() for _ in range(n)]
-            losses, self.losses = self.losses, 0
             self.windows += 1
-            self._send(batch, n + losses)
+            self._send(batch, records_in(batch))
 
     # -- the timer ------------------------------------------------------------------------------------------------
 
