@@ -449,8 +449,8 @@ def bench_breakdown(endpoint: str, blocks: int = 300, per_block: int = 30) -> No
     an iteration, paired medians of blocks; the median of an iteration's wall time leaves out the moments another
     process had the core). Every probe at once against none, then each probe's share as they add up in the order the
     steady step needs them (the steps alone go the general way; with the model's forward seen they take the steady
-    step; then the data wait; then the loss), and each probe alone against none. What stays when every probe is off (the hooks called, returning at
-    once) is the loop's ``empty hooks`` line below, not counted here."""
+    step; then the data wait; then the loss), and each probe alone against none. What stays when every probe is off
+    (the hooks called, returning at once) is the loop's ``empty hooks`` line below, not counted here."""
     try:
         import torch
     except ImportError:

@@ -27,6 +27,8 @@ MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
 #: loss_origin)``: a steady iteration's step record, after its ``train_loss`` metric from backward() when ``loss`` is
 #: a float.
 STEADY_STEP = 1
+#: Where a steady step's ``loss`` lies in its tuple.
+STEADY_LOSS = 10
 #: ``(PHASE, phase, start_t, end_t, step, probe)``: a phase record with no other field (a DataLoader batch's data wait).
 PHASE = 2
 #: ``(METRIC, t, values, step, origin)``: a metric record.
@@ -37,7 +39,9 @@ def records_in(batch: list) -> int:
     """The records a batch stands for: one an item, two a steady step with its loss (counted here, from the items the
     batch holds, so a window's count is its own whichever thread closed it and whenever)."""
     return len(batch) + sum(
-        1 for item in batch if type(item) is tuple and item[0] == STEADY_STEP and item[10] is not None
+        1
+        for item in batch
+        if type(item) is tuple and item[0] == STEADY_STEP and item[STEADY_LOSS] is not None
     )
 
 
