@@ -42,6 +42,8 @@ def synthetic_log(path: Path, n: int) -> int:
             nonlocal seq
             seq += 1
             record.seq = seq
+            # The hub names its host in every record: the GPU samples then meet the steps' training window.
+            record.host = "bench"
             data = rec.to_builtins(record)
             data["seq"] = data.pop("seq")  # as the recorder writes it: the hub appends seq last
             f.write(rec.to_log_line(data))
@@ -92,7 +94,6 @@ def synthetic_log(path: Path, n: int) -> int:
                         clock_sm_mhz=1755.0,
                         power_w=600.0,
                         t=t,
-                        host="bench",
                     )
                 )
             put(rec.Tick(n=step // 100, interval_s=1.0, t=t))
