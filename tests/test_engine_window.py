@@ -4,6 +4,8 @@ counters alike; and the time goodput does not count, named."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from test_engine import Run, feed
 
@@ -185,3 +187,30 @@ def test_a_window_keeps_few_pending_samples_and_stays_exact_when_the_steps_resum
     mean, covered = win.average(sums["x"], spans["n1"])
     # values 0, 1, 2 repeated ten times: mean 1.0 over 30 s
     assert (mean, covered) == (pytest.approx(1.0, rel=1e-12), pytest.approx(30.0))
+
+
+def test_a_sample_settled_on_the_spot_adds_what_the_pending_way_adds_pauses_and_all():
+    """``add_sample`` settles a sample that ends inside the window with nothing pending at once, without a Pending:
+    it must leave the window exactly as the general way (queue it, then ``_settle``), across a resume's pause too."""
+    rng = random.Random(16)
+    for gaps in ([], [(12.0, 15.5)], [(3.0, 4.0), (20.0, 26.0)]):
+        span = win.StepSpan(first_t=2.0, last_t=2.0, gaps=list(gaps))
+        fast: dict[str, win.WindowSum] = {}
+        general: dict[str, win.WindowSum] = {}
+        on_the_spot = 0
+        for i in range(300):
+            span.last_t = 2.0 + i * 0.2  # the steps go on
+            # A reading just before, at or just after the last step, over no time or up to 2 s
+            end = span.last_t + rng.choice((-0.1, -0.05, 0.0, 0.05))
+            start = end - rng.choice((0.0, 0.1, 0.5, 2.0))
+            value = rng.uniform(0.0, 1.0)
+            on_the_spot += start < end <= span.last_t and not (fast and fast["x"].pending)
+            win.add_sample(fast, "x", start, end, value, span)
+            if start < end:  # the general way, as add_sample took it before it settled samples on the spot
+                window = general.setdefault("x", win.WindowSum())
+                window.pending.append(win.Pending(start, end, value))
+                win._settle(window, span)
+        assert on_the_spot > 100  # the way under test is the one taken
+        assert fast["x"].weighted == general["x"].weighted
+        assert fast["x"].covered_s == general["x"].covered_s
+        assert fast["x"].pending == general["x"].pending

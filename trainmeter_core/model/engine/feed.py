@@ -43,6 +43,8 @@ _BACKWARD = "backward"
 #: Raw series keys whose canonical name is cached (a log of ever new keys must not grow the cache without bound).
 _CANONICAL_CACHED_MAX = 4096
 _ALPHA = fm.EMA_ALPHA
+_INF = math.inf
+_MARKS_KEPT_MAX, _RECENT_MARKS = attempts.MARKS_KEPT_MAX, attempts.RECENT_MARKS
 
 __all__ = ["STEP_WINDOW", "Engine", "EngineState", "GpuState", "RankState", "build_snapshot"]
 
@@ -63,6 +65,9 @@ class Engine:
     def __init__(self, state: EngineState | None = None, history: History | None = None) -> None:
         self.state = state if state is not None else EngineState()
         self.history = history if history is not None else History()
+        # A NoHistory keeps no point: the x values of the points it drops are then not computed (an eighth of the
+        # engine's instructions in a replay of bench_replay's log).
+        self._keeps = self.history.keeps
         self._derived_version = -1
         self._rig = Rig()
         self._flops = ModelFlops()
@@ -186,30 +191,32 @@ class Engine:
         rank = state.ranks.get(rank_id)
         if rank is None:
             rank = state.ranks[rank_id] = RankState(host=record.host)
+        t = record.t
+        profiled = record.profiled
         interval = record.step_time_s
         if interval is None and rank.last_t is not None:
             previous_t = attempts.previous_reading(state, rank.last_t)  # never across a resume's gap
-            interval = record.t - previous_t if previous_t is not None else None
+            interval = t - previous_t if previous_t is not None else None
         rank.steps += 1
-        rank.last_t = record.t
+        rank.last_t = t
         # The host's training window (win.extend_span, inlined: this is the engine's hottest path)
         span = state.step_spans.get(record.host)
         if span is None:
-            state.step_spans[record.host] = win.StepSpan(first_t=record.t, last_t=record.t)
-        elif record.t > span.last_t:
+            state.step_spans[record.host] = win.StepSpan(first_t=t, last_t=t)
+        elif t > span.last_t:
             if span.gap_from is not None:
-                attempts.reopen_span(span, record.t)
-            span.last_t = record.t
-        if interval is not None and not 0.0 < interval < math.inf:
+                attempts.reopen_span(span, t)
+            span.last_t = t
+        if interval is not None and not 0.0 < interval < _INF:
             interval = None  # a clock that went backwards (or NaN, or infinite) measures nothing
-        if interval is not None and not record.profiled:
+        if interval is not None and not profiled:
             # fm.ema, inlined (as every EMA and window below: this is the engine's hottest path)
             previous = rank.step_time_ema_s
             rank.step_time_ema_s = (
                 float(interval) if previous is None else previous + _ALPHA * (interval - previous)
             )
         if rank_id != 0:
-            if interval is not None:
+            if interval is not None and self._keeps:
                 step, tokens, flops = self._x()
                 self.history.add_point(
                     f"tm:rank:{rank_id}:step_time_s", step, tokens, flops, record.wall, interval
@@ -225,13 +232,13 @@ class Engine:
             state.attempt_stepped = True
             attempts.first_step(state, record)  # closes a resume's join, takes back the steps done again
         previous_step_t = state.last_step_t
-        state.steps += 1
+        steps = state.steps = state.steps + 1
         state.last_step = record.step
         if first:
-            state.first_step_t = record.t
+            state.first_step_t = t
         elif first_of_attempt:
             pass  # a resumed attempt's first step: its work lies in the join, which the window leaves out
-        elif record.profiled:
+        elif profiled:
             state.profiled_steps += 1
             state.profiled_s += interval if interval is not None else 0.0
         elif tokens is None:
@@ -247,7 +254,7 @@ class Engine:
                 state.interval_ema_s = (
                     float(interval) if previous is None else previous + _ALPHA * (interval - previous)
                 )
-        if not first and not record.profiled and interval is not None:
+        if not first and not profiled and interval is not None:
             recent = state.recent_intervals_s
             recent.append(interval)
             if len(recent) > STEP_WINDOW:
@@ -257,57 +264,70 @@ class Engine:
                 recent.append(tokens / interval)
                 if len(recent) > STEP_WINDOW:
                     del recent[0]
-        state.last_step_t = record.t
+        state.last_step_t = t
         state.last_step_wall = record.wall
         if tokens is not None:
-            state.tokens_seen += tokens
-            state.steps_with_tokens += 1
+            tokens_seen = state.tokens_seen = state.tokens_seen + tokens
+            with_tokens = state.steps_with_tokens = state.steps_with_tokens + 1
+        else:
+            tokens_seen, with_tokens = state.tokens_seen, state.steps_with_tokens
         # The mark a resume can rewind to (model/engine/attempts.py; here, because this is the engine's hottest path)
         resume = state.resume
-        if not first_of_attempt:
-            resume.stepping_s += record.t - previous_step_t  # type: ignore[operator]
+        if first_of_attempt:
+            stepping_s = resume.stepping_s
+        else:
+            stepping_s = resume.stepping_s = resume.stepping_s + (t - previous_step_t)  # type: ignore[operator]
         if resume.phase_after_step_s:
             resume.phase_after_step_s = resume.wait_after_step_s = 0.0
         marks = resume.marks
-        marks.append((record.step, record.t, state.steps, state.tokens_seen, state.steps_with_tokens,
-                      resume.stepping_s, resume.stepping_phase_s, resume.stepping_wait_s))  # fmt: skip
-        if len(marks) >= attempts.MARKS_KEPT_MAX:
-            del marks[: attempts.RECENT_MARKS]  # in one go, now and then: the latest RECENT_MARKS stay
+        marks.append((record.step, t, steps, tokens_seen, with_tokens,
+                      stepping_s, resume.stepping_phase_s, resume.stepping_wait_s))  # fmt: skip
+        if len(marks) >= _MARKS_KEPT_MAX:
+            del marks[:_RECENT_MARKS]  # in one go, now and then: the latest RECENT_MARKS stay
         if state.phase_after_last_s:
             state.phase_after_last_s = {}
-        if interval is not None:
+        if interval is not None and self._keeps:
             # self._x(), inlined: the facts were derived above
             step = float(state.last_step) if state.last_step is not None else _NAN
-            if state.steps_with_tokens:
-                tokens_x, flops = float(state.tokens_seen), state.tokens_seen * self._fpt_single
+            if with_tokens:
+                tokens_x, flops = float(tokens_seen), tokens_seen * self._fpt_single
             else:
                 tokens_x = flops = _NAN
             self.history.add_point("tm:rank:0:step_time_s", step, tokens_x, flops, record.wall, interval)
         return []
 
     def _tokens_of(self, record: rec.Step) -> int | None:
-        """Tokens in this step across all ranks: declared beats detected (a disagreement is warned about)."""
+        """Tokens in this step across all ranks: declared beats detected (a disagreement is warned about).
+
+        The state's fields are stored only when their value changes, which is seldom: a store into a msgspec Struct
+        goes the interpreter's generic way (40 ns, against 9 ns into a plain slot), and this runs at every step."""
         state = self.state
         detected = record.tokens_global
         source = "tokens_global"
-        state.dp_assumed = False
+        dp_assumed = False
         if detected is None and record.tokens is not None:
             dp = self._dp if self._dp is not None else record.dp
-            state.dp_assumed = dp is None
+            dp_assumed = dp is None
             detected = record.tokens * (dp if dp is not None else 1)
             source = "tokens × dp" if dp is not None else "tokens × dp (dp assumed 1)"
         if detected is not None and not 0 <= detected < _MAX_TOKENS_PER_STEP:
             detected = None  # a negative or absurd count is no count
         declared = self._declared_tokens_per_step
         if declared is not None:
-            state.tokens_mismatch = detected if detected is not None and detected != declared else None
+            mismatch = detected if detected is not None and detected != declared else None
+            if state.tokens_mismatch != mismatch:
+                state.tokens_mismatch = mismatch
             detected, source = declared, "declared --tokens-per-step"
-            state.dp_assumed = False
+            dp_assumed = False
         elif detected is None and self._other_tokens_per_step is not None:
             detected, source = self._other_tokens_per_step, "tokens_per_step fact"
+        if state.dp_assumed is not dp_assumed:
+            state.dp_assumed = dp_assumed
         if detected is not None:
-            state.last_tokens_per_step = detected
-            state.last_tokens_source = source
+            if state.last_tokens_per_step != detected:
+                state.last_tokens_per_step = detected
+            if state.last_tokens_source != source:
+                state.last_tokens_source = source
         return detected
 
     def _on_metric(self, record: rec.Metric) -> list[rec.Snapshot]:
@@ -324,17 +344,22 @@ class Engine:
         seen_explicit = state.seen_explicit_train
         from_emit = origin == "emit"
         emit_series = state.emit_series
-        # self._x(), inlined (with the steps, this is the engine's hottest path)
-        if self._derived_version != state.facts.version:
-            self.derived()
-        if record.step is not None:
-            step = float(record.step)
+        keeps = self._keeps
+        # A point's x values: for the history, or held with a loss from backward() (they are state then)
+        if keeps or origin == _BACKWARD:
+            # self._x(), inlined (with the steps, this is the engine's hottest path)
+            if self._derived_version != state.facts.version:
+                self.derived()
+            if record.step is not None:
+                step = float(record.step)
+            else:
+                step = float(state.last_step) if state.last_step is not None else _NAN
+            if state.steps_with_tokens:
+                tokens, flops = float(state.tokens_seen), state.tokens_seen * self._fpt_single
+            else:
+                tokens = flops = _NAN
         else:
-            step = float(state.last_step) if state.last_step is not None else _NAN
-        if state.steps_with_tokens:
-            tokens, flops = float(state.tokens_seen), state.tokens_seen * self._fpt_single
-        else:
-            tokens = flops = _NAN
+            step = tokens = flops = _NAN  # read by no one: the history keeps no point
         # canonical() by a cache (derived, never state): with the steps, this is the engine's hottest path.
         names = self._canonical_names[seen_explicit]
         add_point = self.history.add_point
@@ -370,7 +395,8 @@ class Engine:
             state.series[name] = rec.SeriesPoint(
                 canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
             )
-            add_point(name, step, tokens, flops, record.wall, value)
+            if keeps:
+                add_point(name, step, tokens, flops, record.wall, value)
         return []
 
     def _add_series_point(
@@ -384,8 +410,9 @@ class Engine:
 
     def _on_loss(self, value: float) -> None:
         state = self.state
-        state.loss_seen = True
-        if not -math.inf < value < math.inf:
+        if not state.loss_seen:
+            state.loss_seen = True
+        if not -_INF < value < _INF:
             state.loss_nonfinite += 1
         elif state.loss_tick_max is None or value > state.loss_tick_max:
             state.loss_tick_max = value
@@ -431,12 +458,13 @@ class Engine:
         ):
             self.derived()
         values = take_gpu_sample(state, gpu, record, self._rig.sampled.get(key))
-        step, tokens, flops = self._x()
-        add = self.history.add_point
-        wall = record.wall
-        for name, value in zip(series, values, strict=True):
-            if value is not None:
-                add(name, step, tokens, flops, wall, value)
+        if self._keeps:
+            step, tokens, flops = self._x()
+            add = self.history.add_point
+            wall = record.wall
+            for name, value in zip(series, values, strict=True):
+                if value is not None:
+                    add(name, step, tokens, flops, wall, value)
         return []
 
     def _on_sample_host(self, record: rec.SampleHost) -> list[rec.Snapshot]:
