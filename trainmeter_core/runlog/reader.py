@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import os
 import re
 import zlib
@@ -168,7 +169,21 @@ def read_log(
     kind this version does not know), ``decoded`` (lines decoded in full, the segment index included) and
     ``last_seq`` (the last sequence number passed, of a record left out by ``kinds`` too). With ``after_seq`` or
     ``before_seq``, a record that carries no sequence number cannot be placed and is left out.
+
+    The records are decoded a list at a time and handed on through one ``itertools.chain``: no Python frame resumes
+    per record (two nested generators, as before, cost 2% of a replay).
     """
+    return itertools.chain.from_iterable(_pieces(run_dir, kinds, stats, after_seq, before_seq))
+
+
+def _pieces(
+    run_dir: Path,
+    kinds: set[str] | frozenset[str] | None,
+    stats: dict | None,
+    after_seq: int,
+    before_seq: int | None,
+) -> Iterator[list[rec.Record | rec.Unknown]]:
+    """``read_log``'s records, in lists as they are decoded (lazily: nothing is read before the first is asked for)."""
     if stats is None:
         stats = {}
     stats.setdefault("skipped", 0)
@@ -204,7 +219,7 @@ def read_log(
                     if seq <= after_seq:
                         continue
                     if seq >= limit:
-                        yield from _decoded(chunk, stats, kinds, after_seq, limit, bounded)[0]
+                        yield _decoded(chunk, stats, kinds, after_seq, limit, bounded)[0]
                         return  # the recorder writes in hub order: nothing wanted follows
             if wanted is not None and line.startswith(_KIND_FIRST):
                 # A line of another kind is not decoded at all: the recorder writes the tag first, so one look at the
@@ -216,19 +231,19 @@ def read_log(
             chunk.append(line)
             if len(chunk) >= _BATCH_LINES:
                 records, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
-                yield from records
+                yield records
                 if past_limit:
                     return
                 chunk = []
         records, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
-        yield from records
+        yield records
         if past_limit:
             return
 
 
-def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, kind_marks) -> Iterator:
-    """Every wanted record of one segment, read in 1 MiB chunks split into lines at once (what the line-by-line
-    loop of a bounded read costs per line is most of a small record's decode)."""
+def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, kind_marks) -> Iterator[list]:
+    """Every wanted record of one segment, in lists, read in 1 MiB chunks split into lines at once (what the
+    line-by-line loop of a bounded read costs per line is most of a small record's decode)."""
     reasons = stats["reasons"]
     carry = b""
     search = wanted is not None
@@ -264,9 +279,10 @@ def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, k
                 while start < cut:
                     end = data.find(b"\n", start + _PIECE_B, cut - 1) + 1 or cut
                     records = _decoded_piece(data[start : end - 1], stats, kinds)
-                    if records is None:
-                        records = _line_records(data[start : end - 1].split(b"\n"), stats, kinds, wanted)
-                    yield from records
+                    if records is not None:
+                        yield records
+                    else:
+                        yield from _line_records(data[start : end - 1].split(b"\n"), stats, kinds, wanted)
                     start = end
     except (OSError, EOFError, zlib.error):  # a compressed segment cut short or corrupt: what was read stands
         pass
@@ -318,9 +334,9 @@ def _sparse_lines(data: bytes, cut: int, kind_marks: list[bytes], stats: dict) -
     return lines
 
 
-def _line_records(lines: list[bytes], stats: dict, kinds, wanted: set[bytes] | None) -> Iterator:
-    """The wanted records of complete lines (each without its newline), filtered first by their tag when ``wanted``
-    is given, then decoded in batches."""
+def _line_records(lines: list[bytes], stats: dict, kinds, wanted: set[bytes] | None) -> Iterator[list]:
+    """The wanted records of complete lines (each without its newline), in lists: filtered first by their tag when
+    ``wanted`` is given, then decoded in batches."""
     if wanted is not None:
         # A wanted line passes on the spot; any other goes through _wanted (decoded, or counted as passed).
         lines = [
@@ -331,7 +347,7 @@ def _line_records(lines: list[bytes], stats: dict, kinds, wanted: set[bytes] | N
         ]
     passed = stats["last_seq"]  # of the lines the filter passed over: a later one than any wanted
     for at in range(0, len(lines), _BATCH_LINES):
-        yield from _decoded(lines[at : at + _BATCH_LINES], stats, kinds, 0, 1 << 64, False, b"\n")[0]
+        yield _decoded(lines[at : at + _BATCH_LINES], stats, kinds, 0, 1 << 64, False, b"\n")[0]
     if passed is not None and (stats["last_seq"] is None or passed > stats["last_seq"]):
         stats["last_seq"] = passed  # the last sequence number passed, whether wanted or not
 

@@ -77,17 +77,17 @@ def replay_engine(
     every = last_snapshot_seq == -1
     last = None
     fed = False
-    run_end, profile_import, tick, feed = rec.RunEnd, rec.ProfileImport, rec.Tick, engine.feed
+    tick, feed = rec.Tick, engine.feed
+    # The kinds that may make the last snapshot (a profile imported after run.end makes a new final one); every other
+    # record is fed without a look at it.
+    loud_types = frozenset((rec.RunEnd, rec.ProfileImport, tick))
     for record in read_log(run_dir, FED_KINDS, stats, after_seq=through_seq):
         fed = True
         cls = type(record)
-        loud = (
-            every
-            or cls is run_end
-            or cls is profile_import  # one imported after run.end makes a new final snapshot
-            or (cls is tick and record.seq == last_snapshot_seq)
-        )
-        made = feed(record, snapshots=loud)
+        if not every and cls not in loud_types:
+            feed(record, False)
+            continue
+        made = feed(record, every or cls is not tick or record.seq == last_snapshot_seq)
         if made:
             last = made[-1]
     # The records passed by their tag moved the engine's clock of sequence numbers all the same, but for the alerts
