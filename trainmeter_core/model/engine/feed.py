@@ -34,6 +34,7 @@ from trainmeter_core.model.engine.state import (
     RankState,
 )
 from trainmeter_core.model.engine.time_split import take_phase
+from trainmeter_core.model.engine.tokens import step_tokens
 from trainmeter_core.model.facts import ModelFlops, model_flops, whole
 from trainmeter_core.model.history import History, HistoryState
 from trainmeter_core.model.rig import Rig, resolve_rig
@@ -225,7 +226,9 @@ class Engine:
         # Rank 0 is the step clock: steps, tokens and the training window are counted on it alone.
         if self._derived_version != state.facts.version:
             self.derived()
-        tokens = self._tokens_of(record)
+        tokens = step_tokens(
+            state, record, self._dp, self._declared_tokens_per_step, self._other_tokens_per_step
+        )
         first = state.first_step_t is None
         first_of_attempt = not state.attempt_stepped
         if first_of_attempt:
@@ -295,40 +298,6 @@ class Engine:
                 tokens_x = flops = _NAN
             self.history.add_point("tm:rank:0:step_time_s", step, tokens_x, flops, record.wall, interval)
         return []
-
-    def _tokens_of(self, record: rec.Step) -> int | None:
-        """Tokens in this step across all ranks: declared beats detected (a disagreement is warned about).
-
-        The state's fields are stored only when their value changes, which is seldom: a store into a msgspec Struct
-        goes the interpreter's generic way (40 ns, against 9 ns into a plain slot), and this runs at every step."""
-        state = self.state
-        detected = record.tokens_global
-        source = "tokens_global"
-        dp_assumed = False
-        if detected is None and record.tokens is not None:
-            dp = self._dp if self._dp is not None else record.dp
-            dp_assumed = dp is None
-            detected = record.tokens * (dp if dp is not None else 1)
-            source = "tokens × dp" if dp is not None else "tokens × dp (dp assumed 1)"
-        if detected is not None and not 0 <= detected < _MAX_TOKENS_PER_STEP:
-            detected = None  # a negative or absurd count is no count
-        declared = self._declared_tokens_per_step
-        if declared is not None:
-            mismatch = detected if detected is not None and detected != declared else None
-            if state.tokens_mismatch != mismatch:
-                state.tokens_mismatch = mismatch
-            detected, source = declared, "declared --tokens-per-step"
-            dp_assumed = False
-        elif detected is None and self._other_tokens_per_step is not None:
-            detected, source = self._other_tokens_per_step, "tokens_per_step fact"
-        if state.dp_assumed is not dp_assumed:
-            state.dp_assumed = dp_assumed
-        if detected is not None:
-            if state.last_tokens_per_step != detected:
-                state.last_tokens_per_step = detected
-            if state.last_tokens_source != source:
-                state.last_tokens_source = source
-        return detected
 
     def _on_metric(self, record: rec.Metric) -> list[rec.Snapshot]:
         state = self.state
