@@ -465,7 +465,7 @@ class Engine:
         state.now_wall = record.wall
         state.child_alive = record.child_alive
         self._commit_backward()
-        if not self._quiet or self.history.keeps:  # a quiet tick's snapshot is for the history alone
+        if not self._quiet or self._keeps:  # a quiet tick's snapshot is for the history alone
             snapshot = build_snapshot(self, final=False, lean=self._quiet)
             record_history(self, snapshot, record.wall)
         state.loss_tick_max = None  # each snapshot shows the largest loss since the one before
