@@ -169,6 +169,11 @@ def _replay_in_process(python: str, code: str, run: Path, env: dict) -> dict | N
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _spread(rates: list[float]) -> str:
+    """The rounds' range, so one slow spell of the host shows beside the median."""
+    return f"{min(rates):,.0f} to {max(rates):,.0f} over the rounds"
+
+
 def side_by_side(n: int, rounds: int, peer_venv: str | None) -> None:
     """tm's replay (``final_snapshot``, what ``tm view --json`` and the end of a run do) and 0.0.7's ``replay``, each
     in a fresh process, alternated."""
@@ -197,22 +202,25 @@ def side_by_side(n: int, rounds: int, peer_venv: str | None) -> None:
                     peers.append(result)
         if not ours:
             return
-        rate = statistics.median(n_ours / r["s"] for r in ours)
+        rates = [n_ours / r["s"] for r in ours]
+        rate = statistics.median(rates)
         cpu_rate = statistics.median(n_ours / r["cpu_s"] for r in ours)
         peak = max(r["peak_mb"] for r in ours)
         print(
             f"tm replay of {n_ours:,} records, fresh process: {rate:,.0f} records/s wall, {cpu_rate:,.0f} per CPU "
-            f"second (median of {len(ours)}; target >= 365k/s), peak memory {peak:.0f} MB (target <= 200 MB); "
-            f"{_load()}"
+            f"second (median of {len(ours)}, wall {_spread(rates)}; target >= 365k/s), peak memory {peak:.0f} MB "
+            f"(target <= 200 MB); {_load()}"
         )
         if peers:
-            peer_rate = statistics.median(n_peer / r["s"] for r in peers)
+            peer_rates = [n_peer / r["s"] for r in peers]
+            peer_rate = statistics.median(peer_rates)
             peer_cpu_rate = statistics.median(n_peer / r["cpu_s"] for r in peers)
             peer_peak = max(r["peak_mb"] for r in peers)
             print(
-                f"0.0.7 replay of {n_peer:,} records (its format), fresh process: {peer_rate:,.0f} records/s wall, "
-                f"{peer_cpu_rate:,.0f} per CPU second, peak memory {peer_peak:.0f} MB; tm/0.0.7 speed "
-                f"{rate / peer_rate:.2f}x wall, {cpu_rate / peer_cpu_rate:.2f}x CPU; memory {peak / peer_peak:.2f}x"
+                f"0.0.7 replay of {n_peer:,} records (its format), fresh process: {peer_rate:,.0f} records/s wall "
+                f"({_spread(peer_rates)}), {peer_cpu_rate:,.0f} per CPU second, peak memory {peer_peak:.0f} MB; "
+                f"tm/0.0.7 speed {rate / peer_rate:.2f}x wall, {cpu_rate / peer_cpu_rate:.2f}x CPU; "
+                f"memory {peak / peer_peak:.2f}x"
             )
         print(
             f"  reproduce: {sys.executable} bench/bench_replay.py --records {n} --rounds {rounds} --fuzz 0"
