@@ -92,4 +92,6 @@ def test_an_engine_restored_without_its_history_has_the_saved_state_and_an_empty
     )
     bare, _ = load_checkpoint(older, NoHistory)
     assert isinstance(bare.history, NoHistory) and bare.history.series_names() == []
+    # The engine computes no point for a history that keeps none: it must know its history is one (both forms).
+    assert bare._keeps is False and load_checkpoint(tmp_path, NoHistory)[0]._keeps is False
     assert msgspec.msgpack.encode(bare.state) == msgspec.msgpack.encode(engine.state)
