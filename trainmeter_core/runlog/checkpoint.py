@@ -81,16 +81,12 @@ def load_checkpoint(run_dir: Path, history_type: type[History] = History) -> tup
                 history = msgspec.msgpack.decode(ckpt.history, type=HistoryState)
                 return Engine(state, history_type.from_state(history)), ckpt.through_seq
             if ckpt.state:
-                # An engine is built around its history (it reads once whether the history keeps points): the restored
-                # state goes into a new engine, never a history set on the restored one.
-                restored = Engine.from_state(ckpt.state)
+                engine = Engine.from_state(ckpt.state)
                 if not history_type.keeps:
-                    history = history_type()
+                    engine.history = history_type()
                 elif history_type is not History:
-                    history = history_type.from_state(restored.history.to_state())
-                else:
-                    history = restored.history
-                return Engine(restored.state, history), ckpt.through_seq
+                    engine.history = history_type.from_state(engine.history.to_state())
+                return engine, ckpt.through_seq
         except _READ_ERRORS:
             pass
     return Engine(history=history_type()), 0

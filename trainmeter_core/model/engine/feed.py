@@ -65,10 +65,7 @@ class Engine:
 
     def __init__(self, state: EngineState | None = None, history: History | None = None) -> None:
         self.state = state if state is not None else EngineState()
-        self.history = history if history is not None else History()
-        # A NoHistory keeps no point: the x values of the points it drops are then not computed (an eighth of the
-        # engine's instructions in a replay of bench_replay's log).
-        self._keeps = self.history.keeps
+        self.history = history if history is not None else History()  # sets _history and _keeps
         self._derived_version = -1
         self._rig = Rig()
         self._flops = ModelFlops()
@@ -102,6 +99,15 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------------------------
     # Public
+
+    @property
+    def history(self) -> History:
+        """Where the points go. Setting it sets ``_keeps``, the flag the handlers read: a NoHistory keeps none."""
+        return self._history
+
+    @history.setter
+    def history(self, history: History) -> None:
+        self._history, self._keeps = history, history.keeps
 
     def feed(self, record: rec.Record | rec.Unknown, snapshots: bool = True) -> list[rec.Snapshot]:
         """Take one record; returns the snapshot a ``tick`` or ``run.end`` produces, else an empty list.
@@ -139,7 +145,7 @@ class Engine:
 
     def state_bytes(self) -> bytes:
         """The whole state, history included, as MessagePack: ``Engine.from_state`` resumes from it exactly."""
-        return _encoder.encode(_Checkpoint(engine=self.state, history=self.history.to_state()))
+        return _encoder.encode(_Checkpoint(engine=self.state, history=self._history.to_state()))
 
     @classmethod
     def from_state(cls, data: bytes) -> Engine:
@@ -219,7 +225,7 @@ class Engine:
         if rank_id != 0:
             if interval is not None and self._keeps:
                 step, tokens, flops = self._x()
-                self.history.add_point(
+                self._history.add_point(
                     f"tm:rank:{rank_id}:step_time_s", step, tokens, flops, record.wall, interval
                 )
             return []
@@ -296,7 +302,7 @@ class Engine:
                 tokens_x, flops = float(tokens_seen), tokens_seen * self._fpt_single
             else:
                 tokens_x = flops = _NAN
-            self.history.add_point("tm:rank:0:step_time_s", step, tokens_x, flops, record.wall, interval)
+            self._history.add_point("tm:rank:0:step_time_s", step, tokens_x, flops, record.wall, interval)
         return []
 
     def _on_metric(self, record: rec.Metric) -> list[rec.Snapshot]:
@@ -331,7 +337,7 @@ class Engine:
             step = tokens = flops = _NAN  # read by no one: the history keeps no point
         # canonical() by a cache (derived, never state): with the steps, this is the engine's hottest path.
         names = self._canonical_names[seen_explicit]
-        add_point = self.history.add_point
+        add_point = self._history.add_point
         for raw_key, value in values.items():
             name = names.get(raw_key)
             if name is None:
@@ -358,7 +364,7 @@ class Engine:
                 state.tapped_series[name] = True
             if state.pending_backward:
                 state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
-            # _add_series_point, inlined
+            # A series' point into the state and the history (as _commit_backward puts a held one)
             if name == _LOSS_SERIES:
                 self._on_loss(value)
             state.series[name] = rec.SeriesPoint(
@@ -367,15 +373,6 @@ class Engine:
             if keeps:
                 add_point(name, step, tokens, flops, record.wall, value)
         return []
-
-    def _add_series_point(
-        self, point: rec.SeriesPoint, step: float, tokens: float, flop: float, wall: float
-    ) -> None:
-        """A series' point into the state and the history; a train loss also counts (_on_metric inlines this)."""
-        if point.canonical == _LOSS_SERIES:
-            self._on_loss(point.value)
-        self.state.series[point.canonical] = point
-        self.history.add_point(point.canonical, step, tokens, flop, wall, point.value)
 
     def _on_loss(self, value: float) -> None:
         state = self.state
@@ -387,14 +384,20 @@ class Engine:
             state.loss_tick_max = value
 
     def _commit_backward(self, before_step: int | None = None) -> None:
-        """The held losses from backward() of an iteration that is over (all of them, or those of steps before
-        ``before_step``: a loop reports its own loss after its step, so iteration k is over once step k+1 comes)."""
-        pending = self.state.pending_backward
+        """Into the state and history, as ``_on_metric`` puts a point: the held losses from backward() of iterations
+        over (all, or those before ``before_step``: a loop reports its loss after its step, so k ends at step k+1)."""
+        state = self.state
+        pending = state.pending_backward
         for name, held in list(pending.items()):
-            step = held.point.step
-            if before_step is not None and step is not None and step >= before_step:
+            point = held.point
+            if before_step is not None and point.step is not None and point.step >= before_step:
                 continue
-            self._add_series_point(held.point, held.x_step, held.x_tokens, held.x_flop, held.wall)
+            if point.canonical == _LOSS_SERIES:
+                self._on_loss(point.value)
+            state.series[point.canonical] = point
+            self._history.add_point(
+                point.canonical, held.x_step, held.x_tokens, held.x_flop, held.wall, point.value
+            )
             del pending[name]
 
     def _on_fact(self, record: rec.Fact) -> list[rec.Snapshot]:
@@ -429,7 +432,7 @@ class Engine:
         values = take_gpu_sample(state, gpu, record, self._rig.sampled.get(key))
         if self._keeps:
             step, tokens, flops = self._x()
-            add = self.history.add_point
+            add = self._history.add_point
             wall = record.wall
             for name, value in zip(series, values, strict=True):
                 if value is not None:
