@@ -282,3 +282,48 @@ def test_an_import_into_a_live_run_goes_through_its_hub_and_the_final_numbers_ho
     assert kinds.count("profile.import") == 4 and kinds.index("profile.import") < kinds.index("run.end")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["snapshot"]["profile"]["traces"][0]["hta"]["idle_pct"] == 77.78
+
+
+def test_an_import_with_the_hubs_thread_order_forced_writes_every_record_it_counts(run_dir, monkeypatch):
+    """The interleaving that lost a record: the hub's thread has looked at its inbox and is about to see the stop
+    request when the last record is injected. Forced here: the hub waits in its flush until ``stop`` is called."""
+    import sys
+    import threading
+
+    from trainmeter_core.bus.hub import Hub
+
+    in_flush, go = threading.Event(), threading.Event()
+    inject, stop = Hub.inject, Hub.stop
+    injected = []
+
+    def gated_inject(self, record):
+        injected.append(record)
+        if len(injected) == 4:  # the last of the trace's 4 records: wait until the hub sits past its inbox
+            flush = self.out.flush
+
+            def gated_flush():
+                flush()
+                # Only the flush that ends a pass of the hub's loop (the publisher flushes itself when full).
+                if not go.is_set() and sys._getframe(1).f_code.co_name == "_serve":
+                    in_flush.set()
+                    go.wait(10)
+
+            self.out.flush = gated_flush
+            self._wake()
+            assert in_flush.wait(10), "the hub never reached its flush"
+        inject(self, record)
+
+    def releasing_stop(self, timeout_s=10.0):
+        self._stop_requested = True  # set before the hub moves on, as the race had it
+        go.set()
+        stop(self, timeout_s)
+
+    monkeypatch.setattr(Hub, "inject", gated_inject)
+    monkeypatch.setattr(Hub, "stop", releasing_stop)
+    code, out, err = tm_import(run_dir, str(A100), "--force")
+    assert len(injected) == 4 and code == 0, err
+    assert "imported 1 file (4 records)" in err, err
+    second = [json.loads(line) for line in (run_dir / "events-0002.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in second] == ["profile.import"] * 4
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["records"]["profile.import"] == 4 and summary["snapshot"]["profile"]["traces"]

@@ -147,7 +147,8 @@ class Hub:
         self._ended.wait(timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the hub's thread and close its sockets (after ``end``)."""
+        """Stop the hub's thread and close its sockets (after ``end``); every record injected before the call is
+        recorded and published first."""
         self._stop_requested = True
         self._wake()
         self._finished.wait(timeout_s)
@@ -263,6 +264,11 @@ class Hub:
                 self._ended.set()
             self.out.flush()
             if self._stop_requested:
+                # What was injected before ``stop`` is recorded: an append that landed after this pass's look at the
+                # inbox would otherwise be lost with the thread (seen with ``tm import``: 5 of 6 records written).
+                while self._inbox:
+                    self._own(self._inbox.popleft())
+                self.out.flush()
                 return
 
     def listening(self, kind: str) -> bool:

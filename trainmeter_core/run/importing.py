@@ -391,11 +391,13 @@ def write_finished(run_dir: Path, records: list[rec.ProfileImport], say: Callabl
             hub.inject(record)
         hub.stop()
         recorder.close()
-        if recorder.error or hub.error or hub.malformed:
+        written = hub.seq - last  # the hub numbers every record it takes in, on from the log's last
+        problem = recorder.error or hub.error or (hub.malformed and "a record was refused")
+        if not problem and written != len(records):
+            problem = f"{written} of {len(records)} records reached the log"
+        if problem:
             (run_dir / segment_name(number)).unlink(missing_ok=True)  # the segment holds this import alone
-            raise ImportRefused(
-                f"cannot write the run log of {run_dir.name}: {recorder.error or hub.error or 'a record was refused'}"
-            )
+            raise ImportRefused(f"cannot write the run log of {run_dir.name}: {problem}")
         rewrite_summary(run_dir, len(records), say)
     finally:
         if sockets is not None:
