@@ -11,7 +11,7 @@ other, so it is a proxy for time, not time; ``bench_agent.py`` still measures th
 agent's work: its instructions ran at a third to a seventh of the loop's pace. In valgrind's simulation they miss the
 instruction cache 1.5 times and the branch predictor twice as often per instruction as the loop's own, which explains
 part of it. Halving the agent's instructions (its hooks in C, tried in 0a0e4f6 and reverted) did not move its time
-(docs/architecture.md, "What an iteration costs inside a loop").
+(docs/performance.md, "Instructions are not the agent's time").
 
 Only the training thread's instructions inside the measured iterations count (callgrind's ``--toggle-collect`` on
 ``functools.reduce``, through which the loop runs them): the start, the warm-up and the agent's flush thread do not,
@@ -195,7 +195,7 @@ _ENTRIES = (
     "functools_reduce",
 )
 # The tight loop is written out again here, its ``iteration`` taking ``*_`` (the itertools entries call it with one
-# argument) where ``_LOOP``'s takes two: sharing one definition moved the counts of the figures in docs/architecture.md
+# argument) where ``_LOOP``'s takes two: sharing one definition moved the counts of the figures in docs/performance.md
 # (the plain loop by 2.4k an iteration, what the do-nothing hooks add from 23.6k to 18.4k), so the two stay apart.
 _BREAKDOWN = """
 import functools, itertools, os, subprocess, sys, tempfile

@@ -8,7 +8,7 @@ prints the rate and that process's peak RSS. The targets (issue 13): at least 50
     python bench/bench_import.py [--mb 500] [--keep PATH] [--ijson]
 
 ``--ijson`` also times ijson's C backend (yajl2_c) on the same file, building the same events, for the comparison
-in docs/architecture.md (install ijson first; tm does not depend on it).
+in docs/performance.md (install ijson first; tm does not depend on it).
 """
 
 # ruff: noqa: UP031 - the event templates read like the JSON they write, which %-formatting keeps visible

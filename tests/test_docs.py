@@ -302,3 +302,54 @@ def test_the_readme_documents_each_setup_script_and_the_demo_needs_no_root():
         assert script in quick
     assert "needs no root and installs no browser" in quick
     assert "TM_SKIP_BROWSER" not in readme  # no hidden switch: setup never installs the browser
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens, repeats numbered."""
+    found: set[str] = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not re.match(r"#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in found:
+            n += 1
+            anchor = f"{slug}-{n}"
+        found.add(anchor)
+    return found
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_its_heading():
+    pages = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "plugins").glob("**/README.md")]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.relative_to(REPO)} links to {target}: no such file"
+            if anchor:
+                assert anchor in _anchors(linked.read_text()), (
+                    f"{page.relative_to(REPO)} links to {target}: no such heading"
+                )
+
+
+def test_the_architecture_map_has_its_parts_and_names_every_record_kind():
+    text = (REPO / "docs" / "architecture.md").read_text()
+    for part in (
+        "The layer map",
+        "The process map",
+        "The record table",
+        "How a record travels",
+        "Plugin entry points",
+    ):
+        assert f"\n## {part}\n" in text, f"docs/architecture.md has no section {part!r}"
+    table = _section(text, "The record table")
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
+    named = set(re.findall(r"`([a-z.]+)`", " ".join(rows)))
+    assert named == set(rec.KINDS), (
+        f"the record table misses {set(rec.KINDS) - named} or names {named - set(rec.KINDS)}"
+    )

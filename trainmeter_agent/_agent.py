@@ -381,8 +381,8 @@ class Agent:
         Steady (``iterations.steady``, and this iteration's own terms asked here): the hooks own the steps, no emitted
         tokens wait, no FLOP count ends here and the model probe saw this iteration's forward, its tokens and its dp.
         Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step`` would add is read from their per-iteration
-        state here, in one function: on a tight loop every call and line of an iteration shows (docs/architecture.md,
-        "What an iteration costs"), and ``tests/test_agent_depth.py`` checks that both ways send the same records.
+        state here, in one function: on a tight loop every call and line of an iteration shows (docs/performance.md,
+        "The agent: cost per step"), and ``tests/test_agent_depth.py`` checks that both ways send the same records.
         False (nothing changed) sends the iteration down ``send_step``.
         """
         model = self._steady_model

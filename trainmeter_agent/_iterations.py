@@ -365,8 +365,8 @@ class IterationDetector:
         step does not move). A call on any other way takes it back first (``_take_post_hook_back``).
 
         On issue 16's tight loop the post-hook cost about 3k instructions an iteration of the agent's 51k: torch's
-        call of it, two clock reads, the first gradient looked up again and its mark written (docs/architecture.md,
-        "What an iteration costs inside a loop, counted")."""
+        call of it, two clock reads, the first gradient looked up again and its mark written (docs/performance.md,
+        "Where the instructions went")."""
         handle, self._post_handle = self._post_handle, None
         self._postless = True
         if handle is not None:

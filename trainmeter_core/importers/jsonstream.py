@@ -4,7 +4,7 @@ Memory stays bounded by the chunk size (4 MiB) and the largest single value (64 
 A batch ends at a ``}`` followed by ``,`` or ``]``; msgspec decodes the batch in one C call, which also proves the cut
 was right (a cut inside a string or a nested value leaves invalid JSON, and an earlier cut is tried). A file that is
 not one JSON object or array, is cut short, or holds invalid JSON raises ``TraceError`` with one line; nothing here
-guesses past damage. Why this and not ijson: docs/architecture.md ("Reading profiler traces").
+guesses past damage. Why this and not ijson: docs/performance.md ("Profiler import").
 """
 
 from __future__ import annotations
