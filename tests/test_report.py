@@ -151,7 +151,7 @@ def test_a_long_series_is_carried_at_the_pages_resolution_with_the_min_max_and_c
 
 
 def test_the_report_carries_the_live_pages_first_document_the_run_and_a_passport(tmp_path):
-    from trainmeter_web.view import finished_model
+    from trainmeter_web.follow import finished_model
 
     run_dir = tmp_path / "runs" / "20260101T000000Z-host-demo"
     write_run(run_dir, 5, ended=True)

@@ -133,7 +133,7 @@ def open_runs(paths: list[Path]) -> tuple[list[RunModel], list[RunSide]]:
     from trainmeter_core.commands.compare import run_state, unusable
     from trainmeter_core.commands.usage import UsageError
     from trainmeter_core.model.comparison import RunSide
-    from trainmeter_web.view import model_now
+    from trainmeter_web.follow import model_now
 
     models, sides = [], []
     for path in paths:
@@ -197,8 +197,7 @@ def serve(
     from trainmeter_core.model.comparison import label
     from trainmeter_web.guard import Guard
     from trainmeter_web.model import encode
-    from trainmeter_web.server import Server, make_compare_app
-    from trainmeter_web.view import listen
+    from trainmeter_web.server import Server, listen, make_compare_app
 
     models, sides = open_runs(paths)
     body = encode(comparison_data(models, sides, convention))

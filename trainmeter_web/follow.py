@@ -1,6 +1,7 @@
 """Filling a RunModel. A live run: the model's own parts (alerts, the run's start and end, tm's overhead) through the
 one hand-over from log to bus, the numbers from the run's one engine (its snapshots, and its history copied whole once
 through its checkpoint, then kept in step by its deltas). A finished run: a replay here, since no engine runs then.
+``model_now`` opens a run either way, once, for ``tm view``, ``tm report`` and ``tm compare``.
 
 It only reads the run directory, never writes to it, and never builds an engine while the run's own engine runs.
 """
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainmeter_core.model import records as rec
+from trainmeter_core.runlog import rundir
 from trainmeter_core.runlog.checkpoint import load_history
 from trainmeter_core.runlog.handover import HandOver
 from trainmeter_core.runlog.reader import read_log
@@ -136,3 +138,49 @@ class Follower:
             fed = self._feed(record) or fed
         if fed:
             changed()
+
+
+class Following:
+    """A live run followed like the web component does: the model's own parts through the one hand-over, its numbers
+    from the run's engine (over the bus). ``model`` is None when asked to stop before any record came."""
+
+    def __init__(self, run_dir: Path, stopping: threading.Event) -> None:
+        from trainmeter_core.bus.client import Producer, Subscriber, read_endpoints
+        from trainmeter_web.model import RunModel
+
+        endpoints = read_endpoints(run_dir)
+        self.subscriber = Subscriber(endpoints["out"])
+        self.producer = Producer(endpoints["in"], source="view", linger_ms=0)
+        model = RunModel(run_dir, read_meta(run_dir))
+        producer = self.producer
+        self.follower = Follower(
+            model,
+            self.subscriber.recv,
+            stopping,
+            lambda reason: producer.send(rec.HistoryRequest(reason=reason)),
+        )
+        self.model: RunModel | None = model if self.follower.catch_up() else None
+
+    def close(self) -> None:
+        self.subscriber.close()
+        self.producer.close(linger_ms=0)
+
+
+def finished_model(run_dir: Path, stats: dict | None = None):
+    """A run no engine serves any more, replayed here from its engine's checkpoint and the log after it."""
+    model = replayed_model(run_dir, stats)
+    if model.run_end is None:
+        model.meta["lost"] = True  # no launcher holds it and it never ended: the run was lost
+    return model
+
+
+def model_now(run_dir: Path, stats: dict | None = None, stopping: threading.Event | None = None):
+    """The run as the dashboard sees it now, once: a finished run replayed here, a live one caught up with its
+    engine's snapshot and history (still one engine). None when stopped before a live run said anything."""
+    if not rundir.is_live(run_dir):
+        return finished_model(run_dir, stats)
+    following = Following(run_dir, stopping or threading.Event())
+    try:
+        return following.model
+    finally:
+        following.close()

@@ -184,7 +184,7 @@ class ReportCommand:
 
 def run(args: argparse.Namespace) -> int:
     from trainmeter_core.runlog import rundir
-    from trainmeter_web.view import model_now
+    from trainmeter_web.follow import model_now
 
     try:
         run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)

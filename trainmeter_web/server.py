@@ -1,5 +1,6 @@
 """The dashboard's HTTP server: the static page, the JSON API (docs/api.md) and the live stream, on a socket it is
-handed, in a thread of its own with its own event loop.
+handed (``listen`` binds one for ``tm view``; the launcher binds the web component's), in a thread of its own with
+its own event loop.
 
 aiohttp is imported here and only here, and only by tm's web process or ``tm view``: never in a training process. On
 stop, every live stream ends at once, so shutting the web process down never waits for an open page.
@@ -8,7 +9,9 @@ stop, every live stream ends at once, so shutting the web process down never wai
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from importlib import resources
@@ -18,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from trainmeter_core.model.history import AXIS_ALIASES, X_AXES
+from trainmeter_core.run import webport
 from trainmeter_core.runlog import rundir
 from trainmeter_web.guard import SECURITY_HEADERS, TOKEN_COOKIE, Guard, without_token
 from trainmeter_web.model import RunModel, encode
@@ -422,3 +426,20 @@ class Server:
             except RuntimeError:
                 pass
         self._thread.join(timeout_s)
+
+
+def listen(
+    host: str, port: int | None, stopping: threading.Event | None
+) -> tuple[webport.WebSocket, threading.Event] | None:
+    """The socket a served page listens on, and the event Ctrl-C or SIGTERM sets (``stopping`` when given; the
+    handlers only from the main thread); None, after one line saying why, when the address cannot be had."""
+    try:
+        bound = webport.bind(host, port)
+    except webport.WebPortError as exc:
+        print(f"tm: {exc}", file=sys.stderr)
+        return None
+    stopping = stopping or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopping.set())
+    return bound, stopping
