@@ -103,7 +103,7 @@ def print_final_snapshot(run_dir: Path) -> int:
 def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event | None = None) -> int:
     """Serve the run's dashboard until Ctrl-C (or ``stopping``). A live run is followed like the web component does
     (its engine's numbers); a finished one is replayed here, since no engine runs then: either way, one engine."""
-    from trainmeter_web.follow import Following, finished_model
+    from trainmeter_web.follow import Following, finished_dashboard
     from trainmeter_web.guard import Guard
     from trainmeter_web.server import Server, listen
 
@@ -114,13 +114,13 @@ def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event 
     following = None
     if rundir.is_live(run_dir):
         following = Following(run_dir, stopping)
-        if following.model is None:
+        if following.dashboard is None:
             following.close()
             return 0
-        model = following.model
+        dashboard = following.dashboard
     else:
-        model = finished_model(run_dir)
-    server = Server(model, bound.sock, Guard(bound.host, bound.token))
+        dashboard = finished_dashboard(run_dir)
+    server = Server(dashboard, bound.sock, Guard(bound.host, bound.token))
     server.start()
     for line in bound.startup_lines():
         print(f"tm: {line}", file=sys.stderr)
