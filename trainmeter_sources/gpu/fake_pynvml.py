@@ -2,7 +2,7 @@
 backend runs here. Same function names, constant values, `NVMLError_*` classes and return types as pynvml 13.x; it
 must never pass for real hardware: `IS_FAKE` is True and the sampler labels every device from this module "fake".
 
-Why one module of about 1,000 lines: it mirrors one library's surface, module for module (pynvml is one module: its
+Why one module of about 950 lines: it mirrors one library's surface, module for module (pynvml is one module: its
 constants, ctypes structures, error classes and one function per NVML call the backend makes), so the backend swaps
 one for the other by name; the scriptable machine behind it already lives in ``fake_gpus``, and the return codes,
 clock event reasons and event types both speak in ``nvml_codes`` (handed on from here under pynvml's names).
@@ -47,155 +47,10 @@ from trainmeter_sources.gpu.fake_gpus import parse_spec as parse_spec
 from trainmeter_sources.gpu.fake_gpus import struct_c_nvmlDevice_t as struct_c_nvmlDevice_t
 from trainmeter_sources.gpu.fake_gpus import struct_c_nvmlEventSet_t as struct_c_nvmlEventSet_t
 from trainmeter_sources.gpu.fake_gpus import struct_c_nvmlGpmSample_t as struct_c_nvmlGpmSample_t
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_ALREADY_INITIALIZED as NVML_ERROR_ALREADY_INITIALIZED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_ARGUMENT_VERSION_MISMATCH as NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_CORRUPTED_INFOROM as NVML_ERROR_CORRUPTED_INFOROM,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_DEPRECATED as NVML_ERROR_DEPRECATED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_DRIVER_NOT_LOADED as NVML_ERROR_DRIVER_NOT_LOADED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_FREQ_NOT_SUPPORTED as NVML_ERROR_FREQ_NOT_SUPPORTED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_FUNCTION_NOT_FOUND as NVML_ERROR_FUNCTION_NOT_FOUND,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_GPU_IS_LOST as NVML_ERROR_GPU_IS_LOST,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_GPU_NOT_FOUND as NVML_ERROR_GPU_NOT_FOUND,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_IN_USE as NVML_ERROR_IN_USE,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_INSUFFICIENT_POWER as NVML_ERROR_INSUFFICIENT_POWER,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_INSUFFICIENT_RESOURCES as NVML_ERROR_INSUFFICIENT_RESOURCES,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_INSUFFICIENT_SIZE as NVML_ERROR_INSUFFICIENT_SIZE,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_INVALID_ARGUMENT as NVML_ERROR_INVALID_ARGUMENT,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_INVALID_STATE as NVML_ERROR_INVALID_STATE,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_IRQ_ISSUE as NVML_ERROR_IRQ_ISSUE,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_LIB_RM_VERSION_MISMATCH as NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_LIBRARY_NOT_FOUND as NVML_ERROR_LIBRARY_NOT_FOUND,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_MEMORY as NVML_ERROR_MEMORY,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_NO_DATA as NVML_ERROR_NO_DATA,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_NO_PERMISSION as NVML_ERROR_NO_PERMISSION,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_NOT_FOUND as NVML_ERROR_NOT_FOUND,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_NOT_READY as NVML_ERROR_NOT_READY,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_NOT_SUPPORTED as NVML_ERROR_NOT_SUPPORTED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_OPERATING_SYSTEM as NVML_ERROR_OPERATING_SYSTEM,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_RESET_REQUIRED as NVML_ERROR_RESET_REQUIRED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_RESET_TYPE_NOT_SUPPORTED as NVML_ERROR_RESET_TYPE_NOT_SUPPORTED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_TIMEOUT as NVML_ERROR_TIMEOUT,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_UNINITIALIZED as NVML_ERROR_UNINITIALIZED,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_UNKNOWN as NVML_ERROR_UNKNOWN,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_ERROR_VGPU_ECC_NOT_SUPPORTED as NVML_ERROR_VGPU_ECC_NOT_SUPPORTED,
-)
 
-# NVML's return codes, clock event reasons and event types: pynvml's names, handed on from the leaf both share.
-from trainmeter_sources.gpu.nvml_codes import (
-    NVML_SUCCESS as NVML_SUCCESS,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonAll as nvmlClocksEventReasonAll,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonApplicationsClocksSetting as nvmlClocksEventReasonApplicationsClocksSetting,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonDisplayClockSetting as nvmlClocksEventReasonDisplayClockSetting,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonGpuIdle as nvmlClocksEventReasonGpuIdle,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonHwPowerBrakeSlowdown as nvmlClocksEventReasonHwPowerBrakeSlowdown,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonHwSlowdown as nvmlClocksEventReasonHwSlowdown,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonHwThermalSlowdown as nvmlClocksEventReasonHwThermalSlowdown,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonNone as nvmlClocksEventReasonNone,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonSwPowerCap as nvmlClocksEventReasonSwPowerCap,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonSwThermalSlowdown as nvmlClocksEventReasonSwThermalSlowdown,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlClocksEventReasonSyncBoost as nvmlClocksEventReasonSyncBoost,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlEventTypeClock as nvmlEventTypeClock,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlEventTypeDoubleBitEccError as nvmlEventTypeDoubleBitEccError,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlEventTypeNone as nvmlEventTypeNone,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlEventTypePState as nvmlEventTypePState,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlEventTypeSingleBitEccError as nvmlEventTypeSingleBitEccError,
-)
-from trainmeter_sources.gpu.nvml_codes import (
-    nvmlEventTypeXidCriticalError as nvmlEventTypeXidCriticalError,
-)
+# NVML's return codes, clock event reasons and event types: pynvml's names, handed on whole from the leaf that
+# fake_gpus reads them from too (pyproject lets this one module take them with *).
+from trainmeter_sources.gpu.nvml_codes import *
 
 IS_FAKE = True
 
