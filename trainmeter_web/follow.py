@@ -142,12 +142,11 @@ class Follower:
 
 
 class Following:
-    """A live run followed like the web component does: the dashboard's own parts through the one hand-over, its numbers
-    from the run's engine (over the bus). ``dashboard`` is None when asked to stop before any record came."""
+    """A live run followed like the web component does: the dashboard's own parts through the one hand-over, its
+    numbers from the run's engine (over the bus). ``dashboard`` is None when asked to stop before any record came."""
 
     def __init__(self, run_dir: Path, stopping: threading.Event) -> None:
         from trainmeter_core.bus.client import Producer, Subscriber, read_endpoints
-        from trainmeter_web.dashboard_state import DashboardState
 
         endpoints = read_endpoints(run_dir)
         self.subscriber = Subscriber(endpoints["out"])
@@ -167,7 +166,7 @@ class Following:
         self.producer.close(linger_ms=0)
 
 
-def finished_dashboard(run_dir: Path, stats: dict | None = None):
+def finished_dashboard(run_dir: Path, stats: dict | None = None) -> DashboardState:
     """A run no engine serves any more, replayed here from its engine's checkpoint and the log after it."""
     dashboard = replayed_dashboard(run_dir, stats)
     if dashboard.run_end is None:
@@ -175,7 +174,9 @@ def finished_dashboard(run_dir: Path, stats: dict | None = None):
     return dashboard
 
 
-def dashboard_now(run_dir: Path, stats: dict | None = None, stopping: threading.Event | None = None):
+def dashboard_now(
+    run_dir: Path, stats: dict | None = None, stopping: threading.Event | None = None
+) -> DashboardState | None:
     """The run as the dashboard sees it now, once: a finished run replayed here, a live one caught up with its
     engine's snapshot and history (still one engine). None when stopped before a live run said anything."""
     if not rundir.is_live(run_dir):
