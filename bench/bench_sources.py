@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainmeter_sources.gpu import fake_pynvml  # noqa: E402
 from trainmeter_sources.gpu.sampler import GpuSession  # noqa: E402
-from trainmeter_sources.host import TreeSampler  # noqa: E402
+from trainmeter_sources.host_sampler import TreeSampler  # noqa: E402
 from trainmeter_sources.node import NodeReader  # noqa: E402
 from trainmeter_sources.profilers import find_profiler  # noqa: E402
 

@@ -40,14 +40,14 @@ GPUS = 8
 
 
 class Joined:
-    """The run's engine and the dashboard's model as the bus joins them: each record to both, and what the engine
+    """The run's engine and the dashboard's state as the bus joins them: each record to both, and what the engine
     publishes (its snapshot, then its history delta) to the model, whose history starts as the engine's."""
 
     def __init__(self, meta: dict) -> None:
         from trainmeter_core.components.engine import LiveEngine
-        from trainmeter_web.model import RunModel
+        from trainmeter_web.dashboard_state import DashboardState
 
-        self.model = RunModel(meta=meta)
+        self.model = DashboardState(meta=meta)
         self.live = LiveEngine()
         self.sync()
 

@@ -109,11 +109,11 @@ class ManualClock:
 @pytest.fixture
 def clock(monkeypatch):
     """A ManualClock behind the fake NVML; afterwards no fake machine is installed and no library handle is open."""
-    from trainmeter_sources.gpu import fake_pynvml
+    from trainmeter_sources.gpu import fake_gpus, fake_pynvml
     from trainmeter_sources.gpu import nvml as backend
 
     manual = ManualClock()
-    monkeypatch.setattr(fake_pynvml, "clock", manual)
+    monkeypatch.setattr(fake_gpus, "clock", manual)
     yield manual
     fake_pynvml.install(None)
     backend._opened.clear()

@@ -1,4 +1,4 @@
-"""The run's engine and a dashboard's model joined as the bus joins them, without the bus: a record goes to the model
+"""The run's engine and a dashboard's state joined as the bus joins them, without the bus: a record goes to the model
 and to the engine (the engine component's ``LiveEngine``), and what the engine publishes (its snapshot, then its
 history delta) goes to the model. The model starts from the engine's whole (empty) history, as a ``history.sync``
 would give it."""
@@ -10,12 +10,12 @@ import weakref
 from trainmeter_core.components.engine import LiveEngine
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.history import History
-from trainmeter_web.model import RunModel
+from trainmeter_web.dashboard_state import DashboardState
 
 
 class LiveRun:
-    def __init__(self, model: RunModel | None = None) -> None:
-        self.model = model if model is not None else RunModel()
+    def __init__(self, model: DashboardState | None = None) -> None:
+        self.model = model if model is not None else DashboardState()
         self.live = LiveEngine()
         self.published: list[rec.Record] = []
         whole = History.from_state(self.live.history.to_state())
@@ -30,10 +30,10 @@ class LiveRun:
         return changed
 
 
-_JOINED: weakref.WeakKeyDictionary[RunModel, LiveRun] = weakref.WeakKeyDictionary()
+_JOINED: weakref.WeakKeyDictionary[DashboardState, LiveRun] = weakref.WeakKeyDictionary()
 
 
-def feed(model: RunModel, record: rec.Record) -> bool:
+def feed(model: DashboardState, record: rec.Record) -> bool:
     """Feed ``record`` to ``model`` and to the engine joined to it (one per model, made on first use)."""
     joined = _JOINED.get(model)
     if joined is None:

@@ -6,13 +6,14 @@ import json
 import pytest
 from conftest import ManualClock
 
+from trainmeter_sources.gpu import fake_gpus
 from trainmeter_sources.gpu import fake_pynvml as nvml
 
 
 @pytest.fixture
 def clock(monkeypatch):
     manual = ManualClock()
-    monkeypatch.setattr(nvml, "clock", manual)
+    monkeypatch.setattr(fake_gpus, "clock", manual)
     # str() caches library wordings per code, as pynvml does; each test starts from pynvml's own table.
     monkeypatch.setattr(nvml.NVMLError, "_errcode_to_string", dict(nvml.NVMLError._errcode_to_string))
     nvml.NVMLError._errcode_to_string.pop(nvml.NVML_ERROR_IN_USE, None)

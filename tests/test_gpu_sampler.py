@@ -25,7 +25,7 @@ from trainmeter_sources.gpu.selection import (
     narrow_to_processes,
 )
 from trainmeter_sources.profilers import find_profiler, profiler_in_environment
-from trainmeter_sources.settings import interval_from_env
+from trainmeter_sources.sampling_interval import interval_from_env
 
 
 def open_session(spec: str, environ: dict | None = None, script: dict | None = None):

@@ -12,7 +12,7 @@ from conftest import log_records, only_run, run_tm, wait_for
 
 from trainmeter_core.bus.proctree import CLOCK_TICKS, PAGE_B, ProcessTree
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
-from trainmeter_sources.host import CHECKPOINT_FOLDERS_FACT, TreeSampler
+from trainmeter_sources.host_sampler import CHECKPOINT_FOLDERS_FACT, TreeSampler
 from trainmeter_sources.node import NodeReader, cgroup_limits
 
 

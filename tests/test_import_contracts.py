@@ -38,9 +38,9 @@ PLANTS = {
         "trainmeter_core.commands.runs -> trainmeter_web",
     ),
     "edges-apart": (
-        "trainmeter_sources/host.py",
+        "trainmeter_sources/host_sampler.py",
         "import trainmeter_web.guard",
-        "trainmeter_sources.host -> trainmeter_web.guard",
+        "trainmeter_sources.host_sampler -> trainmeter_web.guard",
     ),
     "agent-allowed": (
         "trainmeter_agent/_phases.py",
@@ -53,9 +53,9 @@ PLANTS = {
         "trainmeter_core.model.redaction -> pluggy",
     ),
     "no-torch": (
-        "trainmeter_sources/host.py",
+        "trainmeter_sources/host_sampler.py",
         "import torch",
-        "trainmeter_sources.host -> torch",
+        "trainmeter_sources.host_sampler -> torch",
     ),
     "plugins-public": (
         "plugins/trainmeter-webhook/trainmeter_webhook/formats.py",

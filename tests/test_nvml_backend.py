@@ -104,9 +104,9 @@ def test_the_machine_and_the_library_agree_on_nvmls_numbers():
     assert all(isinstance(getattr(nvml, name), int) for name in fake_gpus.THROTTLE_REASONS.values())
 
 
-def test_replacing_the_librarys_clock_moves_the_machine(monkeypatch):
+def test_replacing_the_fake_machines_clock_moves_it(monkeypatch):
     now = [50.0]
-    monkeypatch.setattr(nvml, "clock", lambda: now[0])
+    monkeypatch.setattr(fake_gpus, "clock", lambda: now[0])
     machine = nvml.install(nvml.FakeMachine("1xH100"))
     machine.apply_script({"0": {"lost_after_s": 5}})
     assert machine.start_s == 50.0 and not machine.gpus[0].is_lost()

@@ -10,7 +10,7 @@ from conftest import REPO
 
 from trainmeter_core.model.platform_adapters import GPM_BLOCKED, GPU_LOST, MEASURED_FIELDS, ServerAdapter
 from trainmeter_sources.gpu import fake_pynvml as nvml
-from trainmeter_sources.gpu.device import FIELDS_BY_CALL, DeviceSampler
+from trainmeter_sources.gpu.device_sampler import FIELDS_BY_CALL, DeviceSampler
 from trainmeter_sources.gpu.fake_gpus import error_code
 from trainmeter_sources.gpu.gpm import gpm_failure_reason
 from trainmeter_sources.gpu.nvml import Nvml, list_devices, reason_for

@@ -108,9 +108,9 @@ def test_the_killed_run_keeps_ofu_and_its_window_through_both_restarts():
 def test_the_dashboards_ofu_chart_is_labelled_as_its_points_were_taken():
     # The chart's points are what each tick showed: the latest sample's OFU. The finished run's headline OFU is the
     # training window's, under the same key; the chart must not borrow that label.
-    from trainmeter_web.follow import replayed_model
+    from trainmeter_web.follow import replayed_dashboard
 
-    model = replayed_model(EAGER)
+    model = replayed_dashboard(EAGER)
     assert model.current_snapshot().metrics["ofu"].label.startswith("counters, training window")
     label = model.catalog()["tm:ofu"]["label"]
     assert label == "counters, latest sample, scaled to the 1980 MHz max SM clock"

@@ -19,7 +19,7 @@ from test_web_view import write_run
 
 from trainmeter_core.model.history import History
 from trainmeter_web import bundle
-from trainmeter_web.model import RunModel
+from trainmeter_web.dashboard_state import DashboardState
 from trainmeter_web.report import _number, _x, report_data, series_columns
 
 NAN = math.nan
@@ -115,8 +115,8 @@ def test_numbers_are_carried_to_six_significant_digits_x_to_seven_and_wall_times
     assert _x(2.0e18 / 3, "flop") == 6.666667e17
 
 
-def model_with(history: History) -> RunModel:
-    model = RunModel()
+def model_with(history: History) -> DashboardState:
+    model = DashboardState()
     model.load_history(history, "test", 0)
     return model
 
@@ -151,11 +151,11 @@ def test_a_long_series_is_carried_at_the_pages_resolution_with_the_min_max_and_c
 
 
 def test_the_report_carries_the_live_pages_first_document_the_run_and_a_passport(tmp_path):
-    from trainmeter_web.view import finished_model
+    from trainmeter_web.follow import finished_dashboard
 
     run_dir = tmp_path / "runs" / "20260101T000000Z-host-demo"
     write_run(run_dir, 5, ended=True)
-    model = finished_model(run_dir)
+    model = finished_dashboard(run_dir)
     data = report_data(model, WALL0 + 100)
     assert data["written_wall"] == WALL0 + 100 and data["points"] == 600
     assert data["doc"]["status"]["state"] == "finished" and data["doc"]["snapshot"]["steps"] == 5

@@ -1,5 +1,5 @@
-"""Filling the dashboard's model: a live run through the one hand-over (its own parts from the log up to the first live
-record, then the bus) with the numbers and the history from the run's engine; a finished run by a replay."""
+"""Filling the dashboard's state (DashboardState): a live run through the one hand-over (its own parts from the log
+up to the first live record, then the bus) with the numbers and the history from the run's engine; a finished run by a replay."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history_sync import JournaledHistory
 from trainmeter_core.runlog.checkpoint import load_checkpoint, save_checkpoint
-from trainmeter_web.follow import Follower, replayed_model
-from trainmeter_web.model import RunModel
+from trainmeter_web.dashboard_state import DashboardState
+from trainmeter_web.follow import Follower, replayed_dashboard
 
 WALL0 = 1_700_000_000.0
 
@@ -63,7 +63,7 @@ def final_of(recs: list[rec.Record]) -> rec.Snapshot:
 def test_a_replayed_log_gives_the_same_snapshot_as_feeding_the_engine_directly(tmp_path):
     recs = records(20)
     write_log(tmp_path / "run", recs)
-    model = replayed_model(tmp_path / "run")  # no checkpoint: the whole log is read
+    model = replayed_dashboard(tmp_path / "run")  # no checkpoint: the whole log is read
     assert model.snapshot == final_of(recs)
     assert len(model.alerts) == 1
     assert model.overhead_doc()["agent_us_per_step"] == 5.0
@@ -78,7 +78,7 @@ def test_after_a_checkpoint_only_the_tail_reaches_the_engine_but_alerts_come_fro
         engine.feed(record)
     save_checkpoint(run_dir, engine, recs[29].seq)
     stats: dict = {}
-    model = replayed_model(run_dir, stats)
+    model = replayed_dashboard(run_dir, stats)
     assert model.snapshot == final_of(recs)  # resumed from the checkpoint, equal to a full replay
     assert [a["rule"] for a in model.alerts] == ["throughput_drop"]  # the alert is before the checkpoint
     assert model.history("train_loss", "step")[0].x == 1.0  # the history came with the checkpoint
@@ -121,9 +121,9 @@ class Bus:
         self.saved.now(self)  # type: ignore[arg-type]
 
 
-def follow(run_dir: Path, bus: Bus) -> tuple[RunModel, Follower]:
+def follow(run_dir: Path, bus: Bus) -> tuple[DashboardState, Follower]:
     stopping = threading.Event()
-    model = RunModel(run_dir, {})
+    model = DashboardState(run_dir, {})
     follower = Follower(model, bus.recv, stopping, bus.ask)
     assert follower.catch_up()
 
@@ -182,7 +182,7 @@ def test_a_restarted_engine_is_a_new_incarnation_and_its_whole_history_is_taken(
     bus = Bus(run_dir, recs, first_live=4)
     upcoming = bus.upcoming
     later = [upcoming.pop() for _ in range(12)][::-1]  # the last four steps come after the engine's restart
-    model = RunModel(run_dir, {})
+    model = DashboardState(run_dir, {})
     stopping = threading.Event()
     follower = Follower(model, bus.recv, stopping, bus.ask)
     assert follower.catch_up()
@@ -206,5 +206,5 @@ def test_catching_up_gives_up_when_asked_to_stop_before_anything_came(tmp_path):
     write_log(tmp_path / "run", records(2))
     stopping = threading.Event()
     stopping.set()
-    model = RunModel(tmp_path / "run", {})
+    model = DashboardState(tmp_path / "run", {})
     assert not Follower(model, lambda timeout_s: None, stopping, lambda reason: None).catch_up()

@@ -1,5 +1,5 @@
-"""The dashboard's model of a run: the engine's snapshots and history (fed as the bus carries them, by the engine
-component's own code), plus alerts, the run's identity and tm's overhead."""
+"""The dashboard's state of a run (DashboardState): the engine's snapshots and history (fed as the bus carries them,
+by the engine component's own code), plus alerts, the run's identity and tm's overhead."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from live_run import feed as feed_both
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.history import History
-from trainmeter_web.model import RunModel, encode, series_group
+from trainmeter_web.dashboard_state import DashboardState, encode, series_group
 
 WALL0 = 1_700_000_000.0
 
@@ -16,7 +16,7 @@ WALL0 = 1_700_000_000.0
 class Feed:
     """Records with hub sequence numbers and a clock that moves as the test says."""
 
-    def __init__(self, model: RunModel) -> None:
+    def __init__(self, model: DashboardState) -> None:
         self.model = model
         self.seq = 0
         self.t = 100.0
@@ -35,7 +35,7 @@ def declared(name: str, value) -> rec.Fact:
 
 
 def test_a_snapshot_comes_on_each_tick_and_the_document_version_moves_with_it():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     assert not feed(rec.Step(step=1, tokens_global=1000))
     version = model.version
@@ -45,7 +45,7 @@ def test_a_snapshot_comes_on_each_tick_and_the_document_version_moves_with_it():
 
 
 def test_the_model_serves_the_engines_snapshot_and_never_an_older_one():
-    model = RunModel()
+    model = DashboardState()
     assert model.feed(rec.Snapshot(tick=9, seq=5, through_seq=4))
     assert model.snapshot is not None and model.snapshot.tick == 9
     assert (
@@ -56,7 +56,7 @@ def test_the_model_serves_the_engines_snapshot_and_never_an_older_one():
 
 
 def test_history_deltas_wait_for_the_whole_history_then_apply_in_order():
-    model = RunModel()
+    model = DashboardState()
     point = (0, 1.0, 10.0, float("nan"), 100.0, 2.5)
     delta = lambda n, inc="a": rec.HistoryDelta(incarnation=inc, n=n, series=["train_loss"], points=[point])  # noqa: E731
     assert model.needs_history
@@ -84,7 +84,7 @@ def test_history_deltas_wait_for_the_whole_history_then_apply_in_order():
 
 
 def test_an_alert_that_fires_then_clears_is_one_entry_with_both_times():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     fired = rec.Alert(rule="hung", state="fired", message="no step for 60 s", numbers={"idle_s": 60.0})
     fired.t, fired.wall = 10.0, WALL0 + 10
@@ -101,7 +101,7 @@ def test_an_alert_that_fires_then_clears_is_one_entry_with_both_times():
 
 
 def test_a_second_episode_of_the_same_rule_is_a_second_entry():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.Alert(rule="hung", state="fired", message="a", episode=1))
     feed(rec.Alert(rule="hung", state="fired", message="b", episode=2))
@@ -109,7 +109,7 @@ def test_a_second_episode_of_the_same_rule_is_a_second_entry():
 
 
 def test_the_agents_overhead_is_its_mean_microseconds_per_step_and_drops_come_from_bus_stats():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.Step(step=1, agent_us=10.0))
     feed(rec.Step(step=2, agent_us=30.0))
@@ -122,13 +122,13 @@ def test_the_agents_overhead_is_its_mean_microseconds_per_step_and_drops_come_fr
 
 
 def test_without_agent_times_or_bus_stats_the_overhead_says_why_instead_of_zero():
-    overhead = RunModel().overhead_doc()
+    overhead = DashboardState().overhead_doc()
     assert "agent_us_per_step" not in overhead and overhead["agent_absent"]
     assert "dropped_total" not in overhead and overhead["drops_absent"]
 
 
 def test_a_crashed_component_is_counted():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.Component(name="web", event="crashed", process="web", signal=9))
     feed(rec.Component(name="web", event="restarted", process="web", restarts=1))
@@ -137,7 +137,7 @@ def test_a_crashed_component_is_counted():
 
 def test_the_run_document_takes_the_redacted_command_from_meta_and_the_facts_with_provenance():
     meta = {"run_id": "r1", "name": "demo", "command": ["train.py", "--token", "***"], "start_wall": WALL0}
-    model = RunModel(meta=meta)
+    model = DashboardState(meta=meta)
     feed = Feed(model)
     feed(declared("budget_tokens", 1000))
     feed(rec.Tick(n=1, interval_s=1.0))
@@ -149,7 +149,7 @@ def test_the_run_document_takes_the_redacted_command_from_meta_and_the_facts_wit
 
 
 def test_the_run_ends_finished_with_its_exit_status():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.RunEnd(status=3, reason="exited", exit_code=3, elapsed_s=5.0))
     assert model.run_doc()["status"]["state"] == "finished"
@@ -158,7 +158,7 @@ def test_the_run_ends_finished_with_its_exit_status():
 
 
 def test_a_metric_window_is_also_given_in_wall_time():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed.t = 105.0
     feed(rec.SampleHost(root_pid=1, procs=1, cpu_cores=1.5))
@@ -184,7 +184,7 @@ def test_series_are_filed_by_group_from_the_engines_names():
 
 
 def test_the_catalog_shows_a_mapped_series_with_its_raw_key_and_counts_its_points():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     for step in range(1, 6):
         feed(rec.Step(step=step, tokens_global=100))
@@ -198,7 +198,7 @@ def test_the_catalog_shows_a_mapped_series_with_its_raw_key_and_counts_its_point
 
 
 def test_history_is_cached_until_the_series_gains_a_point():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.Step(step=1))
     feed(rec.Metric(values={"train_loss": 2.0}, step=1))
@@ -215,7 +215,7 @@ def test_history_is_cached_until_the_series_gains_a_point():
 
 
 def test_a_history_point_is_json_x_value_min_max_count_and_nan_is_null():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.Step(step=1))
     feed(rec.Metric(values={"train_loss": float("nan")}, step=1))
@@ -225,7 +225,7 @@ def test_a_history_point_is_json_x_value_min_max_count_and_nan_is_null():
 
 
 def test_the_live_document_is_built_once_per_version():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.Tick(n=1, interval_s=1.0))
     doc = model.live_doc()
@@ -236,7 +236,7 @@ def test_the_live_document_is_built_once_per_version():
 
 
 def test_the_live_document_says_which_phases_the_probes_reported():
-    model = RunModel()
+    model = DashboardState()
     feed = Feed(model)
     feed(rec.Phase(phase="compile", start_t=1.0, end_t=3.0, probe="torch.compile", t=3.0))
     feed(rec.Phase(phase="eval", start_t=4.0, end_t=4.5, probe="eval", t=4.5))

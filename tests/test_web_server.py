@@ -11,15 +11,15 @@ import pytest
 from live_run import feed
 
 from trainmeter_core.model import records as rec
+from trainmeter_web.dashboard_state import DashboardState
 from trainmeter_web.guard import Guard
-from trainmeter_web.model import RunModel
 from trainmeter_web.server import Server
 
 WALL0 = 1_700_000_000.0
 TOKEN = "test-token-123"
 
 
-def feed_run(model: RunModel, steps: int, first_seq: int = 1) -> None:
+def feed_run(model: DashboardState, steps: int, first_seq: int = 1) -> None:
     seq = first_seq
     for step in range(1, steps + 1):
         for record in (
@@ -37,8 +37,8 @@ def served(tmp_path):
     """A server on a loopback port of its own, stopped after the test; yields (server, port, model)."""
     servers = []
 
-    def start(model: RunModel | None = None, token: str | None = None, bound: str = "127.0.0.1"):
-        model = model or RunModel(tmp_path / "runs" / "20260101T000000Z-host-demo", {"run_id": "demo"})
+    def start(model: DashboardState | None = None, token: str | None = None, bound: str = "127.0.0.1"):
+        model = model or DashboardState(tmp_path / "runs" / "20260101T000000Z-host-demo", {"run_id": "demo"})
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
@@ -107,7 +107,7 @@ def test_the_api_is_read_only(served):
 
 
 def test_the_run_snapshot_and_series_describe_the_run(served):
-    model = RunModel(meta={"run_id": "r1", "name": "demo", "command": ["train.py", "</script>"]})
+    model = DashboardState(meta={"run_id": "r1", "name": "demo", "command": ["train.py", "</script>"]})
     feed_run(model, 5)
     _, port, _ = served(model)
     run = get_json(port, "/api/run")
@@ -122,7 +122,7 @@ def test_the_run_snapshot_and_series_describe_the_run(served):
 
 
 def test_history_reads_incrementally_and_thins_on_the_server(served):
-    model = RunModel()
+    model = DashboardState()
     feed_run(model, 10)
     _, port, _ = served(model)
     whole = get_json(port, "/api/history?series=train_loss&x=step")["series"]["train_loss"]
@@ -151,7 +151,7 @@ def test_history_reads_incrementally_and_thins_on_the_server(served):
     ],
 )
 def test_a_bad_history_request_is_one_line_naming_what_is_accepted(served, query, status, words):
-    model = RunModel()
+    model = DashboardState()
     feed_run(model, 2)
     _, port, _ = served(model)
     assert words in get_json(port, f"/api/history?{query}", status)["error"]
@@ -165,7 +165,7 @@ def test_the_runs_next_to_this_one_are_listed_with_this_one_marked(served, tmp_p
     (base / "20260102T000000Z-host-b" / "summary.json").write_text(
         json.dumps({"state": "finished", "exit_status": 0})
     )
-    _, port, _ = served(RunModel(base / "20260101T000000Z-host-a"))
+    _, port, _ = served(DashboardState(base / "20260101T000000Z-host-a"))
     runs = get_json(port, "/api/runs")["runs"]
     assert [(r["name"], r["current"]) for r in runs] == [
         ("20260102T000000Z-host-b", False),
@@ -177,7 +177,7 @@ def test_the_runs_next_to_this_one_are_listed_with_this_one_marked(served, tmp_p
 def test_the_passport_is_absent_with_a_reason_until_the_run_wrote_it(served, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    _, port, _ = served(RunModel(run_dir))
+    _, port, _ = served(DashboardState(run_dir))
     assert "when the run ends" in get_json(port, "/api/passport")["absent"]
     (run_dir / "passport.md").write_text("# Run passport\n")
     assert get_json(port, "/api/passport") == {"markdown": "# Run passport\n"}
@@ -236,7 +236,7 @@ class EventReader:
 
 
 def test_the_stream_sends_the_whole_state_then_only_what_changed(served):
-    model = RunModel()
+    model = DashboardState()
     feed_run(model, 3)
     server, port, _ = served(model)
     reader = EventReader(port, "/api/events?x=step&points=100")
@@ -255,7 +255,7 @@ def test_the_stream_sends_the_whole_state_then_only_what_changed(served):
 
 
 def test_stopping_the_server_ends_an_open_stream_at_once(served):
-    model = RunModel()
+    model = DashboardState()
     feed_run(model, 1)
     server, port, _ = served(model)
     reader = EventReader(port, "/api/events")

@@ -8,7 +8,7 @@ import copy
 from live_run import feed
 
 from trainmeter_core.model import records as rec
-from trainmeter_web.model import RunModel
+from trainmeter_web.dashboard_state import DashboardState
 from trainmeter_web.stream import LiveStream, merge_patch
 
 
@@ -70,8 +70,8 @@ def test_applying_the_patch_to_the_old_document_gives_the_new_one():
     assert patched == new
 
 
-def fed_model(steps: int) -> RunModel:
-    model = RunModel()
+def fed_model(steps: int) -> DashboardState:
+    model = DashboardState()
     seq = 0
     for step in range(1, steps + 1):
         for record in (
@@ -86,7 +86,7 @@ def fed_model(steps: int) -> RunModel:
     return model
 
 
-def feed_steps(model: RunModel, first: int, last: int) -> None:
+def feed_steps(model: DashboardState, first: int, last: int) -> None:
     seq = model.through_seq
     for step in range(first, last + 1):
         seq += 1

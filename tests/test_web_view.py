@@ -119,7 +119,7 @@ def test_a_live_run_is_followed_with_the_engines_numbers_and_no_engine_of_its_ow
     tm_env, tmp_path, capsys, monkeypatch
 ):
     from trainmeter_core.model.engine import feed as engine_feed
-    from trainmeter_web.follow import replayed_model
+    from trainmeter_web.follow import replayed_dashboard
 
     script, stop = tmp_path / "loop.py", tmp_path / "stop"
     script.write_text(LOOP)
@@ -149,7 +149,7 @@ def test_a_live_run_is_followed_with_the_engines_numbers_and_no_engine_of_its_ow
             def served_history():
                 return get_json(port, "/api/history?series=train_loss&x=step")["series"]["train_loss"]
 
-            replayed = replayed_model(run_dir).history("train_loss", "step")
+            replayed = replayed_dashboard(run_dir).history("train_loss", "step")
             expected = json.loads(msgspec.json.encode(replayed))
             # The engine's last delta follows its final snapshot: wait for it, then the copy is the replay's history.
             wait_for(lambda: served_history() == expected, what="the history to equal the replay's")

@@ -12,7 +12,7 @@ from trainmeter_core import hookimpl
 @hookimpl
 def trainmeter_components():
     from trainmeter_sources.gpu.sampler import GpuSampler
-    from trainmeter_sources.host import HostSampler
+    from trainmeter_sources.host_sampler import HostSampler
 
     return [HostSampler, GpuSampler]
 

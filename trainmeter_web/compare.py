@@ -24,7 +24,7 @@ from trainmeter_web.report import REPORT_POINTS, columns, write_file
 if TYPE_CHECKING:  # the command is registered on every `tm --help`: its module imports nothing heavy
     from trainmeter_core.model.comparison import RunSide
     from trainmeter_core.model.history import HistoryPoint
-    from trainmeter_web.model import RunModel
+    from trainmeter_web.dashboard_state import DashboardState
 
 #: The history series a comparison overlays (the MFU curve is made from tokens/s, under the comparison's convention).
 SERIES = (
@@ -40,8 +40,8 @@ SERIES = (
 MFU_SERIES = "mfu"
 
 
-def _points(model: RunModel, name: str, axis: str, points: int) -> list[HistoryPoint]:
-    return model.history(name, axis, None, points)
+def _points(dashboard: DashboardState, name: str, axis: str, points: int) -> list[HistoryPoint]:
+    return dashboard.history(name, axis, None, points)
 
 
 def _moved(points: list[HistoryPoint], dx: float = 0.0, sx: float = 1.0) -> list[HistoryPoint]:
@@ -61,13 +61,15 @@ def _mfu_points(points: list[HistoryPoint], fpt: float, peak_total: float) -> li
 
 
 def run_series(
-    model: RunModel, side: RunSide, convention: str | None, points: int = REPORT_POINTS
+    dashboard: DashboardState, side: RunSide, convention: str | None, points: int = REPORT_POINTS
 ) -> dict[str, Any]:
     """One run's curves on the comparison's axes, as columns (report.columns), and why an axis or curve is missing."""
     from trainmeter_core.model.comparison import flop_per_token
 
     snapshot = side.snapshot
-    start = side.meta.get("start_wall") or (model.run_start.wall if model.run_start is not None else None)
+    start = side.meta.get("start_wall") or (
+        dashboard.run_start.wall if dashboard.run_start is not None else None
+    )
     fpt, no_fpt = flop_per_token(snapshot, convention) if convention else (None, "no convention")
     peak_explain = snapshot.explain.get("mfu")
     peak_input = peak_explain.inputs.get("peak_total_flop_per_s") if peak_explain is not None else None
@@ -78,10 +80,10 @@ def run_series(
     def on_axis(name: str, axis: str) -> list[HistoryPoint]:
         if axis == "flop":
             # FLOPs spent under the comparison's convention: the run's tokens × its FLOPs per token under it.
-            return _moved(_points(model, name, "tokens", points), sx=fpt) if fpt is not None else []
+            return _moved(_points(dashboard, name, "tokens", points), sx=fpt) if fpt is not None else []
         if axis == "wall":
-            return _moved(_points(model, name, "wall", points), dx=-start) if start is not None else []
-        return _points(model, name, axis, points)
+            return _moved(_points(dashboard, name, "wall", points), dx=-start) if start is not None else []
+        return _points(dashboard, name, axis, points)
 
     series: dict[str, Any] = {}
     for name in SERIES:
@@ -106,7 +108,7 @@ def run_series(
 
 
 def comparison_data(
-    models: list[RunModel], sides: list[RunSide], convention: str | None = None
+    dashboards: list[DashboardState], sides: list[RunSide], convention: str | None = None
 ) -> dict[str, Any]:
     """What the comparison page reads (``/api/compare``, or carried in the file)."""
     from trainmeter_core.model.comparison import compare
@@ -114,8 +116,8 @@ def comparison_data(
     comparison = compare(sides, convention)
     chosen = comparison["convention"]["name"]
     runs = [
-        {"label": entry["label"], **run_series(model, side, chosen)}
-        for entry, model, side in zip(comparison["runs"], models, sides, strict=True)
+        {"label": entry["label"], **run_series(dashboard, side, chosen)}
+        for entry, dashboard, side in zip(comparison["runs"], dashboards, sides, strict=True)
     ]
     return {
         "kind": "compare",
@@ -127,27 +129,27 @@ def comparison_data(
     }
 
 
-def open_runs(paths: list[Path]) -> tuple[list[RunModel], list[RunSide]]:
+def open_runs(paths: list[Path]) -> tuple[list[DashboardState], list[RunSide]]:
     """Each run as the dashboard sees it now, and as the comparison reads it; a run with nothing usable is a UsageError
     (one line, status 2)."""
     from trainmeter_core.commands.compare import run_state, unusable
     from trainmeter_core.commands.usage import UsageError
     from trainmeter_core.model.comparison import RunSide
-    from trainmeter_web.view import model_now
+    from trainmeter_web.follow import dashboard_now
 
-    models, sides = [], []
+    dashboards, sides = [], []
     for path in paths:
         stats: dict = {}
-        model = model_now(path, stats)
-        if model is None:
+        dashboard = dashboard_now(path, stats)
+        if dashboard is None:
             raise UsageError(f"stopped before {path.name} said anything")
-        if model.snapshot is None:
+        if dashboard.snapshot is None:
             raise unusable(path, stats)
         if stats.get("skipped"):
             print(f"tm: skipped {stats['skipped']} unreadable lines of {path.name}'s log", file=sys.stderr)
-        models.append(model)
-        sides.append(RunSide(path.name, dict(model.meta), model.snapshot, run_state(path)))
-    return models, sides
+        dashboards.append(dashboard)
+        sides.append(RunSide(path.name, dict(dashboard.meta), dashboard.snapshot, run_state(path)))
+    return dashboards, sides
 
 
 def compare_html(data: dict[str, Any]) -> str:
@@ -173,8 +175,8 @@ class CompareCommand:
     def run(self, args: argparse.Namespace) -> int:
         from trainmeter_core.commands.compare import resolve_runs
 
-        models, sides = open_runs(resolve_runs(args.runs, args.runs_dir))
-        html = compare_html(comparison_data(models, sides, args.convention))
+        dashboards, sides = open_runs(resolve_runs(args.runs, args.runs_dir))
+        html = compare_html(comparison_data(dashboards, sides, args.convention))
         try:
             target = write_file(args.output, html)
         except OSError as exc:
@@ -195,13 +197,12 @@ def serve(
 ) -> int:
     """``tm view A B ...``: the comparison served until Ctrl-C (or ``stopping``), as of the moment it started."""
     from trainmeter_core.model.comparison import label
+    from trainmeter_web.dashboard_state import encode
     from trainmeter_web.guard import Guard
-    from trainmeter_web.model import encode
-    from trainmeter_web.server import Server, make_compare_app
-    from trainmeter_web.view import listen
+    from trainmeter_web.server import Server, listen, make_compare_app
 
-    models, sides = open_runs(paths)
-    body = encode(comparison_data(models, sides, convention))
+    dashboards, sides = open_runs(paths)
+    body = encode(comparison_data(dashboards, sides, convention))
     listening = listen(host, port, stopping)
     if listening is None:
         return 2

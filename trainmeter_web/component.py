@@ -1,6 +1,6 @@
 """The ``web`` bus component: follows the run (its own parts from the log through the one hand-over, the numbers from
-the run's engine), then serves the dashboard on the socket the launcher bound (``TM_WEB_FD``) while feeding its model
-from the bus.
+the run's engine), then serves the dashboard on the socket the launcher bound (``TM_WEB_FD``) while feeding its
+DashboardState from the bus.
 
 It runs in a process of its own (aiohttp never enters the shared components process or a training process), it never
 builds an engine (the engine component is the run's one), and it stops at once when asked: tm never waits for an open
@@ -31,22 +31,22 @@ class WebComponent(Component):
             )
             ctx.stopping.wait()
             return
+        from trainmeter_web.dashboard_state import DashboardState
         from trainmeter_web.follow import Follower, read_meta
         from trainmeter_web.guard import Guard
-        from trainmeter_web.model import RunModel
         from trainmeter_web.server import Server
 
         # dup: the launcher's descriptor stays open for the next incarnation whatever this one does with its copy.
         sock = socket.socket(fileno=os.dup(int(fd)))
-        model = RunModel(ctx.run_dir, read_meta(ctx.run_dir))
+        dashboard = DashboardState(ctx.run_dir, read_meta(ctx.run_dir))
         follower = Follower(
-            model, ctx.recv, ctx.stopping, lambda reason: ctx.publish(rec.HistoryRequest(reason=reason))
+            dashboard, ctx.recv, ctx.stopping, lambda reason: ctx.publish(rec.HistoryRequest(reason=reason))
         )
         if not follower.catch_up():
             sock.close()
             return
         host = sock.getsockname()[0]
-        server = Server(model, sock, Guard(host, os.environ.get("TM_WEB_TOKEN") or None))
+        server = Server(dashboard, sock, Guard(host, os.environ.get("TM_WEB_TOKEN") or None))
         server.start()
         try:
             follower.run_live(server.notify)

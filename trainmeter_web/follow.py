@@ -1,6 +1,8 @@
-"""Filling a RunModel. A live run: the model's own parts (alerts, the run's start and end, tm's overhead) through the
-one hand-over from log to bus, the numbers from the run's one engine (its snapshots, and its history copied whole once
-through its checkpoint, then kept in step by its deltas). A finished run: a replay here, since no engine runs then.
+"""Filling a DashboardState. A live run: the dashboard's own parts (alerts, the run's start and end, tm's overhead)
+through the one hand-over from log to bus, the numbers from the run's one engine (its snapshots, and its history
+copied whole once through its checkpoint, then kept in step by its deltas). A finished run: a replay here, since no
+engine runs then.
+``dashboard_now`` opens a run either way, once, for ``tm view``, ``tm report`` and ``tm compare``.
 
 It only reads the run directory, never writes to it, and never builds an engine while the run's own engine runs.
 """
@@ -14,11 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainmeter_core.model import records as rec
+from trainmeter_core.runlog import rundir
 from trainmeter_core.runlog.checkpoint import load_history
 from trainmeter_core.runlog.handover import HandOver
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.replay import replay_engine
-from trainmeter_web.model import SIDE_KINDS, RunModel
+from trainmeter_web.dashboard_state import SIDE_KINDS, DashboardState
 
 #: How long a starting dashboard waits for the engine's whole history before it serves without it (and keeps asking).
 HISTORY_WAIT_S = 5.0
@@ -38,37 +41,37 @@ def read_meta(run_dir: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def replayed_model(run_dir: Path, stats: dict | None = None) -> RunModel:
-    """A run no engine serves any more: the engine's checkpoint plus the log after it replayed here, and the model's
+def replayed_dashboard(run_dir: Path, stats: dict | None = None) -> DashboardState:
+    """A run no engine serves any more: the engine's checkpoint plus the log after it replayed here, and the dashboard's
     own parts (alerts, the run's start and end, tm's overhead) from the whole log (only those kinds are decoded)."""
     run_dir = Path(run_dir)
     engine, snapshot = replay_engine(run_dir, stats)
-    model = RunModel(run_dir, read_meta(run_dir))
+    dashboard = DashboardState(run_dir, read_meta(run_dir))
     for record in read_log(run_dir, kinds=set(SIDE_KINDS)):
-        model.feed(record)
-    model.load_history(engine.history, REPLAYED, 0, snapshot)
-    return model
+        dashboard.feed(record)
+    dashboard.load_history(engine.history, REPLAYED, 0, snapshot)
+    return dashboard
 
 
 class Follower:
-    """Catches a model up with a live run, then feeds it from the bus; ``ask`` publishes a ``history.request``."""
+    """Catches a dashboard up with a live run, then feeds it from the bus; ``ask`` publishes a ``history.request``."""
 
     def __init__(
         self,
-        model: RunModel,
+        dashboard: DashboardState,
         recv: Callable[[float], rec.Record | rec.Unknown | None],
         stopping: threading.Event,
         ask: Callable[[str], None],
     ) -> None:
-        assert model.run_dir is not None, "a live run has a run directory"
-        self.model = model
+        assert dashboard.run_dir is not None, "a live run has a run directory"
+        self.dashboard = dashboard
         self.stopping = stopping
-        self.handover = HandOver(model.run_dir, recv, stopping)
+        self.handover = HandOver(dashboard.run_dir, recv, stopping)
         self._ask = ask
         self._asked_at: float | None = None
 
     def catch_up(self) -> bool:
-        """Read the model's own parts from the log up to the first record that came live, and wait (a little) for the
+        """Read the dashboard's own parts from the log up to the first record that came live, and wait (a little) for the
         engine's history. False when asked to stop before any record came."""
         handover = self.handover
         if not handover.wait_first_live():
@@ -77,9 +80,9 @@ class Follower:
         self.ask("start")
         handover.wait_for_log()
         for record in handover.from_log(kinds=set(SIDE_KINDS)):
-            self.model.feed(record)
+            self.dashboard.feed(record)
         deadline = time.monotonic() + HISTORY_WAIT_S
-        while self.model.needs_history and not self.stopping.is_set() and time.monotonic() < deadline:
+        while self.dashboard.needs_history and not self.stopping.is_set() and time.monotonic() < deadline:
             record = handover.next(0.1)
             if record is not None:
                 self._feed(record)
@@ -92,32 +95,32 @@ class Follower:
         self._ask(reason)
 
     def _ask_again(self) -> None:
-        if self.model.needs_history and (
+        if self.dashboard.needs_history and (
             self._asked_at is None or time.monotonic() - self._asked_at >= ASK_EVERY_S
         ):
-            self.ask("start" if self.model.replica.incarnation is None else "out of step")
+            self.ask("start" if self.dashboard.replica.incarnation is None else "out of step")
 
     def _feed(self, record: rec.Record | rec.Unknown) -> bool:
         if rec.kind_of(record) == "history.sync":
             return self._load_history()
-        changed = self.model.feed(record)
-        if self.model.needs_history:
+        changed = self.dashboard.feed(record)
+        if self.dashboard.needs_history:
             self._ask_again()
         return changed
 
     def _load_history(self) -> bool:
         """The engine wrote its history into its checkpoint: take it, if this copy needs it."""
-        if not self.model.needs_history:
+        if not self.dashboard.needs_history:
             return False
-        saved = load_history(self.model.run_dir)  # type: ignore[arg-type]
+        saved = load_history(self.dashboard.run_dir)  # type: ignore[arg-type]
         if saved is None:
             return False
-        if self.model.load_history(saved.history, saved.incarnation, saved.history_n, saved.snapshot):
+        if self.dashboard.load_history(saved.history, saved.incarnation, saved.history_n, saved.snapshot):
             self._asked_at = None  # answered: the next gap is asked about at once
         return True
 
     def run_live(self, changed: Callable[[], None]) -> None:
-        """Feed live records until asked to stop; ``changed`` is called after each change of the model."""
+        """Feed live records until asked to stop; ``changed`` is called after each change of the dashboard."""
         changed()
         while not self.stopping.is_set():
             record = self.handover.next(0.5)
@@ -136,3 +139,50 @@ class Follower:
             fed = self._feed(record) or fed
         if fed:
             changed()
+
+
+class Following:
+    """A live run followed like the web component does: the dashboard's own parts through the one hand-over, its
+    numbers from the run's engine (over the bus). ``dashboard`` is None when asked to stop before any record came."""
+
+    def __init__(self, run_dir: Path, stopping: threading.Event) -> None:
+        from trainmeter_core.bus.client import Producer, Subscriber, read_endpoints
+
+        endpoints = read_endpoints(run_dir)
+        self.subscriber = Subscriber(endpoints["out"])
+        self.producer = Producer(endpoints["in"], source="view", linger_ms=0)
+        dashboard = DashboardState(run_dir, read_meta(run_dir))
+        producer = self.producer
+        self.follower = Follower(
+            dashboard,
+            self.subscriber.recv,
+            stopping,
+            lambda reason: producer.send(rec.HistoryRequest(reason=reason)),
+        )
+        self.dashboard: DashboardState | None = dashboard if self.follower.catch_up() else None
+
+    def close(self) -> None:
+        self.subscriber.close()
+        self.producer.close(linger_ms=0)
+
+
+def finished_dashboard(run_dir: Path, stats: dict | None = None) -> DashboardState:
+    """A run no engine serves any more, replayed here from its engine's checkpoint and the log after it."""
+    dashboard = replayed_dashboard(run_dir, stats)
+    if dashboard.run_end is None:
+        dashboard.meta["lost"] = True  # no launcher holds it and it never ended: the run was lost
+    return dashboard
+
+
+def dashboard_now(
+    run_dir: Path, stats: dict | None = None, stopping: threading.Event | None = None
+) -> DashboardState | None:
+    """The run as the dashboard sees it now, once: a finished run replayed here, a live one caught up with its
+    engine's snapshot and history (still one engine). None when stopped before a live run said anything."""
+    if not rundir.is_live(run_dir):
+        return finished_dashboard(run_dir, stats)
+    following = Following(run_dir, stopping or threading.Event())
+    try:
+        return following.dashboard
+    finally:
+        following.close()

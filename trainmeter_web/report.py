@@ -21,7 +21,7 @@ from trainmeter_core import __version__
 
 if TYPE_CHECKING:  # the command is registered on every `tm --help`: its module imports nothing heavy
     from trainmeter_core.model.history import HistoryPoint
-    from trainmeter_web.model import RunModel
+    from trainmeter_web.dashboard_state import DashboardState
 
 #: Points a series keeps per axis: the live page's resolution (stream.DEFAULT_POINTS).
 REPORT_POINTS = 600
@@ -88,36 +88,44 @@ def columns(points_on: Callable[[str], list[HistoryPoint]]) -> dict[str, Any] | 
     return entry or None
 
 
-def series_columns(model: RunModel, name: str, points: int = REPORT_POINTS) -> dict[str, Any] | None:
+def series_columns(
+    dashboard: DashboardState, name: str, points: int = REPORT_POINTS
+) -> dict[str, Any] | None:
     """A series of the run's history at the page's resolution, as ``columns`` carries it."""
-    return columns(lambda axis: model.history(name, axis, None, points))
+    return columns(lambda axis: dashboard.history(name, axis, None, points))
 
 
-def passport_doc(model: RunModel) -> dict[str, Any]:
+def passport_doc(dashboard: DashboardState) -> dict[str, Any]:
     """The passport as the dashboard's /api/passport gives it: the run's passport.md, else made now from the final
     snapshot (a run that was lost, or recorded before passports were written)."""
-    if model.run_dir is not None:
+    if dashboard.run_dir is not None:
         try:
-            return {"markdown": (model.run_dir / "passport.md").read_text(encoding="utf-8", errors="replace")}
+            return {
+                "markdown": (dashboard.run_dir / "passport.md").read_text(encoding="utf-8", errors="replace")
+            }
         except OSError:
             pass
     from trainmeter_core.model import passport
 
-    if model.snapshot is None:
+    if dashboard.snapshot is None:
         return {"absent": "the run has no snapshot to make a passport from"}
-    return {"markdown": passport.passport_markdown(passport.passport_data(model.snapshot, model.meta))}
+    return {
+        "markdown": passport.passport_markdown(passport.passport_data(dashboard.snapshot, dashboard.meta))
+    }
 
 
-def report_data(model: RunModel, written_wall: float, points: int = REPORT_POINTS) -> dict[str, Any]:
+def report_data(
+    dashboard: DashboardState, written_wall: float, points: int = REPORT_POINTS
+) -> dict[str, Any]:
     """What a report file carries: the live page's first document, every series, the run and its passport."""
-    with model.lock:
-        doc = model.live_doc()
+    with dashboard.lock:
+        doc = dashboard.live_doc()
         series = {}
         for name in doc["catalog"]:
-            columns = series_columns(model, name, points)
+            columns = series_columns(dashboard, name, points)
             if columns is not None:
                 series[name] = columns
-        run = model.run_doc()
+        run = dashboard.run_doc()
     return {
         "kind": "report",
         "tm_version": __version__,
@@ -125,15 +133,15 @@ def report_data(model: RunModel, written_wall: float, points: int = REPORT_POINT
         "points": points,
         "doc": doc,
         "run": run,
-        "passport": passport_doc(model),
+        "passport": passport_doc(dashboard),
         "series": series,
     }
 
 
-def report_html(model: RunModel, written_wall: float | None = None) -> str:
+def report_html(dashboard: DashboardState, written_wall: float | None = None) -> str:
     from trainmeter_web.bundle import standalone_html
 
-    data = report_data(model, time.time() if written_wall is None else written_wall)
+    data = report_data(dashboard, time.time() if written_wall is None else written_wall)
     return standalone_html("index.html", "report.js", data)
 
 
@@ -184,7 +192,7 @@ class ReportCommand:
 
 def run(args: argparse.Namespace) -> int:
     from trainmeter_core.runlog import rundir
-    from trainmeter_web.view import model_now
+    from trainmeter_web.follow import dashboard_now
 
     try:
         run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
@@ -192,16 +200,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"tm: {exc}", file=sys.stderr)
         return 2
     stats: dict = {}
-    model = model_now(run_dir, stats)
-    if model is None:
+    dashboard = dashboard_now(run_dir, stats)
+    if dashboard is None:
         return 130
-    if model.snapshot is None:
+    if dashboard.snapshot is None:
         print(f"tm: {run_dir.name} has no record the engine can use: nothing to report", file=sys.stderr)
         return 2
     if stats.get("skipped"):
         reasons = ", ".join(f"{n} {r}" for r, n in sorted(stats["reasons"].items()))
         print(f"tm: skipped {stats['skipped']} unreadable lines of the log ({reasons})", file=sys.stderr)
-    html = report_html(model)
+    html = report_html(dashboard)
     try:
         target = write_file(args.output or f"{run_dir.name}-report.html", html)
     except OSError as exc:

@@ -1,5 +1,6 @@
 """The dashboard's HTTP server: the static page, the JSON API (docs/api.md) and the live stream, on a socket it is
-handed, in a thread of its own with its own event loop.
+handed (``listen`` binds one for ``tm view``; the launcher binds the web component's), in a thread of its own with
+its own event loop.
 
 aiohttp is imported here and only here, and only by tm's web process or ``tm view``: never in a training process. On
 stop, every live stream ends at once, so shutting the web process down never waits for an open page.
@@ -8,7 +9,9 @@ stop, every live stream ends at once, so shutting the web process down never wai
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from importlib import resources
@@ -18,9 +21,10 @@ from typing import Any
 from aiohttp import web
 
 from trainmeter_core.model.history import AXIS_ALIASES, X_AXES
+from trainmeter_core.run import webport
 from trainmeter_core.runlog import rundir
+from trainmeter_web.dashboard_state import DashboardState, encode
 from trainmeter_web.guard import SECURITY_HEADERS, TOKEN_COOKIE, Guard, without_token
-from trainmeter_web.model import RunModel, encode
 from trainmeter_web.stream import DEFAULT_POINTS, MAX_POINTS, LiveStream
 
 KEEPALIVE_S = 15.0
@@ -33,7 +37,7 @@ _CONTENT_TYPES = {
     ".svg": "image/svg+xml",
     ".txt": "text/plain; charset=utf-8",
 }
-_MODEL = web.AppKey("model", RunModel)
+_DASHBOARD = web.AppKey("dashboard", DashboardState)
 _GUARD = web.AppKey("guard", Guard)
 _CHANGES = web.AppKey("changes", object)
 _STATIC = web.AppKey("static", dict)
@@ -51,7 +55,7 @@ def load_static() -> dict[str, tuple[bytes, str]]:
 
 
 class Changes:
-    """Wakes every live stream when the model changed, or when the server stops. Event-loop side only."""
+    """Wakes every live stream when the dashboard changed, or when the server stops. Event-loop side only."""
 
     def __init__(self) -> None:
         self.version = 0
@@ -155,22 +159,22 @@ def _body(body: bytes, status: int = 200) -> web.Response:
 
 
 async def api_run(request: web.Request) -> web.Response:
-    model = request.app[_MODEL]
-    return _body(model.encoded("run", model.run_doc))
+    dashboard = request.app[_DASHBOARD]
+    return _body(dashboard.encoded("run", dashboard.run_doc))
 
 
 async def api_snapshot(request: web.Request) -> web.Response:
-    model = request.app[_MODEL]
-    return _body(model.encoded("snapshot", model.snapshot_doc))
+    dashboard = request.app[_DASHBOARD]
+    return _body(dashboard.encoded("snapshot", dashboard.snapshot_doc))
 
 
 async def api_state(request: web.Request) -> web.Response:
-    model = request.app[_MODEL]
-    return _body(model.encoded("state", model.live_doc))
+    dashboard = request.app[_DASHBOARD]
+    return _body(dashboard.encoded("state", dashboard.live_doc))
 
 
 async def api_series(request: web.Request) -> web.Response:
-    return _json({"x_axes": list(X_AXES), "series": request.app[_MODEL].catalog()})
+    return _json({"x_axes": list(X_AXES), "series": request.app[_DASHBOARD].catalog()})
 
 
 def _axis(request: web.Request) -> str | web.Response:
@@ -195,7 +199,7 @@ def _points(request: web.Request, default: int | None) -> int | None | web.Respo
 
 
 async def api_history(request: web.Request) -> web.Response:
-    model = request.app[_MODEL]
+    dashboard = request.app[_DASHBOARD]
     x_axis = _axis(request)
     if isinstance(x_axis, web.Response):
         return x_axis
@@ -208,14 +212,14 @@ async def api_history(request: web.Request) -> web.Response:
             since = float(request.query["since"])
         except ValueError:
             return _error(400, f"since={request.query['since']!r}: give a number on the x axis")
-    catalog = model.catalog(points=False)
+    catalog = dashboard.catalog(points=False)
     names = request.query.getall("series", []) or list(catalog)
     missing = [n for n in names if n not in catalog]
     if missing and len(names) == 1:
         return _json({"error": f"no series {missing[0]!r}: /api/series lists them", "missing": missing}, 404)
     # Assembled from each series' cached JSON: a page's worth of readers costs one encode per series and change.
     parts = [
-        encode(name) + b":" + model.history_json(name, x_axis, since, points)
+        encode(name) + b":" + dashboard.history_json(name, x_axis, since, points)
         for name in names
         if name in catalog
     ]
@@ -226,18 +230,18 @@ async def api_history(request: web.Request) -> web.Response:
 
 
 async def api_alerts(request: web.Request) -> web.Response:
-    model = request.app[_MODEL]
-    with model.lock:
-        return _json({"alerts": [dict(a) for a in model.alerts]})
+    dashboard = request.app[_DASHBOARD]
+    with dashboard.lock:
+        return _json({"alerts": [dict(a) for a in dashboard.alerts]})
 
 
 async def api_runs(request: web.Request) -> web.Response:
-    model = request.app[_MODEL]
-    if model.run_dir is None:
+    dashboard = request.app[_DASHBOARD]
+    if dashboard.run_dir is None:
         return _json({"runs": []})
-    current = model.run_dir.resolve()
+    current = dashboard.run_dir.resolve()
     runs = []
-    for path in rundir.list_runs(model.run_dir.parent):
+    for path in rundir.list_runs(dashboard.run_dir.parent):
         info = rundir.run_info(path)
         runs.append(
             {
@@ -252,15 +256,15 @@ async def api_runs(request: web.Request) -> web.Response:
                 "current": path.resolve() == current,
             }
         )
-    return _json({"runs_dir": str(model.run_dir.parent), "runs": runs})
+    return _json({"runs_dir": str(dashboard.run_dir.parent), "runs": runs})
 
 
 async def api_passport(request: web.Request) -> web.Response:
-    model = request.app[_MODEL]
-    if model.run_dir is None:
+    dashboard = request.app[_DASHBOARD]
+    if dashboard.run_dir is None:
         return _json({"absent": "no run directory"})
     try:
-        text = (model.run_dir / "passport.md").read_text(encoding="utf-8", errors="replace")
+        text = (dashboard.run_dir / "passport.md").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return _json({"absent": "the passport is written when the run ends (tm passport RUN)"})
     return _json({"markdown": text})
@@ -273,11 +277,11 @@ async def api_events(request: web.Request) -> web.StreamResponse:
     points = _points(request, DEFAULT_POINTS)
     if isinstance(points, web.Response):
         return points
-    model = request.app[_MODEL]
+    dashboard = request.app[_DASHBOARD]
     changes: Changes = request.app[_CHANGES]  # type: ignore[assignment]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
     await response.prepare(request)
-    stream = LiveStream(model, x_axis, points or DEFAULT_POINTS)
+    stream = LiveStream(dashboard, x_axis, points or DEFAULT_POINTS)
     loop = asyncio.get_running_loop()
     try:
         await response.write(f"retry: {RETRY_MS}\n\n".encode())
@@ -306,9 +310,9 @@ def _event(name: str, doc: Any) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + encode(doc) + b"\n\n"
 
 
-def make_app(model: RunModel, guard: Guard, changes: Changes | None = None) -> web.Application:
+def make_app(dashboard: DashboardState, guard: Guard, changes: Changes | None = None) -> web.Application:
     app = web.Application(middlewares=[guard_middleware])
-    app[_MODEL] = model
+    app[_DASHBOARD] = dashboard
     app[_GUARD] = guard
     app[_CHANGES] = changes if changes is not None else Changes()
     app[_STATIC] = load_static()
@@ -356,12 +360,12 @@ class Server:
 
     def __init__(
         self,
-        model: RunModel | None,
+        dashboard: DashboardState | None,
         sock: socket.socket,
         guard: Guard,
         app: Callable[[Changes], web.Application] | None = None,
     ) -> None:
-        self.model = model
+        self.dashboard = dashboard
         self.sock = sock
         self.guard = guard
         self._make_app = app
@@ -391,8 +395,8 @@ class Server:
         if self._make_app is not None:
             app = self._make_app(self.changes)
         else:
-            assert self.model is not None, "the dashboard serves a run's model"
-            app = make_app(self.model, self.guard, self.changes)
+            assert self.dashboard is not None, "the dashboard serves a run: give it the run's DashboardState"
+            app = make_app(self.dashboard, self.guard, self.changes)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         site = web.SockSite(runner, self.sock)
@@ -406,7 +410,7 @@ class Server:
             await runner.cleanup()
 
     def notify(self) -> None:
-        """The model changed: wake the live streams (callable from any thread)."""
+        """The dashboard changed: wake the live streams (callable from any thread)."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -422,3 +426,20 @@ class Server:
             except RuntimeError:
                 pass
         self._thread.join(timeout_s)
+
+
+def listen(
+    host: str, port: int | None, stopping: threading.Event | None
+) -> tuple[webport.WebSocket, threading.Event] | None:
+    """The socket a served page listens on, and the event Ctrl-C or SIGTERM sets (``stopping`` when given; the
+    handlers only from the main thread); None, after one line saying why, when the address cannot be had."""
+    try:
+        bound = webport.bind(host, port)
+    except webport.WebPortError as exc:
+        print(f"tm: {exc}", file=sys.stderr)
+        return None
+    stopping = stopping or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopping.set())
+    return bound, stopping

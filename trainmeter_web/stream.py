@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmeter_web.model import RunModel
+from trainmeter_web.dashboard_state import DashboardState
 
 DEFAULT_POINTS = 600
 MIN_POINTS = 10
@@ -44,8 +44,8 @@ def merge_patch(old: Any, new: Any) -> dict[str, Any] | None:
 class LiveStream:
     """One page's view: its x axis, its resolution, and what it was last sent."""
 
-    def __init__(self, model: RunModel, x_axis: str, points: int = DEFAULT_POINTS) -> None:
-        self.model = model
+    def __init__(self, dashboard: DashboardState, x_axis: str, points: int = DEFAULT_POINTS) -> None:
+        self.dashboard = dashboard
         self.x_axis = x_axis
         self.points = max(MIN_POINTS, min(MAX_POINTS, points))
         self._doc: dict[str, Any] | None = None
@@ -54,24 +54,24 @@ class LiveStream:
 
     def full(self) -> dict[str, Any]:
         """The first event: the whole document and every series' history on this page's axis."""
-        model = self.model
-        with model.lock:
-            doc = model.live_doc()
+        dashboard = self.dashboard
+        with dashboard.lock:
+            doc = dashboard.live_doc()
             series = {name: self._history(name, None, self.points) for name in doc["catalog"]}
         self._doc = doc
         return {"doc": doc, "x_axis": self.x_axis, "points": self.points, "series": series}
 
     def update(self) -> dict[str, Any] | None:
         """The next event: a patch of the document and the series' new points, or None when nothing changed."""
-        model = self.model
-        with model.lock:
-            doc = model.live_doc()
+        dashboard = self.dashboard
+        with dashboard.lock:
+            doc = dashboard.live_doc()
             patch = merge_patch(self._doc, doc) if self._doc is not None else doc
             self._doc = doc
             final = doc["status"].get("state") == "finished"
             fresh: dict[str, list] = {}
             for name in doc["catalog"]:
-                added = model.added_points(name)
+                added = dashboard.added_points(name)
                 before = self._sent_added.get(name)
                 if before is None:
                     points = self._history(name, None, self.points)
@@ -94,9 +94,9 @@ class LiveStream:
         return event or None
 
     def _history(self, name: str, since: float | None, max_points: int) -> list:
-        model = self.model
-        self._sent_added[name] = model.added_points(name)
-        points = model.history(name, self.x_axis, since, max_points)
+        dashboard = self.dashboard
+        self._sent_added[name] = dashboard.added_points(name)
+        points = dashboard.history(name, self.x_axis, since, max_points)
         if points:
             self._last_x[name] = points[-1].x
         return points

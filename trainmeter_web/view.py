@@ -8,13 +8,11 @@ loopback unless told otherwise (then with a token).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from pathlib import Path
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.run import webport
 from trainmeter_core.runlog import rundir
 
 
@@ -102,77 +100,12 @@ def print_final_snapshot(run_dir: Path) -> int:
     return 0
 
 
-class Following:
-    """A live run followed like the web component does: the model's own parts through the one hand-over, its numbers
-    from the run's engine (over the bus). ``model`` is None when asked to stop before any record came."""
-
-    def __init__(self, run_dir: Path, stopping: threading.Event) -> None:
-        from trainmeter_core.bus.client import Producer, Subscriber, read_endpoints
-        from trainmeter_web.follow import Follower, read_meta
-        from trainmeter_web.model import RunModel
-
-        endpoints = read_endpoints(run_dir)
-        self.subscriber = Subscriber(endpoints["out"])
-        self.producer = Producer(endpoints["in"], source="view", linger_ms=0)
-        model = RunModel(run_dir, read_meta(run_dir))
-        producer = self.producer
-        self.follower = Follower(
-            model,
-            self.subscriber.recv,
-            stopping,
-            lambda reason: producer.send(rec.HistoryRequest(reason=reason)),
-        )
-        self.model: RunModel | None = model if self.follower.catch_up() else None
-
-    def close(self) -> None:
-        self.subscriber.close()
-        self.producer.close(linger_ms=0)
-
-
-def finished_model(run_dir: Path, stats: dict | None = None):
-    """A run no engine serves any more, replayed here from its engine's checkpoint and the log after it."""
-    from trainmeter_web.follow import replayed_model
-
-    model = replayed_model(run_dir, stats)
-    if model.run_end is None:
-        model.meta["lost"] = True  # no launcher holds it and it never ended: the run was lost
-    return model
-
-
-def model_now(run_dir: Path, stats: dict | None = None, stopping: threading.Event | None = None):
-    """The run as the dashboard sees it now, once: a finished run replayed here, a live one caught up with its
-    engine's snapshot and history (still one engine). None when stopped before a live run said anything."""
-    if not rundir.is_live(run_dir):
-        return finished_model(run_dir, stats)
-    following = Following(run_dir, stopping or threading.Event())
-    try:
-        return following.model
-    finally:
-        following.close()
-
-
-def listen(
-    host: str, port: int | None, stopping: threading.Event | None
-) -> tuple[webport.WebSocket, threading.Event] | None:
-    """The socket a served page listens on, and the event Ctrl-C or SIGTERM sets (``stopping`` when given; the
-    handlers only from the main thread); None, after one line saying why, when the address cannot be had."""
-    try:
-        bound = webport.bind(host, port)
-    except webport.WebPortError as exc:
-        print(f"tm: {exc}", file=sys.stderr)
-        return None
-    stopping = stopping or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stopping.set())
-    return bound, stopping
-
-
 def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event | None = None) -> int:
     """Serve the run's dashboard until Ctrl-C (or ``stopping``). A live run is followed like the web component does
     (its engine's numbers); a finished one is replayed here, since no engine runs then: either way, one engine."""
+    from trainmeter_web.follow import Following, finished_dashboard
     from trainmeter_web.guard import Guard
-    from trainmeter_web.server import Server
+    from trainmeter_web.server import Server, listen
 
     listening = listen(host, port, stopping)
     if listening is None:
@@ -181,13 +114,13 @@ def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event 
     following = None
     if rundir.is_live(run_dir):
         following = Following(run_dir, stopping)
-        if following.model is None:
+        if following.dashboard is None:
             following.close()
             return 0
-        model = following.model
+        dashboard = following.dashboard
     else:
-        model = finished_model(run_dir)
-    server = Server(model, bound.sock, Guard(bound.host, bound.token))
+        dashboard = finished_dashboard(run_dir)
+    server = Server(dashboard, bound.sock, Guard(bound.host, bound.token))
     server.start()
     for line in bound.startup_lines():
         print(f"tm: {line}", file=sys.stderr)

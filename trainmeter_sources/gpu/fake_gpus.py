@@ -1,9 +1,9 @@
 """The scriptable machine behind the fake `pynvml`: GPU models, readings a test sets, counters that move with time,
 failure switches. It must never be mistaken for hardware: only `fake_pynvml` drives it, and that module says it is fake.
 
-NVML's own numbers (error codes, event bits, handle types) and the clock live in `fake_pynvml`, the library surface;
-this module reads them from there when a machine is built or changed, so a test that replaces `fake_pynvml.clock`
-moves the whole machine's time.
+The machine's clock and handles live here, NVML's numbers (return codes, event bits) in `nvml_codes`; this module
+never imports `fake_pynvml`, which fills `SCRIPTABLE_CALLS` with the calls a script may fail. A test that replaces
+`fake_gpus.clock` moves the whole machine's time.
 """
 
 from __future__ import annotations
@@ -11,25 +11,45 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+import time
 import uuid
-from ctypes import Structure
+from ctypes import Structure, c_ulonglong
 from dataclasses import dataclass
-from types import ModuleType
+
+from trainmeter_sources.gpu import nvml_codes
 
 # nvml.h's nvmlDeviceArchitecture_t values (the same as fake_pynvml's NVML_DEVICE_ARCH_* constants).
 ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER, ARCH_BLACKWELL = 7, 8, 9, 10
 
 
-def _nvml() -> ModuleType:
-    # Imported at call time: fake_pynvml imports this module while it loads.
-    from trainmeter_sources.gpu import fake_pynvml
+# Tests replace this to move time by hand; every counter and timestamp reads it at call time.
+clock = time.monotonic
 
-    return fake_pynvml
+#: Every name of a pynvml call a script's "fail" may name -> the call's own name (an alias such as
+#: nvmlDeviceGetCurrentClocksThrottleReasons fails its call). fake_pynvml fills it once its functions exist.
+SCRIPTABLE_CALLS: dict[str, str] = {}
 
 
 def now_s() -> float:
-    """The fake machine's time: `fake_pynvml.clock`, which tests replace to move time by hand."""
-    return _nvml().clock()
+    """The fake machine's time: `clock`, which tests replace to move time by hand."""
+    return clock()
+
+
+class _FakeHandleStruct(Structure):
+    # The real structs are opaque; the fake one carries the key that finds the fake object behind a handle.
+    _fields_ = [("fake_key", c_ulonglong)]
+
+
+class struct_c_nvmlDevice_t(_FakeHandleStruct):
+    pass
+
+
+class struct_c_nvmlEventSet_t(_FakeHandleStruct):
+    pass
+
+
+class struct_c_nvmlGpmSample_t(_FakeHandleStruct):
+    pass
 
 
 MIB_B = 1 << 20
@@ -124,7 +144,7 @@ def parse_spec(spec: str) -> list[GpuModel]:
 
 def error_code(name, where: str) -> int:
     """The NVML return code a script names ('not_supported', 'gpu_is_lost', 'success')."""
-    nvml = _nvml()
+    nvml = nvml_codes
     code = (
         nvml.NVML_SUCCESS
         if str(name).lower() == "success"
@@ -171,7 +191,7 @@ class FakeGpu:
         )
         self.counters = {name: 0.0 for name in INTEGRATED}
         self.last_advance_s = now_s()
-        self.handle_struct = machine.register(self, _nvml().struct_c_nvmlDevice_t)
+        self.handle_struct = machine.register(self, struct_c_nvmlDevice_t)
 
     def advance(self) -> None:
         """Integrates the readings up to now and delivers scheduled Xids that are due."""
@@ -204,7 +224,7 @@ class FakeGpu:
         if reason not in THROTTLE_REASONS:
             raise ValueError(f"unknown throttle {reason!r}; accepted: {', '.join(THROTTLE_REASONS)}")
         with lock:
-            self.clocks_event_reasons = getattr(_nvml(), THROTTLE_REASONS[reason])
+            self.clocks_event_reasons = getattr(nvml_codes, THROTTLE_REASONS[reason])
             if reason == "power_cap" and self.model.power_limit_w is not None:
                 self.set(power_w=self.model.power_limit_w)  # a power-capped GPU sits at its limit
 
@@ -221,8 +241,8 @@ class FakeGpu:
                 self.pending_xids.append((at_s, xid))
                 return
             for event_set in self.machine.event_sets():
-                if event_set.registered.get(self, 0) & _nvml().nvmlEventTypeXidCriticalError:
-                    event_set.queue.append((self, _nvml().nvmlEventTypeXidCriticalError, xid))
+                if event_set.registered.get(self, 0) & nvml_codes.nvmlEventTypeXidCriticalError:
+                    event_set.queue.append((self, nvml_codes.nvmlEventTypeXidCriticalError, xid))
             events_changed.notify_all()
 
     def lose(self) -> None:
@@ -263,10 +283,9 @@ class FakeGpu:
                 self.lost_after_s = float(value)
             elif key == "fail" and isinstance(value, dict):
                 for call, error in value.items():
-                    function = getattr(_nvml(), call, None)
-                    if not callable(function) or not call.startswith("nvml"):
+                    if call not in SCRIPTABLE_CALLS:
                         raise ValueError(f"{where}: 'fail' names {call!r}, which is no pynvml function")
-                    self.failures[function.__name__] = error_code(error, where)
+                    self.failures[SCRIPTABLE_CALLS[call]] = error_code(error, where)
             elif key == "throttle":
                 self.throttle(value)
             elif key == "throttle_until_s":
@@ -309,7 +328,7 @@ class FakeMigDevice:
         self.name = f"{parent.model.name} MIG {slices}g.{round(self.memory_total_b / 1e9)}gb"
         self.slices = slices
         self.uuid = f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{parent.uuid}/{index}')}"
-        self.handle_struct = parent.machine.register(self, _nvml().struct_c_nvmlDevice_t)
+        self.handle_struct = parent.machine.register(self, struct_c_nvmlDevice_t)
 
 
 class EventSet:
@@ -318,7 +337,7 @@ class EventSet:
     def __init__(self, machine: FakeMachine):
         self.registered: dict[FakeGpu, int] = {}
         self.queue: list[tuple[FakeGpu, int, int]] = []
-        self.struct = machine.register(self, _nvml().struct_c_nvmlEventSet_t)
+        self.struct = machine.register(self, struct_c_nvmlEventSet_t)
 
 
 class FakeMachine:

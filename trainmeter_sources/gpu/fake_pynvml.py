@@ -2,9 +2,10 @@
 backend runs here. Same function names, constant values, `NVMLError_*` classes and return types as pynvml 13.x; it
 must never pass for real hardware: `IS_FAKE` is True and the sampler labels every device from this module "fake".
 
-Why one module of about 1,000 lines: it mirrors one library's surface, module for module (pynvml is one module: its
+Why one module of about 950 lines: it mirrors one library's surface, module for module (pynvml is one module: its
 constants, ctypes structures, error classes and one function per NVML call the backend makes), so the backend swaps
-one for the other by name; the scriptable machine behind it already lives in ``fake_gpus``.
+one for the other by name; the scriptable machine behind it already lives in ``fake_gpus``, and the return codes,
+clock event reasons and event types both speak in ``nvml_codes`` (handed on from here under pynvml's names).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
 from ctypes import (
     POINTER,
     Structure,
@@ -35,8 +35,8 @@ from trainmeter_sources.gpu.fake_gpus import CORES_PER_SM as CORES_PER_SM
 from trainmeter_sources.gpu.fake_gpus import GPM_MODES as GPM_MODES
 from trainmeter_sources.gpu.fake_gpus import GPU_MODELS as GPU_MODELS
 from trainmeter_sources.gpu.fake_gpus import MIB_B as MIB_B
+from trainmeter_sources.gpu.fake_gpus import SCRIPTABLE_CALLS, EventSet, now_s
 from trainmeter_sources.gpu.fake_gpus import THROTTLE_REASONS as THROTTLE_REASONS
-from trainmeter_sources.gpu.fake_gpus import EventSet
 from trainmeter_sources.gpu.fake_gpus import FakeGpu as FakeGpu
 from trainmeter_sources.gpu.fake_gpus import FakeMachine as FakeMachine
 from trainmeter_sources.gpu.fake_gpus import FakeMigDevice as FakeMigDevice
@@ -44,45 +44,17 @@ from trainmeter_sources.gpu.fake_gpus import GpuModel as GpuModel
 from trainmeter_sources.gpu.fake_gpus import events_changed as _events_changed
 from trainmeter_sources.gpu.fake_gpus import lock as _lock
 from trainmeter_sources.gpu.fake_gpus import parse_spec as parse_spec
+from trainmeter_sources.gpu.fake_gpus import struct_c_nvmlDevice_t as struct_c_nvmlDevice_t
+from trainmeter_sources.gpu.fake_gpus import struct_c_nvmlEventSet_t as struct_c_nvmlEventSet_t
+from trainmeter_sources.gpu.fake_gpus import struct_c_nvmlGpmSample_t as struct_c_nvmlGpmSample_t
+
+# NVML's return codes, clock event reasons and event types: pynvml's names, handed on whole from the leaf that
+# fake_gpus reads them from too (pyproject lets this one module take them with *).
+from trainmeter_sources.gpu.nvml_codes import *
 
 IS_FAKE = True
-# Tests replace this to move time by hand; every counter and timestamp reads it at call time.
-clock = time.monotonic
 
 # ---- constants: the values of pynvml 13.615 (nvidia-ml-py) and of nvml.h ------------------------------------
-NVML_SUCCESS = 0
-NVML_ERROR_UNINITIALIZED = 1
-NVML_ERROR_INVALID_ARGUMENT = 2
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_ALREADY_INITIALIZED = 5
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_INSUFFICIENT_SIZE = 7
-NVML_ERROR_INSUFFICIENT_POWER = 8
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_TIMEOUT = 10
-NVML_ERROR_IRQ_ISSUE = 11
-NVML_ERROR_LIBRARY_NOT_FOUND = 12
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
-NVML_ERROR_CORRUPTED_INFOROM = 14
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_RESET_REQUIRED = 16
-NVML_ERROR_OPERATING_SYSTEM = 17
-NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
-NVML_ERROR_IN_USE = 19
-NVML_ERROR_MEMORY = 20
-NVML_ERROR_NO_DATA = 21
-NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
-NVML_ERROR_INSUFFICIENT_RESOURCES = 23
-NVML_ERROR_FREQ_NOT_SUPPORTED = 24
-NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
-NVML_ERROR_DEPRECATED = 26
-NVML_ERROR_NOT_READY = 27
-NVML_ERROR_GPU_NOT_FOUND = 28
-NVML_ERROR_INVALID_STATE = 29
-NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
-NVML_ERROR_UNKNOWN = 999
-
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
 NVML_DEVICE_MIG_DISABLE = 0
@@ -123,30 +95,12 @@ NVML_FI_DEV_POWER_INSTANT = 186
 nvmlMemory_v2 = 0x02000028
 nvmlTemperature_v1 = 0x100000C
 
-nvmlClocksEventReasonNone = 0x0
-nvmlClocksEventReasonGpuIdle = 0x1
-nvmlClocksEventReasonApplicationsClocksSetting = 0x2
-nvmlClocksEventReasonSwPowerCap = 0x4
-nvmlClocksEventReasonHwSlowdown = 0x8
-nvmlClocksEventReasonSyncBoost = 0x10
-nvmlClocksEventReasonSwThermalSlowdown = 0x20
-nvmlClocksEventReasonHwThermalSlowdown = 0x40
-nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
-nvmlClocksEventReasonDisplayClockSetting = 0x100
-nvmlClocksEventReasonAll = 0x1FF
 nvmlClocksThrottleReasonNone = nvmlClocksEventReasonNone
 nvmlClocksThrottleReasonGpuIdle = nvmlClocksEventReasonGpuIdle
 nvmlClocksThrottleReasonSwPowerCap = nvmlClocksEventReasonSwPowerCap
 nvmlClocksThrottleReasonHwSlowdown = nvmlClocksEventReasonHwSlowdown
 nvmlClocksThrottleReasonSwThermalSlowdown = nvmlClocksEventReasonSwThermalSlowdown
 nvmlClocksThrottleReasonHwThermalSlowdown = nvmlClocksEventReasonHwThermalSlowdown
-
-nvmlEventTypeNone = 0x0
-nvmlEventTypeSingleBitEccError = 0x1
-nvmlEventTypeDoubleBitEccError = 0x2
-nvmlEventTypePState = 0x4
-nvmlEventTypeXidCriticalError = 0x8
-nvmlEventTypeClock = 0x10
 
 NVML_GPM_METRIC_GRAPHICS_UTIL = 1
 NVML_GPM_METRIC_SM_UTIL = 2
@@ -257,23 +211,6 @@ class _PrintableStructure(Structure):
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value.encode() if isinstance(value, str) else value)
-
-
-class _FakeHandleStruct(Structure):
-    # The real structs are opaque; the fake one carries the key that finds the fake object behind a handle.
-    _fields_ = [("fake_key", c_ulonglong)]
-
-
-class struct_c_nvmlDevice_t(_FakeHandleStruct):
-    pass
-
-
-class struct_c_nvmlEventSet_t(_FakeHandleStruct):
-    pass
-
-
-class struct_c_nvmlGpmSample_t(_FakeHandleStruct):
-    pass
 
 
 c_nvmlDevice_t = POINTER(struct_c_nvmlDevice_t)
@@ -752,7 +689,7 @@ def nvmlDeviceGetFieldValues(gpu, fieldIds):
             value.fieldId, value.scopeId = field
         except TypeError:
             value.fieldId = field
-        value.timestamp = int(clock() * 1e6)
+        value.timestamp = int(now_s() * 1e6)
         value.nvmlReturn, value.valueType = NVML_SUCCESS, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
         links = gpu.model.nvlink_links
         if value.fieldId in _NVLINK_FIELDS and links:
@@ -963,7 +900,7 @@ def _take_gpm_sample(device, gpmSample):
     gpu = device.parent if isinstance(device, FakeMigDevice) else device
     if gpu.gpm in _GPM_MODE_ERRORS:
         _raise(_GPM_MODE_ERRORS[gpu.gpm])
-    buffer.snapshot = (device, clock(), dict(gpu.counters))
+    buffer.snapshot = (device, now_s(), dict(gpu.counters))
     return gpmSample
 
 
@@ -1003,3 +940,13 @@ def nvmlGpmMetricsGet(metricsGet):
         metric.value = per_s * 100 if metric.metricId in _GPM_FRACTIONS else per_s / MIB_B
         metric.nvmlReturn = NVML_SUCCESS
     return metricsGet
+
+
+# The calls a script may fail, by every name this module gives them (fake_gpus checks a script against it).
+SCRIPTABLE_CALLS.update(
+    {
+        name: value.__name__
+        for name, value in list(globals().items())
+        if name.startswith("nvml") and callable(value)
+    }
+)

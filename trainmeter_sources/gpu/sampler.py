@@ -25,7 +25,7 @@ from trainmeter_core.model.platform_adapters import (
     absent_row,
     choose_adapter,
 )
-from trainmeter_sources.gpu.device import DeviceSampler
+from trainmeter_sources.gpu.device_sampler import DeviceSampler
 from trainmeter_sources.gpu.facts import gpu_fact, gpu_fact_value, plugin_spec_paths, read_specs, spec_adapter
 from trainmeter_sources.gpu.nvml import DeviceInfo, Nvml, NvmlUnavailable, handle_key, list_devices
 from trainmeter_sources.gpu.selection import (
@@ -36,7 +36,7 @@ from trainmeter_sources.gpu.selection import (
     select,
 )
 from trainmeter_sources.profilers import find_profiler
-from trainmeter_sources.settings import interval_from_env
+from trainmeter_sources.sampling_interval import interval_from_env
 
 INTERVAL_ENV = "TM_GPU_INTERVAL_S"
 # Where a run's own environment decides which GPUs it sees; read from the training process when tm can.

@@ -1,4 +1,5 @@
-"""The sources' settings from the environment (the launcher passes its flags to components that way).
+"""How often a sampler samples, read from the environment (``TM_GPU_INTERVAL_S``, ``TM_HOST_INTERVAL_S``: the
+launcher passes its flags to components that way).
 
 A bad value never stops a sampler: it keeps its default and says, in one line, which variable and what is accepted.
 """

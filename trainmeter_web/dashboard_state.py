@@ -26,7 +26,7 @@ NOTICES_KEPT = 50
 HISTORY_CACHE_ENTRIES = 512
 #: History deltas kept while the copy waits for a whole history (about ten minutes of ticks).
 DELTAS_HELD = 600
-#: The kinds the model reads besides the engine's (what ``tm view`` and a dashboard take from the log).
+#: The kinds the dashboard reads besides the engine's (what ``tm view`` and a dashboard take from the log).
 SIDE_KINDS = frozenset({"alert", "step", "run.start", "run.end", "bus.stats", "component", "notice"})
 _PREFIX_METRIC = "tm:"
 _PREFIX_GPU = "tm:gpu:"
@@ -62,7 +62,7 @@ def series_group(name: str) -> dict[str, Any]:
     return {"group": "loop"}
 
 
-class RunModel:
+class DashboardState:
     """One run as the dashboard sees it. Thread-safe: one feeder, any number of readers, one lock."""
 
     def __init__(self, run_dir: Path | None = None, meta: dict | None = None) -> None:
@@ -414,7 +414,7 @@ class RunModel:
             return entry
 
     def encoded(self, name: str, build) -> bytes:
-        """A document's JSON, built once per version of the model (the API answers many pages from it)."""
+        """A document's JSON, built once per version of the state (the API answers many pages from it)."""
         with self.lock:
             hit = self._encoded.get(name)
             if hit is not None and hit[0] == self.version:

@@ -16,7 +16,7 @@ from trainmeter_core.bus.proctree import ProcessTree, ProcStat, read_io_b, read_
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 from trainmeter_sources.node import NodeReader
-from trainmeter_sources.settings import interval_from_env
+from trainmeter_sources.sampling_interval import interval_from_env
 
 INTERVAL_ENV = "TM_HOST_INTERVAL_S"
 TOP_PROCESSES = 5
