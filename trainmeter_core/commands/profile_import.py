@@ -7,11 +7,11 @@ and its ``summary.json`` and passport are rewritten (``run/importing.py``).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from trainmeter_core.commands.output import Output
 from trainmeter_core.commands.usage import parser_for
+from trainmeter_core.errors import UsageError
 
 DESCRIPTION = "Import profiler results (torch.profiler Chrome traces built in; more through importer plugins) into a run."
 
@@ -19,7 +19,7 @@ DESCRIPTION = "Import profiler results (torch.profiler Chrome traces built in; m
 def cmd_import(argv: list[str]) -> int:
     from trainmeter_core import plugins as plugins_mod
     from trainmeter_core.run import importing
-    from trainmeter_core.run.say import Say
+    from trainmeter_core.run.stderr_lines import Say
     from trainmeter_core.runlog import rundir
 
     parser = parser_for("import", DESCRIPTION)
@@ -46,8 +46,7 @@ def cmd_import(argv: list[str]) -> int:
         elif not importing.write_finished(run_dir, prepared.records, say):
             importing.send_live(run_dir, prepared.records)  # it started living meanwhile: its hub takes them
     except importing.ImportRefused as exc:
-        print(f"tm: {exc}; nothing imported", file=sys.stderr)
-        return 2
+        raise UsageError(f"{exc}; nothing imported") from None
     out = Output()
     for trace in prepared.traces:
         out.line(importing.describe(trace))

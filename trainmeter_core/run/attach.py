@@ -7,7 +7,6 @@ run ends when the program exits or when the watch is stopped.
 
 from __future__ import annotations
 
-import argparse
 import os
 import select
 import signal
@@ -16,15 +15,16 @@ import time
 from pathlib import Path
 
 from trainmeter_core.bus.hub import Hub
-from trainmeter_core.bus.proctree import read_cmdline, read_environ, read_stat
+from trainmeter_core.bus.proctree import read_environ, read_stat
 from trainmeter_core.bus.supervisor import Supervisor
+from trainmeter_core.errors import UsageError
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.redaction import redact_argv, redact_env
 from trainmeter_core.run.child import lower_own_priority
-from trainmeter_core.run.end import write_summary
+from trainmeter_core.run.component_start import plan_placements
 from trainmeter_core.run.identity import describe_run, open_run
-from trainmeter_core.run.launcher import plan_placements
-from trainmeter_core.run.say import Say
+from trainmeter_core.run.stderr_lines import Say
+from trainmeter_core.run.summary import write_summary
 from trainmeter_core.runlog.recorder import Recorder
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -93,60 +93,24 @@ def program_name(command: list[str], pid: int) -> str:
     return program
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tm attach",
-        allow_abbrev=False,
-        description="Watch a running program from outside (process tree, node, GPUs); Ctrl-C stops the watch, "
-        "never the program.",
-    )
-    p.add_argument("pid", help="the process id of the running program")
-    p.add_argument("--name", help="the run's name (default: the program's name)")
-    p.add_argument("--runs-dir", help="where runs go (default: TM_RUNS_DIR, else ./.trainmeter/runs)")
-    p.add_argument(
-        "--gpus", metavar="LIST", help="the GPUs it uses: indices or UUIDs (default: from its environment)"
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no start line, only the summary")
-    return p
-
-
-def check_pid(text: str) -> tuple[int | None, str | None]:
-    """The pid to watch, or the one-line reason it cannot be watched."""
+def check_pid(text: str) -> int:
+    """The pid to watch; a ``UsageError`` says in one line why it cannot be watched."""
     if not text.isdigit() or int(text) <= 0:
-        return (
-            None,
-            f"attach: {text!r} is not a process id (a positive whole number, as `pgrep -f train.py` gives)",
+        raise UsageError(
+            f"attach: {text!r} is not a process id (a positive whole number, as `pgrep -f train.py` gives)"
         )
     pid = int(text)
     if pid == os.getpid():
-        return None, "attach: that is tm itself"
+        raise UsageError("attach: that is tm itself")
     if read_stat(pid) is None:
-        return None, f"attach: no process {pid} (`ps -p {pid}`); it may have exited already"
-    return pid, None
-
-
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    say = Say(args.quiet)
-    pid, problem = check_pid(args.pid)
-    if pid is None:
-        say(problem, always=True)
-        return 2
-    target = Target(pid)
-    command = read_cmdline(pid) or []
-    name = args.name or program_name(command, pid)
-    if args.gpus:
-        os.environ["TM_GPUS"] = args.gpus  # components read it, as they do for `tm --gpus`
-    return watch(target, command, name, args.runs_dir, say)
+        raise UsageError(f"attach: no process {pid} (`ps -p {pid}`); it may have exited already")
+    return pid
 
 
 def watch(target: Target, command: list[str], name: str, runs_dir: str | None, say: Say) -> int:
     start_wall = time.time()
     start_t = time.monotonic()
-    opened = open_run(name, runs_dir, start_wall, say)
-    if isinstance(opened, int):
-        return opened
-    run_dir, lock, sockets, endpoints = opened
+    run_dir, lock, sockets, endpoints = open_run(name, runs_dir, start_wall)
     recorder = Recorder(run_dir, warn=say)
     recorder.start()
     hub = Hub(endpoints["in"], endpoints["out"], recorder, child_alive=target.alive)
