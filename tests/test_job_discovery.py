@@ -128,14 +128,17 @@ def test_tms_own_flags_win_and_name_what_is_missing():
     )
     assert isinstance(plan, job.JobPlan)
     assert (plan.place.found_by, plan.port, plan.keys_dir) == ("--job", 5000, Path("/shared/k"))
-    assert job.discover(["python", "t.py"], HOME, job="head:5000", nnodes=2) == (
-        "job head:5000 (--job) but this node's rank is unknown: pass --node-rank K"
+    with pytest.raises(job.JobUnjoinable) as missing_rank:
+        job.discover(["python", "t.py"], HOME, job="head:5000", nnodes=2)
+    assert (
+        str(missing_rank.value) == "job head:5000 (--job) but this node's rank is unknown: pass --node-rank K"
     )
-    assert "HOST:PORT" in str(job.discover(["python", "t.py"], HOME, job="head", node_rank=0, nnodes=2))
-    assert "pass --nnodes N" in str(job.discover(["python", "t.py"], HOME, job="head:1", node_rank=0))
-    assert "outside the job's 2 nodes" in str(
+    with pytest.raises(job.JobUnjoinable, match="HOST:PORT"):
+        job.discover(["python", "t.py"], HOME, job="head", node_rank=0, nnodes=2)
+    with pytest.raises(job.JobUnjoinable, match="pass --nnodes N"):
+        job.discover(["python", "t.py"], HOME, job="head:1", node_rank=0)
+    with pytest.raises(job.JobUnjoinable, match="outside the job's 2 nodes"):
         job.discover(["python", "t.py"], HOME, job="h:1", node_rank=2, nnodes=2)
-    )
 
 
 def test_a_single_node_run_finds_no_job():

@@ -108,6 +108,8 @@ def check_pid(text: str) -> int:
 
 
 def watch(target: Target, command: list[str], name: str, runs_dir: str | None, say: Say) -> int:
+    """Watch the program until it exits or the watch is stopped, as a run of its own; returns 0 (tm cannot see the
+    exit status of a process it did not start)."""
     start_wall = time.time()
     start_t = time.monotonic()
     run_dir, lock, sockets, endpoints = open_run(name, runs_dir, start_wall)
@@ -124,6 +126,38 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
         stop.set()
 
     previous = {sig: signal.signal(sig, stop_watch) for sig in STOP_SIGNALS}
+    plugins, shown = _announce(hub, run_dir, target, command, name, start_wall, start_t, say)
+    lower_own_priority()
+    supervisor = Supervisor(run_dir, plan_placements(plugins), lambda r: hub.inject(_ours(r)))
+    supervisor.start()
+    say(f"watching pid {target.pid} ({shown[:80]}) in run {run_dir.name}; Ctrl-C stops the watch only")
+
+    exited = target.wait(stop)
+    if not exited:
+        hub.inject(
+            rec.Notice(
+                level="info",
+                topic="attach",
+                message=f"the watch stopped on {signal.Signals(received[-1]).name}; pid {target.pid} still runs",
+                source="attach",
+            )
+        )
+    supervisor.stop()
+    elapsed_s = _end_run(hub, recorder, run_dir, target, exited, start_t, start_wall)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    ended = f"pid {target.pid} exited" if exited else f"watch stopped, pid {target.pid} still runs"
+    say(f"{ended} after {elapsed_s:.1f} s · see it again: tm view {run_dir.name}", always=not say.quiet)
+    lock.release()
+    sockets.remove()
+    return 0
+
+
+def _announce(
+    hub: Hub, run_dir: Path, target: Target, command: list[str], name: str, start_wall, start_t, say: Say
+):
+    """``meta.json`` and the ``run.start`` record of the watched program; returns the plugins and its command line as
+    shown (secrets redacted)."""
     from trainmeter_core import plugins as plugins_mod
 
     plugins = plugins_mod.load()
@@ -151,34 +185,25 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
             attached=True,
         )
     )
-    lower_own_priority()
-    supervisor = Supervisor(run_dir, plan_placements(plugins), lambda r: hub.inject(_ours(r)))
-    supervisor.start()
-    say(
-        f"watching pid {target.pid} ({' '.join(redacted)[:80]}) in run {run_dir.name}; Ctrl-C stops the watch only"
-    )
+    return plugins, " ".join(redacted)
 
-    exited = target.wait(stop)
-    if not exited:
-        hub.inject(
-            rec.Notice(
-                level="info",
-                topic="attach",
-                message=f"the watch stopped on {signal.Signals(received[-1]).name}; pid {target.pid} still runs",
-                source="attach",
-            )
-        )
-    supervisor.stop()
+
+def _end_run(
+    hub: Hub, recorder: Recorder, run_dir: Path, target: Target, exited: bool, start_t, start_wall
+) -> float:
+    """run.end (no exit status: tm did not start the program), the log closed and ``summary.json``; returns the
+    watch's length in seconds."""
     elapsed_s = time.monotonic() - start_t
     why = (
         "tm attach cannot see the exit status of a process it did not start"
         if exited
         else f"detached: pid {target.pid} was not signalled and still runs"
     )
+    reason = "exited" if exited else "detached"
     hub.finish(
         rec.RunEnd(
             status=0,
-            reason="exited" if exited else "detached",
+            reason=reason,
             elapsed_s=elapsed_s,
             steps=hub.steps,
             source="attach",
@@ -186,16 +211,8 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
         )
     )
     recorder.close()
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
-    write_summary(
-        run_dir, hub, recorder, 0, "exited" if exited else "detached", None, None, elapsed_s, start_wall
-    )
-    ended = f"pid {target.pid} exited" if exited else f"watch stopped, pid {target.pid} still runs"
-    say(f"{ended} after {elapsed_s:.1f} s · see it again: tm view {run_dir.name}", always=not say.quiet)
-    lock.release()
-    sockets.remove()
-    return 0
+    write_summary(run_dir, hub, recorder, 0, reason, None, None, elapsed_s, start_wall)
+    return elapsed_s
 
 
 def _ours(record: rec.Record) -> rec.Record:

@@ -14,56 +14,65 @@ from trainmeter_core.run import job as job_mod
 from trainmeter_core.run.stderr_lines import Say
 
 if TYPE_CHECKING:
+    from trainmeter_core.run.job import JobPlan
     from trainmeter_core.run.run_options import RunOptions
 
 
-def join_job(opts: RunOptions, hub: Hub, run_dir: Path, say: Say):
+def join_job(opts: RunOptions, hub: Hub, run_dir: Path, say: Say) -> JobPlan | None:
     """Find this run's place in a job of several nodes and set the hub up for it: node rank 0 listens for the other
-    nodes (tcp, CURVE, with a new key for the job), every other node forwards to it. None for a single-node run, or
-    when the job cannot be joined (said in one line; the run then goes on alone, with its complete local log)."""
-    plan = job_mod.discover(
-        opts.command,
-        os.environ,
-        job=opts.job,
-        node_rank=opts.node_rank,
-        nnodes=opts.nnodes,
-        keys_dir=opts.job_keys,
-    )
-    if isinstance(plan, str):
-        say(f"{plan}; this run goes on alone", always=True)
-        return None
-    if plan is None:
-        return None
-    place = plan.place
-    if place.node_rank == 0:
-        from trainmeter_core.bus import jobkeys
-
-        try:
-            keys = jobkeys.create(plan.keys_dir, place.id)
-        except jobkeys.JobKeysError as exc:
-            say(f"{exc}; this run goes on alone", always=True)
-            return None
-        errors = []
-        for endpoint in job_mod.bind_endpoints(plan):
-            try:
-                bound = hub.listen_job(endpoint, keys, place.nnodes, lambda line: say(line, always=True))
-                break
-            except Exception as exc:  # zmq.ZMQError: the address is not this node's, or the port is taken
-                errors.append(f"{endpoint}: {exc}")
-        else:
-            say(
-                f"the job hub cannot listen ({'; '.join(errors)}): pass --job HOST:PORT; this run goes on alone",
-                True,
-            )
-            return None
-        say(
-            f"job {place.id} ({place.found_by}): node 0 of {place.nnodes}, the job hub listens on {bound} "
-            f"(CURVE; keys in {plan.keys_dir})",
-            always=True,
+    nodes, every other node forwards to it. None for a single-node run, or when the job cannot be joined (said in one
+    line; the run then goes on alone, with its complete local log)."""
+    try:
+        plan = job_mod.discover(
+            opts.command,
+            os.environ,
+            job=opts.job,
+            node_rank=opts.node_rank,
+            nnodes=opts.nnodes,
+            keys_dir=opts.job_keys,
         )
-        return plan
+        if plan is None:
+            return None
+        if plan.place.node_rank == 0:
+            _listen(plan, hub, say)
+        else:
+            _forward(plan, hub, run_dir, say)
+    except job_mod.JobUnjoinable as exc:
+        say(f"{exc}; this run goes on alone", always=True)
+        return None
+    return plan
+
+
+def _listen(plan: JobPlan, hub: Hub, say: Say) -> None:
+    """Node rank 0: the job hub listens (tcp, CURVE, with a new key for the job) on the first address it can bind."""
+    from trainmeter_core.bus import jobkeys
+
+    place = plan.place
+    try:
+        keys = jobkeys.create(plan.keys_dir, place.id)
+    except jobkeys.JobKeysError as exc:
+        raise job_mod.JobUnjoinable(str(exc)) from None
+    errors = []
+    for endpoint in job_mod.bind_endpoints(plan):
+        try:
+            bound = hub.listen_job(endpoint, keys, place.nnodes, lambda line: say(line, always=True))
+            break
+        except Exception as exc:  # zmq.ZMQError: the address is not this node's, or the port is taken
+            errors.append(f"{endpoint}: {exc}")
+    else:
+        raise job_mod.JobUnjoinable(f"the job hub cannot listen ({'; '.join(errors)}): pass --job HOST:PORT")
+    say(
+        f"job {place.id} ({place.found_by}): node 0 of {place.nnodes}, the job hub listens on {bound} "
+        f"(CURVE; keys in {plan.keys_dir})",
+        always=True,
+    )
+
+
+def _forward(plan: JobPlan, hub: Hub, run_dir: Path, say: Say) -> None:
+    """Every other node: its hub forwards what it records to the job hub."""
     from trainmeter_core.bus.forward import Forwarder
 
+    place = plan.place
     hub.forwarder = Forwarder(
         plan.connect_endpoint,
         plan.keys_dir,
@@ -78,4 +87,3 @@ def join_job(opts: RunOptions, hub: Hub, run_dir: Path, say: Say):
         f"{plan.connect_endpoint} (CURVE; keys from {plan.keys_dir})",
         always=True,
     )
-    return plan
