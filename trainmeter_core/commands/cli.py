@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from trainmeter_core import __version__
 from trainmeter_core.commands.attach import cmd_attach
@@ -23,6 +24,9 @@ from trainmeter_core.commands.usage import ArgumentParser, nearest, unknown_opti
 from trainmeter_core.commands.view import cmd_view
 from trainmeter_core.errors import TmError, UsageError
 from trainmeter_core.run.stderr_lines import Say
+
+if TYPE_CHECKING:
+    from trainmeter_core.run.run_options import RunOptions
 
 USAGE = """usage: tm [options] script.py [args...]
        tm [options] -- CMD [args...]
@@ -218,9 +222,16 @@ def _unknown_options(head: list[str], parser: argparse.ArgumentParser) -> list[s
 
 
 def cmd_run(argv: list[str]) -> int:
+    """``tm [options] script.py [args]`` or ``tm [options] -- CMD [args]``: run the command under tm."""
+    from trainmeter_core.run.launcher import run
+
+    return run(run_options(argv))
+
+
+def run_options(argv: list[str]) -> RunOptions:
+    """tm's options and the command, taken apart; a ``UsageError`` for an option no one has or a missing command."""
     from pathlib import Path
 
-    from trainmeter_core.run.launcher import run
     from trainmeter_core.run.run_options import RunOptions
 
     parser = run_parser()
@@ -242,30 +253,28 @@ def cmd_run(argv: list[str]) -> int:
     plugin_env = {d: str(getattr(args, d)) for d in plugin_dests if getattr(args, d, None) is not None}
     if args.heartbeat:
         plugin_env["TM_HEARTBEAT_URL"] = args.heartbeat
-    return run(
-        RunOptions(
-            command=command,
-            script_mode=script_mode,
-            name=args.name,
-            runs_dir=args.runs_dir,
-            agent=not args.no_agent,
-            quiet=args.quiet,
-            gpus=args.gpus,
-            tap=not args.no_tap,
-            web=not args.no_web,
-            host=args.host,
-            port=args.port,
-            component_env=plugin_env,
-            declared=declared,
-            profile_dirs=[str(Path(d).absolute()) for d in args.profile_dir],
-            job=args.job,
-            node_rank=args.node_rank,
-            nnodes=args.nnodes,
-            job_keys=args.job_keys,
-            no_job=args.no_job,
-            resume=args.resume,
-            new_run=args.new_run,
-        )
+    return RunOptions(
+        command=command,
+        script_mode=script_mode,
+        name=args.name,
+        runs_dir=args.runs_dir,
+        agent=not args.no_agent,
+        quiet=args.quiet,
+        gpus=args.gpus,
+        tap=not args.no_tap,
+        web=not args.no_web,
+        host=args.host,
+        port=args.port,
+        component_env=plugin_env,
+        declared=declared,
+        profile_dirs=[str(Path(d).absolute()) for d in args.profile_dir],
+        job=args.job,
+        node_rank=args.node_rank,
+        nnodes=args.nnodes,
+        job_keys=args.job_keys,
+        no_job=args.no_job,
+        resume=args.resume,
+        new_run=args.new_run,
     )
 
 
