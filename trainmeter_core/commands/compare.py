@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmeter_core.commands.output import Output
 from trainmeter_core.commands.plugin_commands import plugin_command
+from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
 from trainmeter_core.errors import UsageError
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from trainmeter_core.commands.output import Output
 from trainmeter_core.commands.plugin_commands import plugin_command
+from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
 from trainmeter_core.errors import UsageError
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from trainmeter_core.errors import CommandNotStartable
 
@@ -25,7 +26,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 AGENT_PLUGIN_NAMES = "TM_AGENT_PLUGIN_NAMES"
 
 
-def exec_untouched(command: list[str], script_mode: bool) -> None:
+def exec_untouched(command: list[str], script_mode: bool) -> NoReturn:
     """Replace tm with the command itself (a tm inside a tm, or inside a torchrun rank); returns only by raising
     ``CommandNotStartable``."""
     argv = [sys.executable, *command] if script_mode else command

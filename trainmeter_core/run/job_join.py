@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainmeter_core.bus.hub import Hub
-from trainmeter_core.run import job as job_mod
+from trainmeter_core.run import job_discovery
 from trainmeter_core.run.stderr_lines import Say
 
 if TYPE_CHECKING:
-    from trainmeter_core.run.job import JobPlan
+    from trainmeter_core.run.job_discovery import JobPlan
     from trainmeter_core.run.run_options import RunOptions
 
 
@@ -23,7 +23,7 @@ def join_job(opts: RunOptions, hub: Hub, run_dir: Path, say: Say) -> JobPlan | N
     nodes, every other node forwards to it. None for a single-node run, or when the job cannot be joined (said in one
     line; the run then goes on alone, with its complete local log)."""
     try:
-        plan = job_mod.discover(
+        plan = job_discovery.discover(
             opts.command,
             os.environ,
             job=opts.job,
@@ -37,7 +37,7 @@ def join_job(opts: RunOptions, hub: Hub, run_dir: Path, say: Say) -> JobPlan | N
             _listen(plan, hub, say)
         else:
             _forward(plan, hub, run_dir, say)
-    except job_mod.JobUnjoinable as exc:
+    except job_discovery.JobUnjoinable as exc:
         say(f"{exc}; this run goes on alone", always=True)
         return None
     return plan
@@ -51,16 +51,18 @@ def _listen(plan: JobPlan, hub: Hub, say: Say) -> None:
     try:
         keys = jobkeys.create(plan.keys_dir, place.id)
     except jobkeys.JobKeysError as exc:
-        raise job_mod.JobUnjoinable(str(exc)) from None
+        raise job_discovery.JobUnjoinable(str(exc)) from None
     errors = []
-    for endpoint in job_mod.bind_endpoints(plan):
+    for endpoint in job_discovery.bind_endpoints(plan):
         try:
             bound = hub.listen_job(endpoint, keys, place.nnodes, lambda line: say(line, always=True))
             break
         except Exception as exc:  # zmq.ZMQError: the address is not this node's, or the port is taken
             errors.append(f"{endpoint}: {exc}")
     else:
-        raise job_mod.JobUnjoinable(f"the job hub cannot listen ({'; '.join(errors)}): pass --job HOST:PORT")
+        raise job_discovery.JobUnjoinable(
+            f"the job hub cannot listen ({'; '.join(errors)}): pass --job HOST:PORT"
+        )
     say(
         f"job {place.id} ({place.found_by}): node 0 of {place.nnodes}, the job hub listens on {bound} "
         f"(CURVE; keys in {plan.keys_dir})",

@@ -272,7 +272,7 @@ class Launch:
         profile_dirs = list(dict.fromkeys([*self.opts.profile_dirs, *self.hub.profiler_dirs]))
         if not profile_dirs:
             return
-        from trainmeter_core.run.importing import import_at_end
+        from trainmeter_core.run.profile_import import import_at_end
 
         self.recorder.flush(2.0)
         try:

@@ -25,7 +25,9 @@ class RunOptions:
         default_factory=dict
     )  # plugin options and --heartbeat, for the components only
     profile_dirs: list = field(default_factory=list)  # --profile-dir: traces to import at the end
-    job: str | None = None  # --job HOST:PORT, --node-rank, --nnodes, --job-keys, --no-job (run/job.py)
+    job: str | None = (
+        None  # --job HOST:PORT, --node-rank, --nnodes, --job-keys, --no-job (run/job_discovery.py)
+    )
     node_rank: int | None = None
     nnodes: int | None = None
     job_keys: str | None = None
