@@ -1,11 +1,6 @@
-"""The launcher: runs the training command untouched under the hub, the recorder and the component supervisor.
-
-Order matters: the run directory and the hub come first, then the child (it inherits tm's file descriptors, and gets
-the terminal's foreground when tm has it), then tm lowers its own priority and starts its components, which catch up
-from the log: once the command has run 0.25 s, so that a short command that ends cleanly never pays for them, and the
-end of a run waits only for what is pending (a goodbye from a live process, a snapshot someone listens for). tm exits
-with the child's status. Only tm's own writes are guarded against a closed pipe; nothing here
-ever signals the child except to forward a signal tm itself received.
+"""The launcher: runs the training command untouched under the hub, the recorder and the components, as one ``Launch``
+whose phases read in order (open the run, start the command, watch it, wait for it, end the run). tm exits with the
+command's status, and never signals it except to forward a signal tm itself received.
 """
 
 from __future__ import annotations
@@ -78,7 +73,14 @@ def run(opts: RunOptions) -> int:
 
 class Launch:
     """One run of the command under tm, from its run directory to the summary line; ``run`` calls its phases in order:
-    open (the constructor), start the command, watch it, wait for it, end the run."""
+    open (the constructor), start the command, watch it, wait for it, end the run.
+
+    Order matters: the run directory and the hub come first, then the child (it inherits tm's file descriptors, and
+    gets the terminal's foreground when tm has it), then tm lowers its own priority and starts its components, which
+    catch up from the log: once the command has run 0.25 s, so that a short command that ends cleanly never pays for
+    them, and the end of a run waits only for what is pending (a goodbye from a live process, a snapshot someone
+    listens for). Only tm's own writes are guarded against a closed pipe.
+    """
 
     def __init__(self, opts: RunOptions, argv: list[str], say: Say) -> None:
         self.opts = opts
