@@ -14,7 +14,7 @@ import pytest
 from conftest import TM, run_tm, wait_for
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.run.end import format_range, summary_line, view_command
+from trainmeter_core.run.summary import format_range, summary_line, view_command
 
 SUMMARY = {
     "exit_status": 0,

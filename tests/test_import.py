@@ -226,7 +226,7 @@ def test_an_internal_error_in_the_profiler_probe_says_one_line_and_the_loss_is_u
 def test_a_broken_importer_plugin_is_reported_and_skipped_and_the_others_still_read():
     from trainmeter_core import builtin, hookimpl
     from trainmeter_core.plugins import Plugins
-    from trainmeter_core.run.importing import load_importers
+    from trainmeter_core.run.profile_import import load_importers
 
     class Broken:
         @hookimpl

@@ -419,7 +419,7 @@ def test_the_loss_chart_follows_the_bulk_marks_what_it_clips_and_where_the_loss_
 
 def test_a_finished_run_reads_at_a_glance_its_summary_mfu_its_time_split_and_its_details(page, capsys):
     run_dir = GOLDEN / "cpu-measured"
-    from trainmeter_core.run.end import summary_line
+    from trainmeter_core.run.summary import summary_line
     from trainmeter_core.runlog.replay import final_snapshot
 
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -9,16 +9,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from trainmeter_core import __version__
+from trainmeter_core.commands.attach import cmd_attach
 from trainmeter_core.commands.compare import cmd_compare
 from trainmeter_core.commands.passport import cmd_passport
+from trainmeter_core.commands.plugin_commands import plugin_command, plugin_commands
 from trainmeter_core.commands.plugin_list import cmd_plugins
 from trainmeter_core.commands.profile_import import cmd_import
 from trainmeter_core.commands.runs import cmd_runs
 from trainmeter_core.commands.tail import cmd_tail
-from trainmeter_core.commands.usage import ArgumentParser, UsageError, nearest, unknown_option
+from trainmeter_core.commands.usage import ArgumentParser, nearest, unknown_option
 from trainmeter_core.commands.view import cmd_view
+from trainmeter_core.errors import TmError, UsageError
+from trainmeter_core.run.stderr_lines import Say
+
+if TYPE_CHECKING:
+    from trainmeter_core.run.run_options import RunOptions
 
 USAGE = """usage: tm [options] script.py [args...]
        tm [options] -- CMD [args...]
@@ -214,9 +222,17 @@ def _unknown_options(head: list[str], parser: argparse.ArgumentParser) -> list[s
 
 
 def cmd_run(argv: list[str]) -> int:
+    """``tm [options] script.py [args]`` or ``tm [options] -- CMD [args]``: run the command under tm."""
+    from trainmeter_core.run.launcher import run
+
+    return run(run_options(argv))
+
+
+def run_options(argv: list[str]) -> RunOptions:
+    """tm's options and the command, taken apart; a ``UsageError`` for an option no one has or a missing command."""
     from pathlib import Path
 
-    from trainmeter_core.run.launcher import RunOptions, run
+    from trainmeter_core.run.run_options import RunOptions
 
     parser = run_parser()
     head, command, script_mode = split_run_argv(argv, parser)
@@ -237,37 +253,29 @@ def cmd_run(argv: list[str]) -> int:
     plugin_env = {d: str(getattr(args, d)) for d in plugin_dests if getattr(args, d, None) is not None}
     if args.heartbeat:
         plugin_env["TM_HEARTBEAT_URL"] = args.heartbeat
-    return run(
-        RunOptions(
-            command=command,
-            script_mode=script_mode,
-            name=args.name,
-            runs_dir=args.runs_dir,
-            agent=not args.no_agent,
-            quiet=args.quiet,
-            gpus=args.gpus,
-            tap=not args.no_tap,
-            web=not args.no_web,
-            host=args.host,
-            port=args.port,
-            component_env=plugin_env,
-            declared=declared,
-            profile_dirs=[str(Path(d).absolute()) for d in args.profile_dir],
-            job=args.job,
-            node_rank=args.node_rank,
-            nnodes=args.nnodes,
-            job_keys=args.job_keys,
-            no_job=args.no_job,
-            resume=args.resume,
-            new_run=args.new_run,
-        )
+    return RunOptions(
+        command=command,
+        script_mode=script_mode,
+        name=args.name,
+        runs_dir=args.runs_dir,
+        agent=not args.no_agent,
+        quiet=args.quiet,
+        gpus=args.gpus,
+        tap=not args.no_tap,
+        web=not args.no_web,
+        host=args.host,
+        port=args.port,
+        component_env=plugin_env,
+        declared=declared,
+        profile_dirs=[str(Path(d).absolute()) for d in args.profile_dir],
+        job=args.job,
+        node_rank=args.node_rank,
+        nnodes=args.nnodes,
+        job_keys=args.job_keys,
+        no_job=args.no_job,
+        resume=args.resume,
+        new_run=args.new_run,
     )
-
-
-def cmd_attach(argv: list[str]) -> int:
-    from trainmeter_core.run import attach
-
-    return attach.main(argv)
 
 
 def cmd_peak(argv: list[str]) -> int:
@@ -295,72 +303,52 @@ def _looks_like_a_script(arg: str) -> bool:
     return arg.endswith(".py") or os.sep in arg or os.path.exists(arg)
 
 
-def plugin_commands() -> list[tuple[str, object]]:
-    """(plugin name, command) for every ``tm`` subcommand the loaded plugins provide (``trainmeter_commands``)."""
-    from trainmeter_core import plugins as plugins_mod
-
-    return [
-        (plugin_name, command)
-        for plugin_name, commands in plugins_mod.load().per_plugin("trainmeter_commands")
-        for command in commands
-        if isinstance(getattr(command, "name", None), str)
-    ]
-
-
-def plugin_command(name: str, builtin_ok: bool = False, offered: list | None = None):
-    """A ``tm`` subcommand provided by a plugin (``trainmeter_commands``), or None.
-
-    ``builtin_ok`` lets a plugin complete a built-in command (the dashboard serves ``tm view``).
-    """
-    for plugin_name, command in plugin_commands() if offered is None else offered:
-        if command.name == name:
-            if name in COMMANDS and not builtin_ok:
-                print(
-                    f"tm: plugin {plugin_name} offers `tm {name}`, which tm itself has: ignored",
-                    file=sys.stderr,
-                )
-                return None
-            return command
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
+    """tm's edge: the one place a ``TmError`` (or a run directory that is not there) becomes one line on stderr and
+    its exit status; anything else is a bug, and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if not argv or argv[0] in ("-h", "--help", "help"):
-            sys.stdout.write(usage_text())
-            return 0 if argv else 2
-        if argv[0] == "--version":
-            print(f"tm {__version__}")
-            return 0
-        handler = COMMANDS.get(argv[0])
-        if handler is not None:
-            return handler(argv[1:])
-        if not argv[0].startswith("-") and not _looks_like_a_script(argv[0]):
-            offered = plugin_commands()
-            command = plugin_command(argv[0], offered=offered)
-            if command is not None:
-                parser = ArgumentParser(prog=f"tm {command.name}", description=command.help)
-                command.add_arguments(parser)
-                return int(command.run(parser.parse_args(argv[1:])) or 0)
-            guess = nearest(argv[0], [*COMMANDS, *(c.name for _, c in offered)])
-            if guess is not None:
-                raise UsageError(
-                    f"no command `tm {argv[0]}` and no file {argv[0]}: did you mean `tm {guess}`?"
-                )
-        return cmd_run(argv)
-    except UsageError as exc:
-        print(f"tm: {exc}", file=sys.stderr)
-        return 2
+        return dispatch(argv)
+    except TmError as exc:
+        return refuse(exc)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
         from trainmeter_core.runlog.rundir import RunDirError
 
         if isinstance(exc, RunDirError):
-            print(f"tm: {exc}", file=sys.stderr)
-            return 2
+            return refuse(UsageError(str(exc)))
         raise
+
+
+def refuse(error: TmError) -> int:
+    """The error's one line on stderr, in tm's voice; returns its exit status."""
+    Say()(str(error), always=True)
+    return error.exit_status
+
+
+def dispatch(argv: list[str]) -> int:
+    """The help, the version, a built-in subcommand, a plugin's, or else a command to run."""
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(usage_text())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"tm {__version__}")
+        return 0
+    handler = COMMANDS.get(argv[0])
+    if handler is not None:
+        return handler(argv[1:])
+    if not argv[0].startswith("-") and not _looks_like_a_script(argv[0]):
+        offered = plugin_commands()
+        command = plugin_command(argv[0], builtin_names=COMMANDS, offered=offered)
+        if command is not None:
+            parser = ArgumentParser(prog=f"tm {command.name}", description=command.help)
+            command.add_arguments(parser)
+            return int(command.run(parser.parse_args(argv[1:])) or 0)
+        guess = nearest(argv[0], [*COMMANDS, *(c.name for _, c in offered)])
+        if guess is not None:
+            raise UsageError(f"no command `tm {argv[0]}` and no file {argv[0]}: did you mean `tm {guess}`?")
+    return cmd_run(argv)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmeter_core.commands.output import Output
-from trainmeter_core.commands.usage import UsageError, parser_for
+from trainmeter_core.commands.plugin_commands import plugin_command
+from trainmeter_core.commands.stdout_lines import Output
+from trainmeter_core.commands.usage import parser_for
+from trainmeter_core.errors import UsageError
 
 DESCRIPTION = (
     "Runs side by side: what differs between them, then their headline numbers with differences and ratios "
@@ -94,9 +96,7 @@ def sides(paths: list[Path]) -> list:
 
 
 def cmd_compare(argv: list[str]) -> int:
-    from trainmeter_core.commands.cli import plugin_command
-
-    command = plugin_command("compare", builtin_ok=True)
+    command = plugin_command("compare")
     parser = parser_for("compare", DESCRIPTION)
     add_arguments(parser)
     if command is not None:

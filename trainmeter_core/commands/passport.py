@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from trainmeter_core.commands.output import Output
-from trainmeter_core.commands.usage import UsageError, parser_for
+from trainmeter_core.commands.stdout_lines import Output
+from trainmeter_core.commands.usage import parser_for
+from trainmeter_core.errors import UsageError
 
 
 def cmd_passport(argv: list[str]) -> int:

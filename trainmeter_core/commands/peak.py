@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 import time
 
 from trainmeter_core.commands.usage import ArgumentParser
+from trainmeter_core.errors import TmError, UsageError
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 
@@ -95,35 +95,26 @@ def main(argv: list[str]) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     if os.environ.get("TM_ACTIVE") == "1":
-        print(
-            "tm: tm peak runs only outside a run: it would compete with the training for the device",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError("tm peak runs only outside a run: it would compete with the training for the device")
     try:
         import torch
     except ImportError:
-        print("tm: tm peak needs PyTorch in this Python: pip install torch", file=sys.stderr)
-        return 2
+        raise UsageError("tm peak needs PyTorch in this Python: pip install torch") from None
     device = args.device
     is_gpu = device.startswith("cuda")
     if not is_gpu and device != "cpu":
-        print(f"tm: --device {device!r}: give cpu or cuda[:N]", file=sys.stderr)
-        return 2
+        raise UsageError(f"--device {device!r}: give cpu or cuda[:N]")
     dtype = args.dtype or ("bfloat16" if is_gpu else "float32")
     if is_gpu:
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         device = f"cuda:{index}"  # the key a run's rank device is matched by
         if not torch.cuda.is_available():
-            print(f"tm: --device {device}: PyTorch sees no CUDA GPU here", file=sys.stderr)
-            return 2
+            raise UsageError(f"--device {device}: PyTorch sees no CUDA GPU here")
         busy = gpu_busy(index)
         if busy:
-            print(
-                f"tm: GPU {index} is busy ({busy}): a peak measured now would be wrong; retry when it is idle",
-                file=sys.stderr,
+            raise TmError(
+                f"GPU {index} is busy ({busy}): a peak measured now would be wrong; retry when it is idle", 1
             )
-            return 1
     size = args.size or (8192 if is_gpu else 1024)
     flop_per_s, described = measure(device, dtype, args.threads, size, args.seconds)
     host = socket.gethostname()

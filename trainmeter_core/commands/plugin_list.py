@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainmeter_core.commands.output import Output
+from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
 
 

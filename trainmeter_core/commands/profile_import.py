@@ -2,24 +2,24 @@
 
 Everything is read and checked before anything is written; a refusal is one line and exit status 2, with nothing
 written. Into a live run the records go through its hub; into a finished one its log is reopened as a new segment
-and its ``summary.json`` and passport are rewritten (``run/importing.py``).
+and its ``summary.json`` and passport are rewritten (``run/profile_import.py``).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from trainmeter_core.commands.output import Output
+from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
+from trainmeter_core.errors import UsageError
 
 DESCRIPTION = "Import profiler results (torch.profiler Chrome traces built in; more through importer plugins) into a run."
 
 
 def cmd_import(argv: list[str]) -> int:
     from trainmeter_core import plugins as plugins_mod
-    from trainmeter_core.run import importing
-    from trainmeter_core.run.say import Say
+    from trainmeter_core.run import profile_import
+    from trainmeter_core.run.stderr_lines import Say
     from trainmeter_core.runlog import rundir
 
     parser = parser_for("import", DESCRIPTION)
@@ -32,25 +32,26 @@ def cmd_import(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     say = Say()
     run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
-    importers, problems = importing.load_importers(plugins_mod.load())
+    importers, problems = profile_import.load_importers(plugins_mod.load())
     for line in problems:
         say(line)
     try:
-        found, problems = importing.choose([Path(p) for p in args.paths], importers)
+        found, problems = profile_import.choose([Path(p) for p in args.paths], importers)
         for line in problems:
             say(line)
         live = rundir.is_live(run_dir)
-        prepared = importing.prepare(run_dir, found, live=live, force=args.force, say=say)
+        prepared = profile_import.prepare(run_dir, found, live=live, force=args.force, say=say)
         if live:
-            importing.send_live(run_dir, prepared.records)
-        elif not importing.write_finished(run_dir, prepared.records, say):
-            importing.send_live(run_dir, prepared.records)  # it started living meanwhile: its hub takes them
-    except importing.ImportRefused as exc:
-        print(f"tm: {exc}; nothing imported", file=sys.stderr)
-        return 2
+            profile_import.send_live(run_dir, prepared.records)
+        elif not profile_import.write_finished(run_dir, prepared.records, say):
+            profile_import.send_live(
+                run_dir, prepared.records
+            )  # it started living meanwhile: its hub takes them
+    except profile_import.ImportRefused as exc:
+        raise UsageError(f"{exc}; nothing imported") from None
     out = Output()
     for trace in prepared.traces:
-        out.line(importing.describe(trace))
+        out.line(profile_import.describe(trace))
     files = len(prepared.files)
     where = "through its hub" if live else "into its log, summary and passport"
     say(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from trainmeter_core.commands.output import Output
+from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from trainmeter_core.commands.output import Output
-from trainmeter_core.commands.usage import UsageError, nearest, parser_for
+from trainmeter_core.commands.stdout_lines import Output
+from trainmeter_core.commands.usage import nearest, parser_for
+from trainmeter_core.errors import UsageError
 
 
 def cmd_tail(argv: list[str]) -> int:

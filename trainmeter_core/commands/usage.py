@@ -1,7 +1,8 @@
 """What every ``tm`` subcommand shares: the one-line usage error (exit 2) and its argument parser.
 
 No option is ever abbreviated (``--budget-token`` is not ``--budget-tokens``): a misspelt one is an error that names
-the nearest real one. Nothing here prints; the caller turns a ``UsageError`` into one line on stderr.
+the nearest real one. Nothing here prints; ``tm``'s edge turns a ``UsageError`` (``trainmeter_core.errors``) into one
+line on stderr.
 """
 
 from __future__ import annotations
@@ -9,9 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-
-class UsageError(Exception):
-    """A command line tm cannot take: one line, exit 2."""
+from trainmeter_core.errors import UsageError
 
 
 def nearest(word: str, choices: Iterable[str]) -> str | None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import sys
 
-from trainmeter_core.commands.output import Output
-from trainmeter_core.commands.usage import UsageError, parser_for
+from trainmeter_core.commands.plugin_commands import plugin_command
+from trainmeter_core.commands.stdout_lines import Output
+from trainmeter_core.commands.usage import parser_for
+from trainmeter_core.errors import UsageError
 
 DESCRIPTION = "A run in the dashboard, rebuilt from its log (or its final snapshot as JSON)."
 
 
 def cmd_view(argv: list[str]) -> int:
-    from trainmeter_core.commands.cli import plugin_command
-
-    command = plugin_command("view", builtin_ok=True)
+    command = plugin_command("view")
     parser = parser_for("view", command.help if command is not None else DESCRIPTION)
     if command is not None:
         command.add_arguments(parser)

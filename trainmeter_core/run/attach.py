@@ -7,7 +7,6 @@ run ends when the program exits or when the watch is stopped.
 
 from __future__ import annotations
 
-import argparse
 import os
 import select
 import signal
@@ -16,15 +15,16 @@ import time
 from pathlib import Path
 
 from trainmeter_core.bus.hub import Hub
-from trainmeter_core.bus.proctree import read_cmdline, read_environ, read_stat
+from trainmeter_core.bus.proctree import read_environ, read_stat
 from trainmeter_core.bus.supervisor import Supervisor
+from trainmeter_core.errors import UsageError
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.redaction import redact_argv, redact_env
 from trainmeter_core.run.child import lower_own_priority
-from trainmeter_core.run.end import write_summary
+from trainmeter_core.run.component_start import plan_placements
 from trainmeter_core.run.identity import describe_run, open_run
-from trainmeter_core.run.launcher import plan_placements
-from trainmeter_core.run.say import Say
+from trainmeter_core.run.stderr_lines import Say
+from trainmeter_core.run.summary import write_summary
 from trainmeter_core.runlog.recorder import Recorder
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -93,60 +93,26 @@ def program_name(command: list[str], pid: int) -> str:
     return program
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tm attach",
-        allow_abbrev=False,
-        description="Watch a running program from outside (process tree, node, GPUs); Ctrl-C stops the watch, "
-        "never the program.",
-    )
-    p.add_argument("pid", help="the process id of the running program")
-    p.add_argument("--name", help="the run's name (default: the program's name)")
-    p.add_argument("--runs-dir", help="where runs go (default: TM_RUNS_DIR, else ./.trainmeter/runs)")
-    p.add_argument(
-        "--gpus", metavar="LIST", help="the GPUs it uses: indices or UUIDs (default: from its environment)"
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no start line, only the summary")
-    return p
-
-
-def check_pid(text: str) -> tuple[int | None, str | None]:
-    """The pid to watch, or the one-line reason it cannot be watched."""
+def check_pid(text: str) -> int:
+    """The pid to watch; a ``UsageError`` says in one line why it cannot be watched."""
     if not text.isdigit() or int(text) <= 0:
-        return (
-            None,
-            f"attach: {text!r} is not a process id (a positive whole number, as `pgrep -f train.py` gives)",
+        raise UsageError(
+            f"attach: {text!r} is not a process id (a positive whole number, as `pgrep -f train.py` gives)"
         )
     pid = int(text)
     if pid == os.getpid():
-        return None, "attach: that is tm itself"
+        raise UsageError("attach: that is tm itself")
     if read_stat(pid) is None:
-        return None, f"attach: no process {pid} (`ps -p {pid}`); it may have exited already"
-    return pid, None
-
-
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    say = Say(args.quiet)
-    pid, problem = check_pid(args.pid)
-    if pid is None:
-        say(problem, always=True)
-        return 2
-    target = Target(pid)
-    command = read_cmdline(pid) or []
-    name = args.name or program_name(command, pid)
-    if args.gpus:
-        os.environ["TM_GPUS"] = args.gpus  # components read it, as they do for `tm --gpus`
-    return watch(target, command, name, args.runs_dir, say)
+        raise UsageError(f"attach: no process {pid} (`ps -p {pid}`); it may have exited already")
+    return pid
 
 
 def watch(target: Target, command: list[str], name: str, runs_dir: str | None, say: Say) -> int:
+    """Watch the program until it exits or the watch is stopped, as a run of its own; returns 0 (tm cannot see the
+    exit status of a process it did not start)."""
     start_wall = time.time()
     start_t = time.monotonic()
-    opened = open_run(name, runs_dir, start_wall, say)
-    if isinstance(opened, int):
-        return opened
-    run_dir, lock, sockets, endpoints = opened
+    run_dir, lock, sockets, endpoints = open_run(name, runs_dir, start_wall)
     recorder = Recorder(run_dir, warn=say)
     recorder.start()
     hub = Hub(endpoints["in"], endpoints["out"], recorder, child_alive=target.alive)
@@ -160,6 +126,38 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
         stop.set()
 
     previous = {sig: signal.signal(sig, stop_watch) for sig in STOP_SIGNALS}
+    plugins, shown = _announce(hub, run_dir, target, command, name, start_wall, start_t, say)
+    lower_own_priority()
+    supervisor = Supervisor(run_dir, plan_placements(plugins), lambda r: hub.inject(_ours(r)))
+    supervisor.start()
+    say(f"watching pid {target.pid} ({shown[:80]}) in run {run_dir.name}; Ctrl-C stops the watch only")
+
+    exited = target.wait(stop)
+    if not exited:
+        hub.inject(
+            rec.Notice(
+                level="info",
+                topic="attach",
+                message=f"the watch stopped on {signal.Signals(received[-1]).name}; pid {target.pid} still runs",
+                source="attach",
+            )
+        )
+    supervisor.stop()
+    elapsed_s = _end_run(hub, recorder, run_dir, target, exited, start_t, start_wall)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    ended = f"pid {target.pid} exited" if exited else f"watch stopped, pid {target.pid} still runs"
+    say(f"{ended} after {elapsed_s:.1f} s · see it again: tm view {run_dir.name}", always=not say.quiet)
+    lock.release()
+    sockets.remove()
+    return 0
+
+
+def _announce(
+    hub: Hub, run_dir: Path, target: Target, command: list[str], name: str, start_wall, start_t, say: Say
+):
+    """``meta.json`` and the ``run.start`` record of the watched program; returns the plugins and its command line as
+    shown (secrets redacted)."""
     from trainmeter_core import plugins as plugins_mod
 
     plugins = plugins_mod.load()
@@ -187,34 +185,25 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
             attached=True,
         )
     )
-    lower_own_priority()
-    supervisor = Supervisor(run_dir, plan_placements(plugins), lambda r: hub.inject(_ours(r)))
-    supervisor.start()
-    say(
-        f"watching pid {target.pid} ({' '.join(redacted)[:80]}) in run {run_dir.name}; Ctrl-C stops the watch only"
-    )
+    return plugins, " ".join(redacted)
 
-    exited = target.wait(stop)
-    if not exited:
-        hub.inject(
-            rec.Notice(
-                level="info",
-                topic="attach",
-                message=f"the watch stopped on {signal.Signals(received[-1]).name}; pid {target.pid} still runs",
-                source="attach",
-            )
-        )
-    supervisor.stop()
+
+def _end_run(
+    hub: Hub, recorder: Recorder, run_dir: Path, target: Target, exited: bool, start_t, start_wall
+) -> float:
+    """run.end (no exit status: tm did not start the program), the log closed and ``summary.json``; returns the
+    watch's length in seconds."""
     elapsed_s = time.monotonic() - start_t
     why = (
         "tm attach cannot see the exit status of a process it did not start"
         if exited
         else f"detached: pid {target.pid} was not signalled and still runs"
     )
+    reason = "exited" if exited else "detached"
     hub.finish(
         rec.RunEnd(
             status=0,
-            reason="exited" if exited else "detached",
+            reason=reason,
             elapsed_s=elapsed_s,
             steps=hub.steps,
             source="attach",
@@ -222,16 +211,8 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
         )
     )
     recorder.close()
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
-    write_summary(
-        run_dir, hub, recorder, 0, "exited" if exited else "detached", None, None, elapsed_s, start_wall
-    )
-    ended = f"pid {target.pid} exited" if exited else f"watch stopped, pid {target.pid} still runs"
-    say(f"{ended} after {elapsed_s:.1f} s · see it again: tm view {run_dir.name}", always=not say.quiet)
-    lock.release()
-    sockets.remove()
-    return 0
+    write_summary(run_dir, hub, recorder, 0, reason, None, None, elapsed_s, start_wall)
+    return elapsed_s
 
 
 def _ours(record: rec.Record) -> rec.Record:

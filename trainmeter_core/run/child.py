@@ -15,8 +15,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
-from trainmeter_core.run.say import Say
+from trainmeter_core.errors import CommandNotStartable
 
 #: The signals tm forwards to the child (once each; not under Slurm, which signals every process of the step).
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -25,44 +26,38 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 AGENT_PLUGIN_NAMES = "TM_AGENT_PLUGIN_NAMES"
 
 
-def exec_untouched(command: list[str], script_mode: bool) -> int:
-    """Replace tm with the command itself (a tm inside a tm, or inside a torchrun rank)."""
+def exec_untouched(command: list[str], script_mode: bool) -> NoReturn:
+    """Replace tm with the command itself (a tm inside a tm, or inside a torchrun rank); returns only by raising
+    ``CommandNotStartable``."""
     argv = [sys.executable, *command] if script_mode else command
     try:
         os.execvp(argv[0], argv)
     except FileNotFoundError:
-        Say()(f"{argv[0]}: command not found", always=True)
-        return 127
+        raise CommandNotStartable.not_found(f"{argv[0]}: command not found") from None
     except PermissionError:
-        Say()(f"{argv[0]}: not executable", always=True)
-        return 126
+        raise CommandNotStartable.not_executable(f"{argv[0]}: not executable") from None
 
 
-def resolve_command(command: list[str], script_mode: bool, say: Say) -> list[str] | int:
-    """The argv to start, or the exit status (127 not found, 126 not executable) after one clear line."""
+def resolve_command(command: list[str], script_mode: bool) -> list[str]:
+    """The argv to start; ``CommandNotStartable`` (127 not found, 126 not executable) when it cannot start."""
     if script_mode:
         script = command[0]
         if not os.path.exists(script):
-            say(
-                f"{script}: no such file (to run a command rather than a script: tm -- CMD ARGS)", always=True
+            raise CommandNotStartable.not_found(
+                f"{script}: no such file (to run a command rather than a script: tm -- CMD ARGS)"
             )
-            return 127
         if os.path.isdir(script) and not os.path.exists(os.path.join(script, "__main__.py")):
-            say(f"{script}: is a directory without __main__.py", always=True)
-            return 126
+            raise CommandNotStartable.not_executable(f"{script}: is a directory without __main__.py")
         return [sys.executable, *command]
     program = command[0]
     if os.sep in program:
         if not os.path.exists(program):
-            say(f"{program}: no such file", always=True)
-            return 127
+            raise CommandNotStartable.not_found(f"{program}: no such file")
         if os.path.isdir(program) or not os.access(program, os.X_OK):
-            say(f"{program}: not executable", always=True)
-            return 126
+            raise CommandNotStartable.not_executable(f"{program}: not executable")
         return list(command)
     if shutil.which(program) is None:
-        say(f"{program}: command not found", always=True)
-        return 127
+        raise CommandNotStartable.not_found(f"{program}: command not found")
     return list(command)
 
 

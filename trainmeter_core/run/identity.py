@@ -16,9 +16,9 @@ from pathlib import Path
 import msgspec
 
 from trainmeter_core import __version__
+from trainmeter_core.errors import UsageError
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.redaction import redact_env
-from trainmeter_core.run.say import Say
 from trainmeter_core.runlog import rundir
 
 #: Variables that shape a run and are worth keeping in meta.json (secrets among them are redacted).
@@ -166,8 +166,9 @@ def selected_env(secret_names: list[str]) -> dict[str, str]:
     return redact_env(chosen, secret_names)
 
 
-def open_run(name: str, runs_dir: str | None, start_wall: float, say: Say):
-    """The run directory (locked), its socket folder and ``endpoints.json``; or exit status 2 after one line."""
+def open_run(name: str, runs_dir: str | None, start_wall: float):
+    """The run directory (locked), its socket folder and ``endpoints.json``; a ``UsageError`` naming what cannot be
+    created."""
     look_up_platform()  # for describe_run, meanwhile
     try:
         run_dir = rundir.create_run_dir(rundir.runs_dir(runs_dir), name, start_wall)
@@ -177,8 +178,7 @@ def open_run(name: str, runs_dir: str | None, start_wall: float, say: Say):
         rundir.clean_stale_socket_dirs(base)
         sockets = rundir.SocketDir.create(base)
     except (rundir.RunDirError, OSError) as exc:
-        say(str(exc), always=True)
-        return 2
+        raise UsageError(str(exc)) from None
     endpoints = {"in": sockets.endpoint("in"), "out": sockets.endpoint("out"), "launcher_pid": os.getpid()}
     (run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=1) + "\n")
     return run_dir, lock, sockets, endpoints

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainmeter_core.run.say import Say
+from trainmeter_core.errors import UsageError
 from trainmeter_core.runlog import rundir
 
 if TYPE_CHECKING:
+    from trainmeter_core.run.run_options import RunOptions
+    from trainmeter_core.run.stderr_lines import Say
     from trainmeter_core.runlog.reopen import LogEnd
 
 #: What the previous attempt wrote and a resumed run writes again at its end.
@@ -34,8 +36,8 @@ class ResumeTarget:
     name: str
 
 
-class ResumeError(RuntimeError):
-    """A run that cannot be resumed; the message is one line naming the run and what to do."""
+class ResumeError(UsageError):
+    """A run that cannot be resumed; the message is one line naming the run and what to do (exit 2)."""
 
 
 def attempts_of(meta: dict) -> int:
@@ -65,6 +67,23 @@ def _refuse_live(run_dir: Path) -> None:
             f"run {run_dir.name} is still running (its launcher holds {rundir.LOCK_NAME}): "
             "resume it once it has ended, or watch it with tm view"
         )
+
+
+def target_for(options: RunOptions, name: str, say: Say) -> ResumeTarget | None:
+    """The run this command continues (``--resume RUN``, or the unfinished run whose checkpoint it names, said in one
+    line), or None for a new run; a ``ResumeError`` (exit 2) names a run that cannot be resumed."""
+    if options.resume:
+        return explicit(options.resume, options.runs_dir)
+    if options.new_run:
+        return None
+    found = matching(name, options.command, os.getcwd(), options.runs_dir)
+    if found is None:
+        return None
+    target, _ = found
+    say(
+        f"resuming run {target.run_dir.name} as attempt {target.attempt}: {target.reason} (--new-run starts a new run)"
+    )
+    return target
 
 
 def matching(
@@ -121,9 +140,9 @@ class Reopened:
     end: LogEnd
 
 
-def reopen(target: ResumeTarget, say: Say) -> Reopened | int:
-    """The run locked for its next attempt, a new socket folder and ``endpoints.json``, where its log ends; or exit
-    status 2 after one line (it started meanwhile, or its folder cannot be written)."""
+def reopen(target: ResumeTarget) -> Reopened:
+    """The run locked for its next attempt, a new socket folder and ``endpoints.json``, where its log ends; a
+    ``ResumeError`` when it started meanwhile, or its folder cannot be written."""
     from trainmeter_core.runlog.reopen import log_end
 
     run_dir = target.run_dir
@@ -140,10 +159,12 @@ def reopen(target: ResumeTarget, say: Say) -> Reopened | int:
         base = rundir.socket_base()
         rundir.clean_stale_socket_dirs(base)
         sockets = rundir.SocketDir.create(base)
-    except (ResumeError, rundir.RunDirError, OSError) as exc:
+    except ResumeError:
         lock.release()
-        say(str(exc), always=True)
-        return 2
+        raise
+    except (rundir.RunDirError, OSError) as exc:
+        lock.release()
+        raise ResumeError(str(exc)) from None
     endpoints = {"in": sockets.endpoint("in"), "out": sockets.endpoint("out"), "launcher_pid": os.getpid()}
     (run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=1) + "\n")
     return Reopened(run_dir, lock, sockets, endpoints, end)

@@ -1,4 +1,6 @@
-"""tm's own voice: one line per message on stderr, prefixed ``tm:``; a closed pipe silences it instead of raising."""
+"""tm's own voice: one line per message on stderr, prefixed ``tm:`` (the launcher's notes, and the one line a command
+that cannot go on ends with); a closed pipe silences it instead of raising.
+"""
 
 from __future__ import annotations
 

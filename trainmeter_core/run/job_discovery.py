@@ -143,6 +143,21 @@ def slurm_first_host(nodelist: str) -> str | None:
     return host or None
 
 
+class JobUnjoinable(Exception):
+    """A job is named but something it needs is missing: one line naming it (the run then goes on alone)."""
+
+
+@dataclass
+class _Clues:
+    """What the command line and the environment said so far; each source fills only what is still unknown."""
+
+    rank: int | None
+    count: int | None
+    hub: tuple[str, int] | None = None
+    found_by: str | None = None
+    job_id: str | None = None
+
+
 def discover(
     command: Sequence[str],
     environ: Mapping[str, str],
@@ -151,77 +166,101 @@ def discover(
     node_rank: int | None = None,
     nnodes: int | None = None,
     keys_dir: str | None = None,
-) -> JobPlan | str | None:
-    """This run's place in a job of several nodes; None for a single-node run; a one-line error when a job is named
-    but something it needs is missing (the run then goes on alone)."""
+) -> JobPlan | None:
+    """This run's place in a job of several nodes; None for a single-node run; ``JobUnjoinable`` when a job is named
+    but something it needs is missing."""
+    clues = _Clues(rank=node_rank, count=nnodes)
+    if job is not None:
+        clues.hub = _host_port(job, 0)
+        if clues.hub is None or clues.hub[1] == 0:
+            raise JobUnjoinable(
+                f"--job {job}: give the job hub's address as HOST:PORT (node rank 0's address and a free port)"
+            )
+        clues.found_by = "--job"
+    _read_torchrun(clues, command, environ)
+    _read_environment(clues, environ)
+    _read_slurm(clues, environ)
+    return _plan(clues, job, keys_dir, environ)
+
+
+def _read_torchrun(clues: _Clues, command: Sequence[str], env: Mapping[str, str]) -> None:
+    """torchrun's flags in the command, or the ``PET_*`` variables torchrun reads for them."""
     opts = torchrun_options(command) or {}
-    env = environ
+    if not (opts or any(k.startswith("PET_") for k in env)):
+        return
 
     def opt(name: str) -> str | None:
         return opts.get(name) or env.get(f"PET_{name.upper()}")
 
-    found_by = None
-    hub: tuple[str, int] | None = None
-    job_id = None
-    rank = node_rank
-    count = nnodes
-    if job is not None:
-        hub = _host_port(job, 0)
-        if hub is None or hub[1] == 0:
-            return f"--job {job}: give the job hub's address as HOST:PORT (node rank 0's address and a free port)"
-        found_by = "--job"
-    torchrun_nnodes = _nnodes(opt("nnodes"))
-    if opts or any(k.startswith("PET_") for k in env):
-        if rank is None:
-            rank = _int(opt("node_rank"))
-        if count is None:
-            count = torchrun_nnodes
-        endpoint = opt("rdzv_endpoint")
-        if hub is None and endpoint:
-            hub = _host_port(endpoint, C10D_DEFAULT_PORT)
-            hub = None if hub is None else (hub[0], hub[1] + PORT_ABOVE_RENDEZVOUS)
-            found_by = "torchrun flags"
-        elif hub is None and opt("master_addr"):
-            port = _int(opt("master_port")) or MASTER_DEFAULT_PORT
-            hub = (str(opt("master_addr")), port + PORT_ABOVE_RENDEZVOUS)
-            found_by = "torchrun flags"
-        rdzv_id = opt("rdzv_id")
-        if rdzv_id and rdzv_id != "none":
-            job_id = f"torchrun-{rdzv_id}"
-    if hub is None and env.get("MASTER_ADDR") and env.get("NODE_RANK") is not None:
+    if clues.rank is None:
+        clues.rank = _int(opt("node_rank"))
+    if clues.count is None:
+        clues.count = _nnodes(opt("nnodes"))
+    endpoint = opt("rdzv_endpoint")
+    if clues.hub is None and endpoint:
+        hub = _host_port(endpoint, C10D_DEFAULT_PORT)
+        clues.hub = None if hub is None else (hub[0], hub[1] + PORT_ABOVE_RENDEZVOUS)
+        clues.found_by = "torchrun flags"
+    elif clues.hub is None and opt("master_addr"):
+        port = _int(opt("master_port")) or MASTER_DEFAULT_PORT
+        clues.hub = (str(opt("master_addr")), port + PORT_ABOVE_RENDEZVOUS)
+        clues.found_by = "torchrun flags"
+    rdzv_id = opt("rdzv_id")
+    if rdzv_id and rdzv_id != "none":
+        clues.job_id = f"torchrun-{rdzv_id}"
+
+
+def _read_environment(clues: _Clues, env: Mapping[str, str]) -> None:
+    """``MASTER_ADDR``/``MASTER_PORT`` with ``NODE_RANK``, and ``NNODES``."""
+    if clues.hub is None and env.get("MASTER_ADDR") and env.get("NODE_RANK") is not None:
         port = _int(env.get("MASTER_PORT")) or MASTER_DEFAULT_PORT
-        hub = (env["MASTER_ADDR"], port + PORT_ABOVE_RENDEZVOUS)
-        found_by = "environment"
-    if rank is None:
-        rank = _int(env.get("NODE_RANK"))
-    if count is None:
-        count = _nnodes(env.get("NNODES"))
+        clues.hub = (env["MASTER_ADDR"], port + PORT_ABOVE_RENDEZVOUS)
+        clues.found_by = "environment"
+    if clues.rank is None:
+        clues.rank = _int(env.get("NODE_RANK"))
+    if clues.count is None:
+        clues.count = _nnodes(env.get("NNODES"))
+
+
+def _read_slurm(clues: _Clues, env: Mapping[str, str]) -> None:
+    """A Slurm allocation of several nodes: the node's id, the node count, and a port from the job id on the first
+    host of the node list."""
     slurm_nodes = _int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES"))
-    if env.get("SLURM_JOB_ID") and slurm_nodes and slurm_nodes > 1:
-        if rank is None:
-            rank = _int(env.get("SLURM_NODEID"))
-        if count is None:
-            count = slurm_nodes
-        if job_id is None:
-            job_id = f"slurm-{env['SLURM_JOB_ID']}"
-        first = slurm_first_host(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
-        if hub is None and first:
-            job_number = _int(env["SLURM_JOB_ID"].split("_")[0]) or 0
-            hub = (first, SLURM_PORT_BASE + job_number % SLURM_PORT_SPAN)
-            found_by = "slurm"
+    if not (env.get("SLURM_JOB_ID") and slurm_nodes and slurm_nodes > 1):
+        return
+    if clues.rank is None:
+        clues.rank = _int(env.get("SLURM_NODEID"))
+    if clues.count is None:
+        clues.count = slurm_nodes
+    if clues.job_id is None:
+        clues.job_id = f"slurm-{env['SLURM_JOB_ID']}"
+    first = slurm_first_host(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    if clues.hub is None and first:
+        job_number = _int(env["SLURM_JOB_ID"].split("_")[0]) or 0
+        clues.hub = (first, SLURM_PORT_BASE + job_number % SLURM_PORT_SPAN)
+        clues.found_by = "slurm"
+
+
+def _plan(clues: _Clues, job: str | None, keys_dir: str | None, env: Mapping[str, str]) -> JobPlan | None:
+    """The place the clues give, None when they describe a single-node run, or what is missing to join the job."""
+    hub, rank, count, found_by = clues.hub, clues.rank, clues.count, clues.found_by
     if hub is None:
         return None  # no rendezvous, no Slurm allocation of several nodes: a single-node run
     if count is None and found_by != "--job":
-        return None if rank in (None, 0) else f"node rank {rank} but no node count: pass --nnodes N"
+        if rank in (None, 0):
+            return None
+        raise JobUnjoinable(f"node rank {rank} but no node count: pass --nnodes N")
     if count is not None and count < 2:
         return None  # one node: the run holds everything already
     if rank is None:
-        return f"job {hub[0]}:{hub[1]} ({found_by}) but this node's rank is unknown: pass --node-rank K"
+        raise JobUnjoinable(
+            f"job {hub[0]}:{hub[1]} ({found_by}) but this node's rank is unknown: pass --node-rank K"
+        )
     if count is None:
-        return f"--job {job}: the number of nodes is unknown: pass --nnodes N"
+        raise JobUnjoinable(f"--job {job}: the number of nodes is unknown: pass --nnodes N")
     if not 0 <= rank < count:
-        return f"node rank {rank} is outside the job's {count} nodes (0..{count - 1})"
-    job_id = job_id or f"{hub[0]}:{hub[1]}"
+        raise JobUnjoinable(f"node rank {rank} is outside the job's {count} nodes (0..{count - 1})")
+    job_id = clues.job_id or f"{hub[0]}:{hub[1]}"
     from trainmeter_core.bus.jobkeys import default_folder
 
     folder = Path(keys_dir) if keys_dir else default_folder(job_id, dict(env))

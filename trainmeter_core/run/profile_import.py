@@ -416,7 +416,7 @@ def _segment_number(path: Path) -> int:
 def rewrite_summary(run_dir: Path, imported: int, say: Callable[[str], None]) -> None:
     """The run's final numbers again (its checkpoint and the log after it, the import included) into
     ``summary.json`` and the passport; the launcher wrote them at the end, ``tm import`` rewrites them since."""
-    from trainmeter_core.run.end import write_passport
+    from trainmeter_core.run.summary import write_passport
     from trainmeter_core.runlog import replay
 
     snapshot = replay.final_snapshot(run_dir)

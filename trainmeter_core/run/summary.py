@@ -1,7 +1,6 @@
-"""The end of a run: who may still say goodbye (and a notice for each agent that never will), the final snapshot (the
-engine's, else a local replay, published only to a listener), ``summary.json``, the passport, and the one summary line.
-The launcher is the one writer of the summary and the passport while the run lives; nothing here waits for what is not
-pending.
+"""What a finished run leaves its reader: ``summary.json`` (the final snapshot merged with the launcher's counters),
+the passport files, and the one summary line tm prints last. The launcher (or ``tm attach``) is their one writer while
+the run lives.
 """
 
 from __future__ import annotations
@@ -12,41 +11,11 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from trainmeter_core.bus.client import HOSTNAME
-from trainmeter_core.bus.hub import Hub
 from trainmeter_core.model import passport
 from trainmeter_core.model import records as rec
-from trainmeter_core.run.say import Say
+from trainmeter_core.run.stderr_lines import Say
 from trainmeter_core.runlog import rundir
-
-if TYPE_CHECKING:
-    from trainmeter_core.runlog.recorder import Recorder
-
-# The live engine answers run.end within milliseconds; past this the launcher replays from its checkpoint instead.
-ENGINE_FINAL_WAIT_S = float(os.environ.get("TM_ENGINE_FINAL_WAIT_S", "0.1"))
-FINAL_GRACE_S = 0.2
-DIED_ALERT_WAIT_S = 3.0  # then the launcher replays from the engine's checkpoint itself
-
-
-def final_snapshot(run_dir: Path, hub: Hub, say: Say) -> rec.Snapshot | None:
-    """The engine's final snapshot as it came over the bus; if the engine could not send it, a replay of the log."""
-    data = hub.last_snapshot
-    if data is not None and data.get("final"):
-        try:
-            snapshot = rec.from_mapping(dict(data))
-            if isinstance(snapshot, rec.Snapshot):
-                return snapshot
-        except rec.MalformedRecord:
-            pass
-    try:
-        from trainmeter_core.runlog import replay
-
-        return replay.final_snapshot(run_dir)
-    except Exception as exc:  # the summary must still be written
-        say(f"could not compute the run's final numbers: {type(exc).__name__}: {exc}")
-        return None
 
 
 def write_passport(run_dir: Path, snapshot: rec.Snapshot | None, say: Say) -> None:
@@ -214,80 +183,3 @@ def summary_line(run_dir: Path, summary: dict, snapshot: rec.Snapshot | None = N
     parts.append(f"{drops} records dropped" if drops else "nothing dropped")
     parts.append(f"see it again: {view_command(run_dir)}")
     return " · ".join(parts)
-
-
-def final_with_components(supervisor, hub: Hub, recorder: Recorder, run_dir: Path, say: Say, tm_status: int):
-    """The final snapshot while components run: the engine's when it is live, else the launcher's own replay, published
-    only when a component listens for it. Returns the launcher's snapshot, or None when the engine's came."""
-    placed = {name for p in supervisor.placements for name in p.components}
-    # The engine's last snapshot is computed from run.end: the one engine of the run makes it, and a live engine (one
-    # that already published a snapshot) answers within milliseconds. Only when it does not (it is not up yet in a
-    # short run, or it is gone) does the launcher replay from the engine's checkpoint and the log's tail itself.
-    if hub.last_snapshot is not None and "engine" in placed:
-        deadline = time.monotonic() + ENGINE_FINAL_WAIT_S
-        while not (hub.last_snapshot or {}).get("final") and time.monotonic() < deadline:
-            time.sleep(0.005)
-    wants_alert = tm_status != 0 and "alerts" in placed
-    if wants_alert:
-        # A run that ended badly has an alert to say so, computed from the final snapshot by the alerts component:
-        # it must be listening when the snapshot is published (a short run's components may still be starting).
-        deadline = time.monotonic() + DIED_ALERT_WAIT_S
-        while not hub.listening("snapshot") and time.monotonic() < deadline:
-            time.sleep(0.01)
-    snapshot = None
-    if not (hub.last_snapshot or {}).get("final") and hub.listening("snapshot"):
-        # Replay what the recorder has flushed (run.end included), and publish the result as the final snapshot, so
-        # subscribers, the dashboard and the alert rules (a died run) get it all the same, unless the engine's came
-        # meanwhile. With nobody listening, the launcher computes it after the log is closed, off the bus.
-        recorder.flush(5.0)
-        snapshot = final_snapshot(run_dir, hub, say)
-        if snapshot is not None and not (hub.last_snapshot or {}).get("final"):
-            hub.inject(snapshot)
-            if not wants_alert:
-                time.sleep(FINAL_GRACE_S)  # let the components act on it before they are asked to stop
-    if wants_alert and hub.listening("snapshot"):
-        deadline = time.monotonic() + DIED_ALERT_WAIT_S
-        while not hub.late_alerts and time.monotonic() < deadline:
-            time.sleep(0.02)
-    return snapshot
-
-
-def producer_pid(key: str) -> int | None:
-    """The pid of a producer on this host, from the hub's key ``source@host:pid``; None for another host's."""
-    where, _, pid = key.rpartition(":")
-    if where.partition("@")[2] != HOSTNAME or not pid.isdigit():
-        return None
-    return int(pid)
-
-
-def may_still_say_bye(key: str) -> bool:
-    pid = producer_pid(key)
-    if pid is None:
-        return True  # another host's: only its bye can tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def lost_windows(open_producers: list[str], say: Say) -> list[rec.Record]:
-    """A notice for each agent that said hello and never goodbye: its process was killed (or left without running
-    atexit), so its last flush window never left. The agent sends a window at least every TM_AGENT_FLUSH_S."""
-    window_s = os.environ.get("TM_AGENT_FLUSH_S", "0.05")
-    window_records = os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000")
-    notices = []
-    for key in open_producers:
-        source, _, where = key.partition("@")
-        line = (
-            f"{source} of pid {where.rpartition(':')[2]} ended without saying goodbye (killed, or gone without "
-            f"running atexit): its last flush window was lost, at most {float(window_s) * 1000:.0f} ms or "
-            f"{window_records} of its records"
-        )
-        say(line)
-        notices.append(
-            rec.Notice(level="warning", topic="agent.lost_window", message=line, source="launcher")
-        )
-    return notices
