@@ -133,7 +133,7 @@ def open_runs(paths: list[Path]) -> tuple[list[DashboardState], list[RunSide]]:
     """Each run as the dashboard sees it now, and as the comparison reads it; a run with nothing usable is a UsageError
     (one line, status 2)."""
     from trainmeter_core.commands.compare import run_state, unusable
-    from trainmeter_core.commands.usage import UsageError
+    from trainmeter_core.errors import UsageError
     from trainmeter_core.model.comparison import RunSide
     from trainmeter_web.follow import dashboard_now
 

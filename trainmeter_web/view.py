@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     refs = args.run if isinstance(args.run, list) else [args.run] if args.run else []
     if len(refs) > 1:
         from trainmeter_core.commands.compare import resolve_runs
-        from trainmeter_core.commands.usage import UsageError
+        from trainmeter_core.errors import UsageError
         from trainmeter_web import compare
 
         try:
