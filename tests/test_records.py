@@ -298,6 +298,34 @@ def test_nonfinite_metric_values_and_alert_numbers_survive_the_log():
     assert math.isnan(a_back.numbers["loss"]) and a_back.numbers["x"] == -math.inf
 
 
+FIRST_DECODES = {
+    "check": lambda codec, r: codec.check(rec.encode(r)).kind,
+    "check_batch": lambda codec, r: codec.check_batch(rec.encode_many([r]))[0].kind,
+    "decode": lambda codec, r: codec.decode(rec.encode(r)),
+    "decode_published": lambda codec, r: codec.decode_published(rec.encode(r)),
+    "from_log_line": lambda codec, r: codec.from_log_line(rec.to_log_line(rec.to_builtins(r))),
+}
+
+
+@pytest.mark.parametrize("first", sorted(FIRST_DECODES))
+def test_the_first_decode_of_any_sort_builds_every_decoder_and_later_ones_read_them_directly(first):
+    # The agent only builds and sends records: importing them must not build the decoders (about 1.3 ms).
+    codec = rec.UnionCodec(rec.AnyRecord)
+    decoders = ("_json_typed", "_typed_msgpack", "_typed_union_list", "_typed_union_msgpack")
+    assert not any(
+        isinstance(getattr(codec, name), (msgspec.json.Decoder, msgspec.msgpack.Decoder, dict))
+        for name in decoders
+    )
+    step = _with_header(rec.Step(step=3, tokens=8))
+    assert FIRST_DECODES[first](codec, step) in ("step", step)
+    assert isinstance(codec._json_typed, msgspec.json.Decoder)
+    assert isinstance(codec._typed_union_list, msgspec.msgpack.Decoder)
+    assert isinstance(codec._typed_union_msgpack, msgspec.msgpack.Decoder)
+    assert set(codec._typed_msgpack) == set(rec.KINDS)
+    for how in FIRST_DECODES.values():  # and every way decodes alike once they are built
+        assert how(codec, step) in ("step", step)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Forward compatibility
 
