@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainmeter_core.bus.hub import Hub  # noqa: E402
+from trainmeter_core.model import agent_batch  # noqa: E402
 from trainmeter_core.model import records as rec  # noqa: E402
-from trainmeter_core.model import window  # noqa: E402
 from trainmeter_core.runlog.recorder import Recorder  # noqa: E402
 
 STEPS_PER_WINDOW = 250  # 50 ms of a ~200 us loop: a steady step (with its loss) and a data wait each
@@ -33,10 +33,10 @@ def _window_items(first_step: int) -> list:
     items = []
     for step in range(first_step, first_step + STEPS_PER_WINDOW):
         t = 1000.0 + step * 2e-4
-        items.append((window.BARE_PHASE, "data_wait", t - 5e-5, t - 4e-5, step - 1, "dataloader"))
+        items.append((agent_batch.BARE_PHASE, "data_wait", t - 5e-5, t - 4e-5, step - 1, "dataloader"))
         items.append(
             (
-                window.STEADY_STEP,
+                agent_batch.STEADY_STEP,
                 step,
                 t,
                 2e-4,
@@ -68,8 +68,8 @@ def _header() -> dict:
 def _as_batch(items: list) -> bytes:
     """The same records as the agent built them before the window: Structs with the header, one batch."""
     header = _header()
-    head, raws = window.split_window(window.encode_window(header, items))
-    return rec.encode_many([r for raw in raws for r in window.expand(raw, head)])
+    head, raws = agent_batch.split_window(agent_batch.encode_window(header, items))
+    return rec.encode_many([r for raw in raws for r in agent_batch.expand(raw, head)])
 
 
 def _feed(hub: Hub, recorder: Recorder, messages: list[tuple[str, bytes]]) -> tuple[float, int]:
@@ -110,7 +110,7 @@ def main() -> None:
         # What the agent pays to make each message, per record (the window: encode its tuples; the batch: build the
         # records and encode them).
         started = time.process_time()
-        windows = [("window", window.encode_window(header, w)) for w in items]
+        windows = [("window", agent_batch.encode_window(header, w)) for w in items]
         window_make_s = time.process_time() - started
         started = time.process_time()
         batches = [("batch", _as_batch(w)) for w in items]

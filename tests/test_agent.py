@@ -610,7 +610,7 @@ def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
 
 class CollectingProducer:
     """Stands in for the producer: keeps what would reach the hub, a window's items turned into their records as the
-    hub turns them (``trainmeter_core.model.window``)."""
+    hub turns them (``trainmeter_core.model.agent_batch``)."""
 
     def __init__(self) -> None:
         self.records: list = []
@@ -630,7 +630,7 @@ class CollectingProducer:
         pass
 
     def send_window(self, items: list, records: int) -> bool:
-        from trainmeter_core.model import window
+        from trainmeter_core.model import agent_batch
 
         header = {
             "v": rec.SCHEMA_VERSION,
@@ -640,11 +640,13 @@ class CollectingProducer:
             "now_t": 0.0,
             "now_wall": 0.0,
         }
-        header_struct, raws = window.split_window(window.encode_window(header, items))
+        header_struct, raws = agent_batch.split_window(agent_batch.encode_window(header, items))
         built = []
         for raw in raws:
             built.extend(
-                [rec.decode(bytes(raw))] if window.is_record(raw) else window.expand(raw, header_struct)
+                [rec.decode(bytes(raw))]
+                if agent_batch.is_record(raw)
+                else agent_batch.expand(raw, header_struct)
             )
         assert len(built) == records  # the window counts the records its items stand for
         self.records.extend(built)

@@ -17,8 +17,8 @@ from conftest import log_records, wait_for
 from trainmeter_core.bus import client as bus
 from trainmeter_core.bus.hub import Hub
 from trainmeter_core.bus.publish import PUBLISH_GROUP_MAX
+from trainmeter_core.model import agent_batch
 from trainmeter_core.model import records as rec
-from trainmeter_core.model import window
 from trainmeter_core.runlog.recorder import Recorder
 
 END = rec.RunEnd(status=0, reason="exited", elapsed_s=1.0)
@@ -100,15 +100,15 @@ def _hub_would_count_malformed(frames: list[bytes]) -> int:
     """How many malformed records the wire protocol makes of one message (2 frames: topic, body; batch: an array)."""
     if len(frames) != 2:
         return 1
-    if frames[0] == window.WINDOW_TOPIC:
+    if frames[0] == agent_batch.WINDOW_TOPIC:
         try:
-            header, items = window.split_window(frames[1])
+            header, items = agent_batch.split_window(frames[1])
         except rec.MalformedRecord:
             return 1
         bad = 0
         for item in items:
             try:
-                rec.check(bytes(item)) if window.is_record(item) else window.expand(item, header)
+                rec.check(bytes(item)) if agent_batch.is_record(item) else agent_batch.expand(item, header)
             except rec.MalformedRecord:
                 bad += 1
         return bad if items and bad == len(items) else -1
@@ -140,7 +140,7 @@ _WINDOW_HEADER = {
 
 def _STEADY(step: int) -> tuple:  # noqa: N802 - reads as the item it builds
     """A steady step's item in an agent's window, with its loss: two records."""
-    return (window.STEADY_STEP, step, 1.0, 0.1, 1, 5.0, 1, 8, "input_ids", 1, 2.5, 0.9, "backward")
+    return (agent_batch.STEADY_STEP, step, 1.0, 0.1, 1, 5.0, 1, 8, "input_ids", 1, 2.5, 0.9, "backward")
 
 
 def _fuzz_frame(rng: random.Random) -> list[bytes]:
@@ -148,15 +148,18 @@ def _fuzz_frame(rng: random.Random) -> list[bytes]:
     good = rec.encode(_GOOD)
     choice = rng.randrange(13)
     if choice == 10:  # an agent's window that is not [header, items]
-        return [window.WINDOW_TOPIC, rng.choice([good, rng.randbytes(rng.randrange(0, 60)), b"\x92\x80\x90"])]
+        return [
+            agent_batch.WINDOW_TOPIC,
+            rng.choice([good, rng.randbytes(rng.randrange(0, 60)), b"\x92\x80\x90"]),
+        ]
     if choice == 11:  # a window cut short
-        payload = window.encode_window(_WINDOW_HEADER, [_STEADY(1), _STEADY(2)])
-        return [window.WINDOW_TOPIC, payload[: rng.randrange(1, len(payload))]]
+        payload = agent_batch.encode_window(_WINDOW_HEADER, [_STEADY(1), _STEADY(2)])
+        return [agent_batch.WINDOW_TOPIC, payload[: rng.randrange(1, len(payload))]]
     if choice == 12:  # a window holding one array that is no item, or a record of the wrong type
         bad = rng.choice(
             [(9, 1.0), (1, "one", 2.0), (2, "nap", 1.0, 2.0, None, "x"), rng.choice(_WRONG_TYPES)]
         )
-        return [window.WINDOW_TOPIC, window.encode_window(_WINDOW_HEADER, [bad])]
+        return [agent_batch.WINDOW_TOPIC, agent_batch.encode_window(_WINDOW_HEADER, [bad])]
     if choice == 0:  # random bytes
         return [b"step", rng.randbytes(rng.randrange(0, 300))]
     if choice == 1:  # a valid record cut short
@@ -216,7 +219,9 @@ def test_ten_thousand_fuzzed_frames_are_each_counted_malformed_and_the_valid_one
                     draw < 0.6
                 ):  # an agent's window: two steady steps and a whole record, five records in all
                     items = [_STEADY(step + 1), rec.Notice(topic="fuzz", message="m"), _STEADY(step + 2)]
-                    sock.send_multipart([window.WINDOW_TOPIC, window.encode_window(_WINDOW_HEADER, items)])
+                    sock.send_multipart(
+                        [agent_batch.WINDOW_TOPIC, agent_batch.encode_window(_WINDOW_HEADER, items)]
+                    )
                     expected_steps += [step + 1, step + 2]
                     step += 2
                 else:

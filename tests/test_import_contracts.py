@@ -69,6 +69,29 @@ PLANTS = {
     ),
 }
 
+# More plants where a contract must reach inside a package or a renamed module: the records package's modules are
+# held by agent-light and pure as the single records.py was, and the agent's batch module by agent-light.
+INNER_PLANTS = {
+    "agent-light in the records codec": (
+        "agent-light",
+        "trainmeter_core/model/records/codec.py",
+        "import pluggy",
+        "trainmeter_core.model.records.codec -> pluggy",
+    ),
+    "agent-light in the agent's batch": (
+        "agent-light",
+        "trainmeter_core/model/agent_batch.py",
+        "import pluggy",
+        "trainmeter_core.model.agent_batch -> pluggy",
+    ),
+    "pure in a records family": (
+        "pure",
+        "trainmeter_core/model/records/loop.py",
+        "import socket",
+        "trainmeter_core.model.records.loop -> socket",
+    ),
+}
+
 
 def plugin_folders(root: Path) -> list[Path]:
     return sorted(p for p in (root / "plugins").iterdir() if (p / "pyproject.toml").exists())
@@ -114,9 +137,19 @@ def test_every_contract_has_a_plant_and_the_untouched_copy_keeps_them_all(pristi
 
 @pytest.mark.parametrize("contract", sorted(PLANTS))
 def test_one_planted_import_breaks_exactly_its_contract(pristine, tmp_path, contract):
+    planted_breaks_exactly(pristine, tmp_path, contract, *PLANTS[contract])
+
+
+@pytest.mark.parametrize("plant", sorted(INNER_PLANTS))
+def test_a_planted_import_inside_a_package_breaks_exactly_its_contract(pristine, tmp_path, plant):
+    planted_breaks_exactly(pristine, tmp_path, *INNER_PLANTS[plant])
+
+
+def planted_breaks_exactly(
+    pristine: Path, tmp_path: Path, contract: str, module: str, line: str, edge: str
+) -> None:
     root = tmp_path / "tree"
     shutil.copytree(pristine, root)
-    module, line, edge = PLANTS[contract]
     with open(root / module, "a", encoding="utf-8") as source:
         source.write(f"\n{line}  # planted\n")
     done = lint_imports(root)

@@ -1,4 +1,4 @@
-"""The agent's window on the wire (trainmeter_core/model/window.py): the arrays the agent's hooks queue become, in the
+"""The agent's window on the wire (trainmeter_core/model/agent_batch.py): the arrays the agent's hooks queue become, in the
 hub, the records the agent would have built itself; anything else in a window is refused item by item."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from trainmeter_core.model import agent_batch
 from trainmeter_core.model import records as rec
-from trainmeter_core.model import window
 
 HEADER = {
     "v": rec.SCHEMA_VERSION,
@@ -20,10 +20,10 @@ HEADER = {
 
 
 def _records(items: list, **header) -> list:
-    head, raws = window.split_window(window.encode_window({**HEADER, **header}, items))
+    head, raws = agent_batch.split_window(agent_batch.encode_window({**HEADER, **header}, items))
     out = []
     for raw in raws:
-        out.extend([rec.decode(bytes(raw))] if window.is_record(raw) else window.expand(raw, head))
+        out.extend([rec.decode(bytes(raw))] if agent_batch.is_record(raw) else agent_batch.expand(raw, head))
     return out
 
 
@@ -31,14 +31,14 @@ def test_the_agents_item_codes_are_the_windows():
     from trainmeter_agent import _outbox
 
     assert (_outbox.STEADY_STEP, _outbox.PHASE, _outbox.METRIC) == (
-        window.STEADY_STEP,
-        window.BARE_PHASE,
-        window.BARE_METRIC,
+        agent_batch.STEADY_STEP,
+        agent_batch.BARE_PHASE,
+        agent_batch.BARE_METRIC,
     )
 
 
 def test_a_steady_step_is_its_loss_then_its_step_each_dated_on_the_wall_clock_by_its_own_t():
-    steady = (window.STEADY_STEP, 7, 99.5, 0.25, 1, 12.5, 2, 16, "input_ids", 4, 2.5, 99.25, "backward")
+    steady = (agent_batch.STEADY_STEP, 7, 99.5, 0.25, 1, 12.5, 2, 16, "input_ids", 4, 2.5, 99.25, "backward")
     loss, step = _records([steady])
     # wall = now_wall - (now_t - t): 5000 - (100 - 99.25) = 4999.25 and 5000 - (100 - 99.5) = 4999.5
     assert loss == rec.Metric(
@@ -72,9 +72,9 @@ def test_a_steady_step_is_its_loss_then_its_step_each_dated_on_the_wall_clock_by
 
 
 def test_a_step_without_a_loss_is_one_record_and_the_rank_and_drop_count_ride_on_every_record():
-    steady = (window.STEADY_STEP, 3, 99.0, 0.1, 1, 5.0, 1, 8, "input_ids", 1, None, None, "backward")
-    phase = (window.BARE_PHASE, "data_wait", 98.9, 98.95, 2, "dataloader")
-    metric = (window.BARE_METRIC, 98.0, {"lr": 0.001}, 2, "emit")
+    steady = (agent_batch.STEADY_STEP, 3, 99.0, 0.1, 1, 5.0, 1, 8, "input_ids", 1, None, None, "backward")
+    phase = (agent_batch.BARE_PHASE, "data_wait", 98.9, 98.95, 2, "dataloader")
+    metric = (agent_batch.BARE_METRIC, 98.0, {"lr": 0.001}, 2, "emit")
     built = _records([metric, phase, steady], rank=3, dropped=11)
     assert [rec.kind_of(r) for r in built] == ["metric", "phase", "step"]
     assert all(r.rank == 3 and r.dropped == 11 for r in built)
@@ -94,18 +94,32 @@ def test_a_whole_record_in_a_window_stays_as_the_agent_stamped_it():
     "item",
     [
         (9, 1, 2.0),  # no such item
-        (window.STEADY_STEP, "seven", 99.5, 0.25, 1, 12.5, 2, 16, "input_ids", 4, None, None, "backward"),
-        (window.STEADY_STEP, 7, 99.5),  # too short
-        (window.BARE_PHASE, "nap", 1.0, 2.0, None, "x"),  # not a phase name
-        (window.BARE_METRIC, 1.0, {"loss": "low"}, None, "emit"),
+        (
+            agent_batch.STEADY_STEP,
+            "seven",
+            99.5,
+            0.25,
+            1,
+            12.5,
+            2,
+            16,
+            "input_ids",
+            4,
+            None,
+            None,
+            "backward",
+        ),
+        (agent_batch.STEADY_STEP, 7, 99.5),  # too short
+        (agent_batch.BARE_PHASE, "nap", 1.0, 2.0, None, "x"),  # not a phase name
+        (agent_batch.BARE_METRIC, 1.0, {"loss": "low"}, None, "emit"),
         (),
     ],
 )
 def test_an_array_that_is_not_one_of_the_three_items_is_malformed(item):
-    head, (raw,) = window.split_window(window.encode_window(HEADER, [item]))
-    assert not window.is_record(raw)
+    head, (raw,) = agent_batch.split_window(agent_batch.encode_window(HEADER, [item]))
+    assert not agent_batch.is_record(raw)
     with pytest.raises(rec.MalformedRecord):
-        window.expand(raw, head)
+        agent_batch.expand(raw, head)
 
 
 @pytest.mark.parametrize(
@@ -116,12 +130,12 @@ def test_an_array_that_is_not_one_of_the_three_items_is_malformed(item):
         msgspec.msgpack.encode([HEADER]),  # no items
         msgspec.msgpack.encode([{"v": 2}, []]),  # a header without its fields
         msgspec.msgpack.encode({"header": HEADER, "items": []}),
-        window.encode_window(HEADER, [(1, 2)])[:-1],  # cut short
+        agent_batch.encode_window(HEADER, [(1, 2)])[:-1],  # cut short
     ],
 )
 def test_a_window_that_cannot_be_read_is_malformed(payload):
     with pytest.raises(rec.MalformedRecord):
-        window.split_window(payload)
+        agent_batch.split_window(payload)
 
 
 def test_the_count_a_window_is_sent_with_is_the_number_of_records_the_hub_builds_from_it():
@@ -129,21 +143,21 @@ def test_the_count_a_window_is_sent_with_is_the_number_of_records_the_hub_builds
 
     def steady(step: int, loss: float | None) -> tuple:
         t = 10.0 + step
-        return (window.STEADY_STEP, step, t, 0.1, 1, None, 1, 8, "input_ids", 1, loss, t, "backward")
+        return (agent_batch.STEADY_STEP, step, t, 0.1, 1, None, 1, 8, "input_ids", 1, loss, t, "backward")
 
     sent: list[tuple[list, int]] = []
     outbox = Outbox(lambda batch, records: sent.append((batch, records)), window_s=60.0, max_records=3)
     items = [
         steady(1, 2.5),
-        (window.BARE_PHASE, "data_wait", 11.0, 11.1, 1, "dataloader"),
+        (agent_batch.BARE_PHASE, "data_wait", 11.0, 11.1, 1, "dataloader"),
         steady(2, None),  # no loss with this step: one record
         steady(3, 2.25),
-        (window.BARE_METRIC, 13.5, {"lr": 0.1}, 3, "emit"),
+        (agent_batch.BARE_METRIC, 13.5, {"lr": 0.1}, 3, "emit"),
     ]
     outbox.ready = True
     for item in items:
         outbox.put(item, 10.0)
-        if item[0] == window.STEADY_STEP and item[1] == 3:
+        if item[0] == agent_batch.STEADY_STEP and item[1] == 3:
             # The timer's flush between two puts (what it does when the loop pauses): each window counts its own.
             outbox.flush()
     outbox.flush()

@@ -333,7 +333,7 @@ class Agent:
 
     def _send_batch(self, batch: list, records: int) -> None:
         """The outbox's send: one window message of its items, as they are (the hub builds the records its tuples
-        stand for: ``trainmeter_core.model.window``)."""
+        stand for: ``trainmeter_core.model.agent_batch``)."""
         if not (self.bus_on and self.producer is not None):
             return
         self.producer.send_window(batch, records)
@@ -427,7 +427,7 @@ class Agent:
                     self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
             except Exception as exc:
                 self.stop_probe("loss", exc)
-        # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.window).
+        # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.agent_batch).
         item = (
             STEADY_STEP,
             step,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.window import WINDOW_TOPIC, encode_window
+from trainmeter_core.model.agent_batch import WINDOW_TOPIC, encode_window
 
 if TYPE_CHECKING:
     import zmq
@@ -141,7 +141,7 @@ class Producer:
         return self._send_frames(records, single=False)
 
     def send_window(self, items: list, records: int) -> bool:
-        """Send an agent's window (``trainmeter_core.model.window``): its items, whole records already stamped
+        """Send an agent's window (``trainmeter_core.model.agent_batch``): its items, whole records already stamped
         (``stamp``) and arrays the hub turns into records, standing for ``records`` records in all. The header carries
         the drop count, which each whole record also carries when it is not zero. Counted as ``records``."""
 

@@ -20,9 +20,9 @@ import zmq
 
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
 from trainmeter_core.bus.publish import Publication
+from trainmeter_core.model import agent_batch
 from trainmeter_core.model import records as rec
-from trainmeter_core.model import window
-from trainmeter_core.model.window import WINDOW_TOPIC
+from trainmeter_core.model.agent_batch import WINDOW_TOPIC
 from trainmeter_core.runlog.recorder import Recorder
 
 RCVHWM = 1_000_000
@@ -317,19 +317,19 @@ class Hub:
 
     def _accept_window(self, payload) -> None:
         """An agent's window: its whole records checked as any record is, its arrays turned into the records they
-        stand for (``model/window.py``), each then taken in like a record the agent had sent itself. A window that
+        stand for (``model/agent_batch.py``), each then taken in like a record the agent had sent itself. A window that
         cannot be read, or an array that is not one, is counted malformed, alone."""
         try:
-            header, items = window.split_window(payload)
+            header, items = agent_batch.split_window(payload)
         except rec.MalformedRecord:
             self.malformed += 1
             return
         for item in items:
-            if window.is_record(item):
+            if agent_batch.is_record(item):
                 self._accept(item)
                 continue
             try:
-                built = window.expand(item, header)
+                built = agent_batch.expand(item, header)
             except rec.MalformedRecord:
                 self.received += 1
                 self.malformed += 1

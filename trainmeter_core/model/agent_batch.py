@@ -1,5 +1,6 @@
-"""The agent's window on the wire: the records of one flush of a training process, most of them still as the short
-arrays its hooks made, which the hub turns into the records they stand for.
+"""The agent's batch on the wire, a ``window`` message: the records of one flush of a training process, most of them
+still as the short arrays its hooks made, which the hub turns into the records they stand for. Named for what it
+carries, not ``window.py``: a window in the engine is the training window its averages cover (``engine/window.py``).
 
 A tight loop makes a step, a loss and a data wait per iteration. Building those records (a Struct with a dozen fields
 and the producer's header each, then a map on the wire) cost the training process about 3 µs per iteration, more
@@ -73,8 +74,8 @@ class BareMetric(msgspec.Struct, array_like=True, tag=BARE_METRIC):
     origin: str
 
 
-_window = msgspec.msgpack.Decoder(tuple[WindowHeader, list[msgspec.Raw]], ext_hook=rec._reject_ext)
-_item = msgspec.msgpack.Decoder(SteadyStep | BarePhase | BareMetric, ext_hook=rec._reject_ext)
+_window = msgspec.msgpack.Decoder(tuple[WindowHeader, list[msgspec.Raw]], ext_hook=rec.reject_extension)
+_item = msgspec.msgpack.Decoder(SteadyStep | BarePhase | BareMetric, ext_hook=rec.reject_extension)
 _encoder = msgspec.msgpack.Encoder()
 # The first byte of a MessagePack map: fixmap, map16, map32. An item that starts otherwise is an array item.
 _MAP_MARKERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
