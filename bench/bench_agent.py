@@ -603,12 +603,11 @@ def main() -> None:
     try:
         if not args.loops_only:
             import trainmeter_agent
-            from trainmeter_agent import _bootstrap
 
             started = time.perf_counter()
-            agent = _bootstrap.install()
+            agent = trainmeter_agent._start()
             print(
-                f"install(): {(time.perf_counter() - started) * 1e3:.2f} ms (python {sys.version.split()[0]})"
+                f"_start(): {(time.perf_counter() - started) * 1e3:.2f} ms (python {sys.version.split()[0]})"
             )
             if not args.breakdown_only:
                 bench_emit(trainmeter_agent)

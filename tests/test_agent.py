@@ -593,15 +593,15 @@ def test_an_optimizer_that_touches_its_gradients_keeps_the_post_hook(torch):
 
 
 def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
-    from trainmeter_agent import _agent
+    from trainmeter_agent import _launcher_env
 
     finished = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     monkeypatch.setenv("TM_LAUNCHER_PID", finished.stdout.strip())
-    assert _agent._launcher_alive() is False
+    assert _launcher_env.launcher_alive() is False
     monkeypatch.setenv("TM_LAUNCHER_PID", str(os.getpid()))
-    assert _agent._launcher_alive() is True
+    assert _launcher_env.launcher_alive() is True
 
 
 # --------------------------------------------------------------------------------------------------------------------
