@@ -20,9 +20,10 @@ _disabled = False
 def emit(**values: object) -> None:
     """Report numbers from the training loop: ``emit(train_loss=loss.item(), lr=lr)``.
 
-    Values are ints, floats, bools or 0-dim CPU tensors; a tensor on any other device is skipped with one ``tm:``
-    line asking for ``.item()`` (the agent never reads it). ``emit(step=..., tokens=...)`` declares a training step
-    for loops the agent cannot see (no ``torch.optim`` optimizer). Outside ``tm`` this is a no-op; it never raises.
+    Values are real numbers: ints, floats, bools or 0-dim CPU tensors (``_real_number``, the rule the tracker taps
+    share). Any other value is skipped alone, with one ``tm:`` line naming its key; a tensor on another device is
+    never read (the line asks for ``.item()``). ``emit(step=..., tokens=...)`` declares a training step for loops the
+    agent cannot see (no ``torch.optim`` optimizer). Outside ``tm`` this is a no-op; it never raises.
     """
     agent = _process_agent
     if agent is None:

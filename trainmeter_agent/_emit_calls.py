@@ -7,10 +7,10 @@ call, and every later call, still go out.
 
 from __future__ import annotations
 
-import sys
 import time
 
 from trainmeter_agent._outbox import METRIC
+from trainmeter_agent._real_number import NotANumber, real_number
 
 
 class EmitCalls:
@@ -35,9 +35,12 @@ class EmitCalls:
                 kind = type(value)
                 if kind is float:
                     continue
-                if kind is int or kind is bool:
-                    values[key] = float(value)
-                    continue
+                if kind is int or kind is bool:  # real_number's own first lane, without its call
+                    try:
+                        values[key] = float(value)
+                        continue
+                    except OverflowError:
+                        pass  # an int beyond a float's range: real_number refuses it, with its line
                 number = self._number(key, value)
                 if number is None:
                     bad = [key] if bad is None else [*bad, key]
@@ -54,29 +57,14 @@ class EmitCalls:
             self.stop_probe("emit", exc)
 
     def _number(self, key: str, value: object) -> float | None:
-        """A float from a value that is not a plain Python number, or None (said once per key) to skip it."""
-        torch = sys.modules.get("torch")
-        tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
-        if tensor_type is not None and isinstance(value, tensor_type):
-            device = value.device.type
-            if device != "cpu":
-                # Reading it would synchronize the device: the loop must choose when to pay for that.
-                self.say(f"emit({key}=...) got a tensor on {device}: pass {key}=value.item()", once_key=key)
-                return None
-            if value.dim() != 0:
-                self.say(f"emit({key}=...) got a tensor of shape {tuple(value.shape)}: pass one number", key)
-                return None
-            return float(value.item())
-        if isinstance(value, (int, float)):  # subclasses: numpy.float64, IntEnum, ...
-            return float(value)
-        if type(value).__module__ == "numpy" and hasattr(value, "item"):
-            item = value.item()
-            if type(item) in (int, float, bool):
-                return float(item)
-        self.say(
-            f"emit({key}=...) got {type(value).__name__}: pass an int, float, bool or 0-dim CPU tensor", key
-        )
-        return None
+        """The float ``real_number`` reads from a value, or None to skip it, with one line naming the key (said once
+        per key)."""
+        try:
+            return real_number(value)
+        except NotANumber as refused:
+            advice = refused.advice.format(key=key)
+            self.say(f"emit({key}=...) got {refused.got}: {advice}", key)
+            return None
 
     def _emit_step(self, values: dict) -> int | None:
         """``emit(step=..., tokens=...)``: a declared step (loops without torch.optim) or tokens for the next one.
@@ -132,7 +120,10 @@ class EmitCalls:
 
     def _count(self, value: object, key: str) -> int | None:
         """An int from ``step=`` or ``tokens=`` (an int, or an integral float or 0-dim CPU tensor), else None."""
-        number = float(value) if type(value) in (int, float) else self._number(key, value)
+        try:
+            number = float(value) if type(value) in (int, float) else self._number(key, value)
+        except OverflowError:
+            number = self._number(key, value)  # an int beyond a float's range: refused, with its line
         # NaN and infinities fail the range test; the range keeps int() from raising.
         if number is None or not 0 <= number < 2.0**63 or number != int(number):
             if number is not None:
