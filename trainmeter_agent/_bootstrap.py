@@ -1,8 +1,9 @@
 """Installs the agent in a process: waits for the user's ``import torch`` (and trackers), and arranges the goodbye at
 exit and a fresh start in fork children.
 
-It is called from sitecustomize before the user's code runs, so it must be cheap (no zmq, msgspec or torch
-imported here) and never raise; torch is never imported by tm, only watched for.
+It runs (through ``trainmeter_agent._start``, which keeps the agent it makes) from sitecustomize before the user's
+code runs, so it must be cheap (no zmq, msgspec or torch imported here) and never raise; torch is never imported by
+tm, only watched for.
 """
 
 from __future__ import annotations
