@@ -17,7 +17,7 @@ import pytest
 from conftest import wait_for
 from test_agent import REPO, SCRIPTS, Run, kinds, plain_env, tm_lines
 
-from trainmeter_agent import _plugin_list, _tap_loader, taps
+from trainmeter_agent import _launcher_env, _tap_loader, taps
 
 try:
     import tomllib
@@ -163,9 +163,9 @@ def test_the_plugin_list_is_read_from_the_run_directory_and_metadata_only_withou
     listing = [{"name": "x", "value": "x_module:plugin", "distribution": "x", "version": "2"}]
     (tmp_path / "agent-plugins.json").write_text(json.dumps(listing))
     monkeypatch.setenv("TM_RUN_DIR", str(tmp_path))
-    assert _plugin_list.plugin_entries() == (listing, "agent-plugins.json")
+    assert _launcher_env.plugin_entries() == (listing, "agent-plugins.json")
     monkeypatch.setenv("TM_RUN_DIR", str(tmp_path / "missing"))
-    assert _plugin_list.plugin_entries()[1] == "package metadata"
+    assert _launcher_env.plugin_entries()[1] == "package metadata"
 
 
 def test_pluggy_registers_the_builtin_taps_as_trackers_hook_implementations():

@@ -13,7 +13,7 @@ import os
 import sys
 
 from trainmeter_agent._agent import Agent
-from trainmeter_agent._plugin_list import TRACKER_MODULES, listed_names
+from trainmeter_agent._launcher_env import TRACKER_MODULES, listed_names
 
 
 def _role() -> str:

@@ -13,7 +13,7 @@ import sys
 import time
 
 from trainmeter_agent._import_watch import imported
-from trainmeter_agent._plugin_list import TRACKER_MODULES, plugin_entries
+from trainmeter_agent._launcher_env import TRACKER_MODULES, plugin_entries
 from trainmeter_agent._real_number import NotANumber, real_number
 
 
