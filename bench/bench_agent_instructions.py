@@ -207,9 +207,9 @@ drain = subprocess.Popen([sys.executable, "-c", "import sys, zmq\\nsocket = zmq.
                           endpoint], stdout=subprocess.PIPE, text=True)
 drain.stdout.readline()
 os.environ.update(TM_AGENT="1", TM_AGENT_ENDPOINT=endpoint)
-from trainmeter_agent import _bootstrap
+import trainmeter_agent
 from trainmeter_agent._forward import set_forward
-agent = _bootstrap.install()
+agent = trainmeter_agent._start()
 import torch
 torch.set_num_threads(1)
 torch.manual_seed(0)

@@ -196,6 +196,16 @@ def test_emit_takes_numbers_and_cpu_tensors_and_refuses_other_devices_once(run, 
     assert "accelerator=value.item()" in lines[0] and "meta" in lines[0]
 
 
+def test_a_complex_value_is_refused_alone_and_emit_stays_on(run, torch):
+    done = run.python([str(SCRIPTS / "emit_complex.py")], run.env())
+    metrics = kinds(run.records(), "metric")
+    assert [m["values"] for m in metrics] == [{"y": 1.0}, {"y": 2.0}, {"y": 3.0}]
+    lines = tm_lines(done.stderr)
+    assert len(lines) == 1, lines
+    assert "emit(x=...)" in lines[0] and "complex" in lines[0] and "real number" in lines[0]
+    assert "stopped" not in done.stderr
+
+
 def test_emitted_steps_drive_a_loop_without_torch_optim(run):
     run.python([str(SCRIPTS / "emit_steps.py")], run.env())
     records = run.records()
@@ -593,15 +603,15 @@ def test_an_optimizer_that_touches_its_gradients_keeps_the_post_hook(torch):
 
 
 def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
-    from trainmeter_agent import _agent
+    from trainmeter_agent import _launcher_env
 
     finished = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     monkeypatch.setenv("TM_LAUNCHER_PID", finished.stdout.strip())
-    assert _agent._launcher_alive() is False
+    assert _launcher_env.launcher_alive() is False
     monkeypatch.setenv("TM_LAUNCHER_PID", str(os.getpid()))
-    assert _agent._launcher_alive() is True
+    assert _launcher_env.launcher_alive() is True
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -672,6 +682,31 @@ def sent(agent, kind: str) -> list:
     """What the agent has sent of a kind, once its open window has closed (the outbox flushes every 50 ms)."""
     agent.flush()
     return [r for r in agent.producer.records if rec.kind_of(r) == kind]
+
+
+def test_emit_and_a_tracker_tap_keep_and_refuse_the_same_values(agent, torch):
+    import numpy
+
+    from trainmeter_agent._tap_loader import TapSink
+
+    values = {
+        "float": 0.5,
+        "int": 3,
+        "flag": True,
+        "cpu": torch.tensor(2.5),
+        "numpy": numpy.int64(7),
+        "complex": torch.tensor(1j),
+        "python_complex": 1j,
+        "meta": torch.tensor(1.0, device="meta"),  # stands in for an accelerator tensor
+        "vector": torch.ones(2),
+        "text": "x",
+        "huge": 10**400,
+    }
+    agent.emit(dict(values))
+    TapSink(agent, "fake")(dict(values), None)
+    kept = {"float": 0.5, "int": 3.0, "flag": 1.0, "cpu": 2.5, "numpy": 7.0}
+    assert [(m.origin, m.values) for m in sent(agent, "metric")] == [("emit", kept), ("fake", kept)]
+    assert agent.stopped == set() and agent.emit_on
 
 
 def test_a_declared_step_waits_and_an_optimizer_step_makes_the_hooks_the_step_clock(agent):

@@ -369,7 +369,7 @@ def test_a_meta_copy_runs_forward_and_backward_without_touching_the_model_or_the
 def test_the_watcher_runs_callbacks_after_the_modules_own_code_and_keeps_import_errors_the_users(
     tmp_path, monkeypatch
 ):
-    from trainmeter_agent._watch import ModuleWatcher
+    from trainmeter_agent._import_watch import ModuleWatcher
 
     (tmp_path / "tm_watched_ok.py").write_text("VALUE = 41 + 1\n")
     (tmp_path / "tm_watched_broken.py").write_text("raise ImportError('the users own')\n")

@@ -11,7 +11,7 @@ from trainmeter_agent._agent import Agent, InjectedFault
 from trainmeter_agent._flops import FlopCount
 from trainmeter_agent._gates import gate_input
 from trainmeter_agent._loss import ATTACHED, LossProbe
-from trainmeter_agent._model import ModelProbe
+from trainmeter_agent._module_probe import ModelProbe
 from trainmeter_agent._phases import Phases
 
 

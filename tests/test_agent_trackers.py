@@ -17,7 +17,7 @@ import pytest
 from conftest import wait_for
 from test_agent import REPO, SCRIPTS, Run, kinds, plain_env, tm_lines
 
-from trainmeter_agent import _taps, taps
+from trainmeter_agent import _launcher_env, _tap_loader, taps
 
 try:
     import tomllib
@@ -163,9 +163,9 @@ def test_the_plugin_list_is_read_from_the_run_directory_and_metadata_only_withou
     listing = [{"name": "x", "value": "x_module:plugin", "distribution": "x", "version": "2"}]
     (tmp_path / "agent-plugins.json").write_text(json.dumps(listing))
     monkeypatch.setenv("TM_RUN_DIR", str(tmp_path))
-    assert _taps.plugin_entries() == (listing, "agent-plugins.json")
+    assert _launcher_env.plugin_entries() == (listing, "agent-plugins.json")
     monkeypatch.setenv("TM_RUN_DIR", str(tmp_path / "missing"))
-    assert _taps.plugin_entries()[1] == "package metadata"
+    assert _launcher_env.plugin_entries()[1] == "package metadata"
 
 
 def test_pluggy_registers_the_builtin_taps_as_trackers_hook_implementations():
@@ -203,7 +203,7 @@ class CollectingAgent:
 
 def test_a_tap_reads_numbers_and_cpu_scalars_and_never_an_accelerator_tensor(torch):
     agent = CollectingAgent()
-    sink = _taps.TapSink(agent, "fake")
+    sink = _tap_loader.TapSink(agent, "fake")
     meta = torch.tensor(1.0, device="meta")  # stands in for a tensor on an accelerator: reading it would fail
     sink({"a": 1, "b": torch.tensor(2.5), "c": meta, "d": torch.ones(2), "e": "text", "f": True}, 7)
     assert agent.metrics == [("fake", {"a": 1.0, "b": 2.5, "f": 1.0}, 7)]
@@ -212,7 +212,7 @@ def test_a_tap_reads_numbers_and_cpu_scalars_and_never_an_accelerator_tensor(tor
 
 def test_a_tracker_calling_its_own_tapped_function_is_logged_once(torch):
     agent = CollectingAgent()
-    sink = _taps.TapSink(agent, "fake")
+    sink = _tap_loader.TapSink(agent, "fake")
     calls = []
 
     def inner(key, value):
@@ -232,7 +232,7 @@ def test_a_tracker_calling_its_own_tapped_function_is_logged_once(torch):
 
 def test_a_failing_tap_reader_stops_that_tap_only_and_the_call_returns(torch):
     agent = CollectingAgent()
-    sink = _taps.TapSink(agent, "fake")
+    sink = _tap_loader.TapSink(agent, "fake")
 
     def broken_reader(args, kwargs):
         raise KeyError("surprise")

@@ -176,12 +176,12 @@ def test_tms_own_pieces_follow_the_protocols():
     ]
     assert adapters and all(isinstance(cls(), api.PlatformAdapter) for cls in adapters)
 
-    from trainmeter_agent import _taps, taps
+    from trainmeter_agent import _tap_loader, taps
 
     for name in taps.BUILTIN:
         (tap,) = getattr(taps, name).trainmeter_trackers()
         assert isinstance(tap, api.TrackerTap), name
-    assert isinstance(_taps.TapSink(agent=None, name="x"), api.TapEmit)
+    assert isinstance(_tap_loader.TapSink(agent=None, name="x"), api.TapEmit)
     assert not isinstance(object(), api.TrackerTap)  # the check can fail
 
 

@@ -10,8 +10,8 @@ __all__ = ["emit"]
 
 # Inside a run the launcher sets both; with ``--no-agent`` TM_AGENT is absent or "0" and emit stays a no-op.
 _ENABLED = os.environ.get("TM_AGENT") == "1" and bool(os.environ.get("TM_AGENT_ENDPOINT"))
-#: The process's agent, set by ``_bootstrap.install`` (from sitecustomize, or from the first emit in a process
-#: where sitecustomize stayed dormant or never ran).
+#: The process's agent, set by ``_start`` (from sitecustomize, or from the first emit in a process where
+#: sitecustomize stayed dormant or never ran).
 _process_agent = None
 #: Set once starting the agent failed (and said so on stderr): emit is then a no-op for the rest of the process.
 _disabled = False
@@ -20,9 +20,10 @@ _disabled = False
 def emit(**values: object) -> None:
     """Report numbers from the training loop: ``emit(train_loss=loss.item(), lr=lr)``.
 
-    Values are ints, floats, bools or 0-dim CPU tensors; a tensor on any other device is skipped with one ``tm:``
-    line asking for ``.item()`` (the agent never reads it). ``emit(step=..., tokens=...)`` declares a training step
-    for loops the agent cannot see (no ``torch.optim`` optimizer). Outside ``tm`` this is a no-op; it never raises.
+    Values are real numbers: ints, floats, bools or 0-dim CPU tensors (``_real_number``, the rule the tracker taps
+    share). Any other value is skipped alone, with one ``tm:`` line naming its key; a tensor on another device is
+    never read (the line asks for ``.item()``). ``emit(step=..., tokens=...)`` declares a training step for loops the
+    agent cannot see (no ``torch.optim`` optimizer). Outside ``tm`` this is a no-op; it never raises.
     """
     agent = _process_agent
     if agent is None:
@@ -34,12 +35,25 @@ def emit(**values: object) -> None:
     agent.emit(values)
 
 
+def _start():
+    """The process's agent, started once (``_bootstrap.install``); None where it could not start, and from then on.
+    An import error of the agent's own modules reaches the caller (sitecustomize says it on stderr)."""
+    global _process_agent, _disabled
+    if _process_agent is not None:
+        return _process_agent
+    if _disabled:
+        return None
+    from trainmeter_agent import _bootstrap
+
+    _process_agent = _bootstrap.install()
+    _disabled = _process_agent is None
+    return _process_agent
+
+
 def _start_from_emit():
     global _disabled
     try:
-        from trainmeter_agent import _bootstrap
-
-        return _bootstrap.install()
+        return _start()
     except Exception:
         _disabled = True
         return None

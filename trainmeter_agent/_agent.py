@@ -1,12 +1,10 @@
-"""The agent of one training process: its bus producer, the metrics buffer behind ``emit``, the step records.
+"""The agent of one training process: the one object every probe calls (send a record, a fact, a phase, stop a probe)
+and which owns the process's bus producer and outbox; ``emit()`` (``_emit_calls``) and the step records
+(``_step_records``) are its parts in modules of their own, mixed into ``Agent``.
 
 Nothing here may raise into the training process, block it, or touch a device: every entry point catches its own
 failure, says so once on stderr (``tm: agent <probe> stopped: ...``) and stops that probe only; zmq and msgspec are
 imported on the first record to send, so a process that never reports pays nothing for them.
-
-Why one module of about 650 lines: it is one object, the process's agent, whose methods are what every probe
-calls (send, fact, phase, stop a probe) and which owns the one producer and buffer; the probes with a life of their
-own already live beside it (``_iterations``, ``_model``, ``_phases``, ``_flops``, ``_taps``).
 """
 
 from __future__ import annotations
@@ -15,57 +13,27 @@ import os
 import sys
 import time
 
+from trainmeter_agent._emit_calls import EmitCalls
 from trainmeter_agent._gates import gate_input
-from trainmeter_agent._iterations import AGENT_US_EVERY, IterationDetector
+from trainmeter_agent._import_watch import ModuleWatcher
+from trainmeter_agent._iterations import IterationDetector
+from trainmeter_agent._launcher_env import env_int, hello_record, launcher_alive
 from trainmeter_agent._loss import ATTACHED as LOSS_ATTACHED
-from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
-from trainmeter_agent._outbox import METRIC, PHASE, STEADY_STEP, Outbox
-from trainmeter_agent._watch import ModuleWatcher
+from trainmeter_agent._outbox import METRIC, PHASE, Outbox
+from trainmeter_agent._step_records import StepRecords
 
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
 PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
 #: The probes that see inside a model's loop (tests/agent_scripts/gpt_loop.py uses every one).
 MODEL_PROBES = ("model", "eval", "data_wait", "checkpoint", "compile", "flops", "loss")
-#: The overhead fact goes out at the first timed step, then every OVERHEAD_EVERY steps (a timed one too).
-OVERHEAD_FIRST, OVERHEAD_EVERY = AGENT_US_EVERY, 16 * AGENT_US_EVERY
 
 
 class InjectedFault(RuntimeError):
     """The internal error ``TM_AGENT_FAULT`` asks a probe to raise, to prove it cannot reach the training loop."""
 
 
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def _launcher_alive() -> bool:
-    pid = _env_int("TM_LAUNCHER_PID")
-    if pid is None or pid <= 0:
-        return True  # not told: assume a live hub and let the producer's bounded linger decide
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, under another user
-        return True
-    return True
-
-
-def _tracker_names() -> list[str]:
-    """The taps this process may attach: the launcher's list and the built-in ones (none with ``--no-tap``)."""
-    if os.environ.get("TM_NO_TAP") == "1":
-        return []
-    from trainmeter_agent._bootstrap import listed_names
-    from trainmeter_agent.taps import BUILTIN
-
-    return list(dict.fromkeys([*listed_names(), *BUILTIN]))
-
-
-class Agent:
+class Agent(StepRecords, EmitCalls):
     """Turns what the probes see into records: ``hello`` on the first record, ``step``, ``metric``, ``bye`` at exit."""
 
     #: The steady iteration's short ways (the optimizer hooks' lane, the data wait's and the step's own). False sends
@@ -259,29 +227,12 @@ class Agent:
         self.activated = True
         try:
             self.check_fault("bus")
-            rec = self._rec_module()
-            from trainmeter_core import __version__
+            records = self._rec_module()
             from trainmeter_core.bus.client import Producer
-            from trainmeter_core.model.redaction import redact_argv
 
             if self.producer is None:
-                self.producer = Producer(self.endpoint, "agent", rank=_env_int("RANK"))
-            argv = list(getattr(sys, "orig_argv", None) or sys.argv)
-            hello = rec.Hello(
-                protocol=rec.PROTOCOL_VERSION,
-                agent_version=__version__,
-                python=sys.version.split()[0],
-                executable=sys.executable,
-                argv=redact_argv(argv),
-                ppid=os.getppid(),
-                role=self.role,
-                local_rank=_env_int("LOCAL_RANK"),
-                world_size=_env_int("WORLD_SIZE"),
-                local_world_size=_env_int("LOCAL_WORLD_SIZE"),
-                node_rank=_env_int("GROUP_RANK") if "GROUP_RANK" in os.environ else _env_int("NODE_RANK"),
-                trackers=_tracker_names(),
-            )
-            self.producer.send(hello)
+                self.producer = Producer(self.endpoint, "agent", rank=env_int("RANK"))
+            self.producer.send(hello_record(records, self.role))
             held, self._held = self._held, []
             for name, state in self._probe_states.items():
                 held.append(self._probe_fact(name, state))
@@ -338,141 +289,6 @@ class Agent:
             return
         self.producer.send_window(batch, records)
 
-    # -- steps -----------------------------------------------------------------------------------------------------
-
-    def send_step(self, fields: dict) -> None:
-        """A step record from the optimizer hooks, queued after the metrics emitted before it."""
-        if self._step_owner is None:
-            self._step_owner = "hooks"
-            waiting, self._waiting_step = self._waiting_step, None
-            if waiting is not None and waiting[2] is not None:
-                self._pending_tokens = (self._pending_tokens or 0) + waiting[2]
-        elif self._step_owner != "hooks":
-            return  # the loop declares its own steps with emit(step=...): those win over detected ones
-        if self.model is not None and "model" not in self.stopped:
-            try:
-                self.model.end_iteration(fields)
-                if not self.flops.done:
-                    self.flops.end_iteration(fields, self.model)
-            except Exception as exc:
-                self.stop_probe("model", exc)
-        if self.loss is not None and self.loss.on:
-            try:
-                self.loss.end_iteration(fields)  # after the model's: it reads the micro-batch count
-            except Exception as exc:
-                self.stop_probe("loss", exc)
-        if self._pending_tokens is not None:
-            fields["tokens"] = self._pending_tokens
-            fields["tokens_source"] = "emitted"
-            self._pending_tokens = None
-            absent = fields.get("absent")
-            if absent and "tokens" in absent:
-                fields["absent"] = {k: v for k, v in absent.items() if k != "tokens"}
-        if fields.get("tokens") is not None and fields.get("dp") is not None:
-            fields["tokens_global"] = fields["tokens"] * fields["dp"]
-        self._queue_record(self._rec_module().Step(**fields), fields.get("t") or time.monotonic())
-        self._count_overhead(fields)
-
-    def send_steady_step(
-        self, step: int, t: float, step_time_s: float, optimizers: int, agent_us: float | None
-    ) -> bool:
-        """The step record of a steady iteration, the same record ``send_step`` would build, without its field dict.
-
-        Steady (``iterations.steady``, and this iteration's own terms asked here): the hooks own the steps, no emitted
-        tokens wait, no FLOP count ends here and the model probe saw this iteration's forward, its tokens and its dp.
-        Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step`` would add is read from their per-iteration
-        state here, in one function: on a tight loop every call and line of an iteration shows (docs/performance.md,
-        "The agent: cost per step"), and ``tests/test_agent_depth.py`` checks that both ways send the same records.
-        False (nothing changed) sends the iteration down ``send_step``.
-        """
-        model = self._steady_model
-        if model is None:
-            return False
-        try:
-            if (
-                not model.micro_batches
-                or model.tokens_missing
-                or model.profiled
-                or self._pending_tokens is not None
-                or model._profiler_on()
-            ):
-                return False
-        except Exception as exc:
-            self.stop_probe("model", exc)
-            return False
-        micro_batches, tokens, tokens_source = model.micro_batches, model.tokens, model.tokens_source
-        model.micro_batches = 0
-        model.tokens = 0
-        model.tokens_source = None
-        loss_value = loss_t = None
-        outbox = self.outbox
-        if self._loss_on:
-            loss = self._steady_loss
-            try:
-                if (
-                    loss is not None
-                    and loss._calls == micro_batches
-                    and loss._why is None
-                    and not loss._copies
-                    and not loss._pending
-                    and loss._labelled == micro_batches
-                ):
-                    # One CPU value per micro-batch, nothing pending, its label and state already said: the loss
-                    # leaves with the step (LossProbe.end_step would send it at once).
-                    loss_value = sum(loss._entries)
-                    loss._calls = 0  # LossProbe.reset_iteration: why and copies are already None and False
-                    loss._entries = []
-                    loss_t = time.monotonic()  # the item stands for two records (_outbox.records_in)
-                else:
-                    self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
-            except Exception as exc:
-                self.stop_probe("loss", exc)
-        # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.agent_batch).
-        item = (
-            STEADY_STEP,
-            step,
-            t,
-            step_time_s,
-            optimizers,
-            agent_us,
-            micro_batches,
-            tokens,
-            tokens_source,
-            model.dp,
-            loss_value,
-            loss_t,
-            LOSS_ORIGIN,
-        )
-        # Through put, never an append of its own: put appends before it asks whether the window is new, so the flush
-        # timer emptying the deque in between cannot leave an item in a window it never opened (no deadline, no wake).
-        outbox.put(item, t)
-        if agent_us is not None:
-            self._overhead_s += agent_us
-            self._overhead_steps += 1
-            if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:  # timed steps, both
-                self._overhead_fact(step)
-        return True
-
-    def _count_overhead(self, fields: dict) -> None:
-        """Now and then, the agent's own cost per step as a fact (with the drops so far) for the dashboard."""
-        agent_us = fields.get("agent_us")
-        if agent_us is not None and not fields.get("profiled"):
-            # A counted step holds the FLOP counter's one-off cost, not the agent's steady one.
-            self._overhead_s += agent_us
-            self._overhead_steps += 1
-        step = fields["step"]
-        if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
-            self._overhead_fact(step)
-
-    def _overhead_fact(self, step: int) -> None:
-        if not self._overhead_steps:
-            return  # no timed iteration since the last one (AGENT_US_EVERY)
-        mean_us = self._overhead_s / self._overhead_steps
-        dropped = getattr(self.producer, "dropped", 0)
-        note = f"mean over {self._overhead_steps} steps up to {step}; records dropped so far: {dropped}"
-        self.fact("agent_overhead_us", mean_us, "steps", unit="us/step", note=note)
-        self._overhead_s, self._overhead_steps = 0.0, 0
-
     # -- facts, phases, taps ---------------------------------------------------------------------------------------
 
     def _fact_record(self, name: str, value: object, probe: str, **extra):
@@ -528,136 +344,11 @@ class Agent:
         now = time.monotonic()
         self._queue((METRIC, now, values, step if step is not None else self.current_step(), origin), now)
 
-    # -- emit ------------------------------------------------------------------------------------------------------
-
-    def emit(self, values: dict) -> None:
-        """The body of ``trainmeter_agent.emit``: values checked, queued, flushed in batches. Never raises."""
-        if not self.emit_on:
-            return
-        try:
-            if self._faults:
-                self.check_fault("emit")
-            if "step" in values or "tokens" in values:
-                step = self._emit_step(values)
-                if not values:
-                    return
-            else:
-                step = self.current_step()
-            bad = None
-            for key, value in values.items():
-                kind = type(value)
-                if kind is float:
-                    continue
-                if kind is int or kind is bool:
-                    values[key] = float(value)
-                    continue
-                number = self._number(key, value)
-                if number is None:
-                    bad = [key] if bad is None else [*bad, key]
-                else:
-                    values[key] = number
-            if bad is not None:
-                for key in bad:
-                    del values[key]
-                if not values:
-                    return
-            now = time.monotonic()
-            self._queue((METRIC, now, values, step, "emit"), now)
-        except Exception as exc:
-            self.stop_probe("emit", exc)
-
-    def _number(self, key: str, value: object) -> float | None:
-        """A float from a value that is not a plain Python number, or None (said once per key) to skip it."""
-        torch = sys.modules.get("torch")
-        tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
-        if tensor_type is not None and isinstance(value, tensor_type):
-            device = value.device.type
-            if device != "cpu":
-                # Reading it would synchronize the device: the loop must choose when to pay for that.
-                self.say(f"emit({key}=...) got a tensor on {device}: pass {key}=value.item()", once_key=key)
-                return None
-            if value.dim() != 0:
-                self.say(f"emit({key}=...) got a tensor of shape {tuple(value.shape)}: pass one number", key)
-                return None
-            return float(value.item())
-        if isinstance(value, (int, float)):  # subclasses: numpy.float64, IntEnum, ...
-            return float(value)
-        if type(value).__module__ == "numpy" and hasattr(value, "item"):
-            item = value.item()
-            if type(item) in (int, float, bool):
-                return float(item)
-        self.say(
-            f"emit({key}=...) got {type(value).__name__}: pass an int, float, bool or 0-dim CPU tensor", key
-        )
-        return None
-
     def current_step(self) -> int | None:
         """The step that labels metrics: the loop's own (emit mode) or the agent's iteration count."""
         if self._step_owner == "emit":
             return self._last_emitted_step
         return self.iterations.iteration or None
-
-    def _emit_step(self, values: dict) -> int | None:
-        """``emit(step=..., tokens=...)``: a declared step (loops without torch.optim) or tokens for the next one.
-
-        Returns the step that labels the call's other values. Where the optimizer hooks watch but have not counted
-        an iteration yet, a declared step waits: a second one declared before any optimizer step proves the loop
-        steps without torch.optim (both are then sent); an optimizer step first makes the hooks the step clock.
-        """
-        step = values.pop("step", None)
-        tokens = values.pop("tokens", None)
-        if tokens is not None:
-            tokens = self._count(tokens, "tokens")
-        if step is not None:
-            step = self._count(step, "step")
-        if step is None:
-            if tokens is not None:  # tokens of the iteration the optimizer hooks will count next
-                self._pending_tokens = (self._pending_tokens or 0) + tokens
-            return self.current_step()
-        if self._step_owner == "hooks":
-            if tokens is not None:
-                self._pending_tokens = (self._pending_tokens or 0) + tokens
-            return step  # the loop's own step number labels its metrics
-        now = time.monotonic()
-        if self._step_owner is None and self.iterations.watching and not self.iterations.counted:
-            waiting = self._waiting_step
-            if waiting is None or waiting[0] == step:
-                if waiting is None:
-                    self._waiting_step = (step, now, tokens)
-                elif tokens is not None:
-                    self._waiting_step = (step, waiting[1], (waiting[2] or 0) + tokens)
-                return step
-            self._waiting_step = None
-            self._step_owner = "emit"
-            self._send_emitted_step(*waiting)
-        if self._step_owner != "emit":  # set once: each assignment recomputes the gates
-            self._step_owner = "emit"
-        self._send_emitted_step(step, now, tokens)
-        return step
-
-    def _send_emitted_step(self, step: int, now: float, tokens: int | None) -> None:
-        if step == self._last_emitted_step:
-            return  # several emit calls for one step declare it once
-        fields: dict = {"step": step, "t": now}
-        if self._last_emitted_step_t is None:
-            fields["absent"] = {"step_time_s": "first step"}
-        else:
-            fields["step_time_s"] = now - self._last_emitted_step_t
-        if tokens is not None:
-            fields["tokens"] = tokens
-            fields["tokens_source"] = "emitted"
-        self._last_emitted_step, self._last_emitted_step_t = step, now
-        self._queue_record(self._rec_module().Step(**fields), now)
-
-    def _count(self, value: object, key: str) -> int | None:
-        """An int from ``step=`` or ``tokens=`` (an int, or an integral float or 0-dim CPU tensor), else None."""
-        number = float(value) if type(value) in (int, float) else self._number(key, value)
-        # NaN and infinities fail the range test; the range keeps int() from raising.
-        if number is None or not 0 <= number < 2.0**63 or number != int(number):
-            if number is not None:
-                self.say(f"emit({key}=...) got {value!r}: pass a whole number >= 0", key)
-            return None
-        return int(number)
 
     # -- process lifetime ------------------------------------------------------------------------------------------
 
@@ -711,6 +402,6 @@ class Agent:
                     self.stop_probe("loss", exc)
             self.flush()
             # With the launcher gone nobody will read what is queued: exit at once instead of lingering.
-            self.producer.close("exit", linger_ms=None if _launcher_alive() else 0)
+            self.producer.close("exit", linger_ms=None if launcher_alive() else 0)
         except Exception as exc:
             self.stop_probe("exit", exc)

@@ -1,8 +1,9 @@
 """Installs the agent in a process: waits for the user's ``import torch`` (and trackers), and arranges the goodbye at
 exit and a fresh start in fork children.
 
-It is called from sitecustomize before the user's code runs, so it must be cheap (no zmq, msgspec or torch
-imported here) and never raise; torch is never imported by tm, only watched for.
+It runs (through ``trainmeter_agent._start``, which keeps the agent it makes) from sitecustomize before the user's
+code runs, so it must be cheap (no zmq, msgspec or torch imported here) and never raise; torch is never imported by
+tm, only watched for.
 """
 
 from __future__ import annotations
@@ -11,34 +12,8 @@ import atexit
 import os
 import sys
 
-import trainmeter_agent
 from trainmeter_agent._agent import Agent
-
-#: Tracker modules whose import loads the tracker taps (the plugins the launcher lists may add their own names).
-TRACKER_MODULES = ("wandb", "tensorboardX", "torch.utils.tensorboard", "mlflow")
-#: The launcher's list of the ``trainmeter.agent`` entry points, in the run directory.
-PLUGIN_LIST = "agent-plugins.json"
-
-
-def listed_names() -> list[str]:
-    """The entry point names in the launcher's plugin list for this run, loading nothing: from the environment the
-    launcher gives the command, else from the list's file in the run directory."""
-    run_dir = os.environ.get("TM_RUN_DIR")
-    if not run_dir or os.environ.get("TM_NO_TAP") == "1":
-        return []
-    names = os.environ.get("TM_AGENT_PLUGIN_NAMES")
-    if names is not None:
-        return [name for name in names.split("\n") if name]
-    path = os.path.join(run_dir, PLUGIN_LIST)
-    if not os.path.exists(path):
-        return []
-    try:
-        import json
-
-        with open(path, encoding="utf-8") as listing:
-            return [str(e["name"]) for e in json.load(listing) if isinstance(e, dict) and "name" in e]
-    except Exception:
-        return []
+from trainmeter_agent._launcher_env import TRACKER_MODULES, listed_names
 
 
 def _role() -> str:
@@ -50,19 +25,13 @@ def _role() -> str:
 
 
 def install() -> Agent | None:
-    """Start the process's agent (once): torch watch, atexit, fork handler. None where it could not start."""
-    if trainmeter_agent._process_agent is not None:
-        return trainmeter_agent._process_agent
-    if trainmeter_agent._disabled:
-        return None
+    """Start an agent for this process: torch watch, atexit, fork handler. None where it could not start (said on
+    stderr). The package's ``_start`` calls it once and keeps what it returns."""
     try:
         agent = Agent(os.environ["TM_AGENT_ENDPOINT"], role=_role())
-        trainmeter_agent._process_agent = agent
         atexit.register(agent.at_exit)
         os.register_at_fork(before=agent.outbox.before_fork, after_in_child=agent.after_fork)
     except Exception as exc:
-        trainmeter_agent._process_agent = None
-        trainmeter_agent._disabled = True
         try:
             sys.stderr.write(f"tm: agent stopped: {type(exc).__name__}: {' '.join(str(exc).split())}\n")
         except Exception:
@@ -95,7 +64,7 @@ def watch_trackers(agent: Agent) -> None:
 
     def tracker_imported(module) -> None:
         if agent.taps is None:
-            from trainmeter_agent._taps import TapLoader
+            from trainmeter_agent._tap_loader import TapLoader
 
             agent.taps = TapLoader(agent, agent.watcher)
         agent.taps.tracker_imported(module)
@@ -116,7 +85,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
     """The user's code has imported torch: the step hooks, then every probe that hangs off torch."""
     from trainmeter_agent._flops import FlopCount
     from trainmeter_agent._loss import LossProbe
-    from trainmeter_agent._model import ModelProbe
+    from trainmeter_agent._module_probe import ModelProbe
     from trainmeter_agent._phases import Phases
 
     agent.model = ModelProbe(agent)

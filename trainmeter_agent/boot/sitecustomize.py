@@ -93,9 +93,9 @@ def _start_agent():
         # A training command run by another interpreter (another venv) may not have trainmeter: stay out quietly.
         if not _importable("trainmeter_agent"):
             return
-        from trainmeter_agent import _bootstrap
+        import trainmeter_agent
 
-        _bootstrap.install()
+        trainmeter_agent._start()
     except Exception as exc:
         _say(f"agent stopped: {type(exc).__name__}: {exc}")
         package = sys.modules.get("trainmeter_agent")

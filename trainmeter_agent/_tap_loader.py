@@ -9,41 +9,12 @@ stops itself only, with one line.
 from __future__ import annotations
 
 import importlib
-import json
-import os
 import sys
 import time
 
-from trainmeter_agent._bootstrap import PLUGIN_LIST, TRACKER_MODULES
-from trainmeter_agent._watch import imported
-
-
-def plugin_entries() -> tuple[list[dict], str]:
-    """The ``trainmeter.agent`` entry points, from the launcher's list or (without one) package metadata."""
-    run_dir = os.environ.get("TM_RUN_DIR")
-    if run_dir:
-        try:
-            with open(os.path.join(run_dir, PLUGIN_LIST), encoding="utf-8") as listing:
-                entries = json.load(listing)
-            return [
-                e for e in entries if isinstance(e, dict) and isinstance(e.get("value"), str)
-            ], PLUGIN_LIST
-        except FileNotFoundError:
-            pass
-    from importlib import metadata
-
-    entries = []
-    for entry in metadata.entry_points(group="trainmeter.agent"):
-        dist = getattr(entry, "dist", None)
-        entries.append(
-            {
-                "name": entry.name,
-                "value": entry.value,
-                "distribution": dist.metadata["Name"] if dist is not None else None,
-                "version": dist.version if dist is not None else None,
-            }
-        )
-    return entries, "package metadata"
+from trainmeter_agent._import_watch import imported
+from trainmeter_agent._launcher_env import TRACKER_MODULES, plugin_entries
+from trainmeter_agent._real_number import NotANumber, real_number
 
 
 class TapSink:
@@ -64,9 +35,10 @@ class TapSink:
                 agent.check_fault(f"tap.{self.name}")
             numbers = {}
             for key, value in values.items():
-                number = _number(value)
-                if number is not None:
-                    numbers[str(key)] = number
+                try:
+                    numbers[str(key)] = real_number(value)
+                except NotANumber:
+                    continue  # a tracker logs images, tables and text too: skipped without a word
             if numbers:
                 step = (
                     int(step)
@@ -80,27 +52,6 @@ class TapSink:
     def stop(self, exc: BaseException) -> None:
         self.on = False
         self.agent.stop_probe(f"tap.{self.name}", exc)
-
-
-def _number(value) -> float | None:
-    """A float from a number or a 0-dim CPU tensor; None (skipped, never read) for anything else."""
-    kind = type(value)
-    if kind is float or kind is int:
-        return float(value)
-    if kind is bool:
-        return float(value)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        if value.device.type != "cpu" or value.dim() != 0 or value.is_complex():
-            return None  # reading an accelerator tensor would synchronize the device
-        return float(value.item())
-    if isinstance(value, (int, float)):  # subclasses: numpy.float64, IntEnum, ...
-        return float(value)
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        item = value.item()
-        if type(item) in (int, float, bool):
-            return float(item)
-    return None
 
 
 class TapLoader:

@@ -1,0 +1,155 @@
+"""The agent's step records: one per training iteration the optimizer hooks see, built the general way from a field
+dict or the steady way straight from the probes' per-iteration state, and now and then the agent's own cost as a fact.
+
+``send_steady_step`` is the hot path of every iteration (docs/architecture.md, "What an iteration costs"): it reads
+the probes' state itself instead of calling them, and ``tests/test_agent_depth.py`` checks both ways send the same.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trainmeter_agent._iterations import AGENT_US_EVERY
+from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
+from trainmeter_agent._outbox import STEADY_STEP
+
+#: The overhead fact goes out at the first timed step, then every OVERHEAD_EVERY steps (a timed one too).
+OVERHEAD_FIRST, OVERHEAD_EVERY = AGENT_US_EVERY, 16 * AGENT_US_EVERY
+
+
+class StepRecords:
+    """The step records' part of ``Agent`` (``_agent.py``), which mixes it in: these methods read and write the agent's
+    state as ``Agent.__init__`` sets it up (its probes, outbox, step owner and the steady step's gates)."""
+
+    def send_step(self, fields: dict) -> None:
+        """A step record from the optimizer hooks, queued after the metrics emitted before it."""
+        if self._step_owner is None:
+            self._step_owner = "hooks"
+            waiting, self._waiting_step = self._waiting_step, None
+            if waiting is not None and waiting[2] is not None:
+                self._pending_tokens = (self._pending_tokens or 0) + waiting[2]
+        elif self._step_owner != "hooks":
+            return  # the loop declares its own steps with emit(step=...): those win over detected ones
+        if self.model is not None and "model" not in self.stopped:
+            try:
+                self.model.end_iteration(fields)
+                if not self.flops.done:
+                    self.flops.end_iteration(fields, self.model)
+            except Exception as exc:
+                self.stop_probe("model", exc)
+        if self.loss is not None and self.loss.on:
+            try:
+                self.loss.end_iteration(fields)  # after the model's: it reads the micro-batch count
+            except Exception as exc:
+                self.stop_probe("loss", exc)
+        if self._pending_tokens is not None:
+            fields["tokens"] = self._pending_tokens
+            fields["tokens_source"] = "emitted"
+            self._pending_tokens = None
+            absent = fields.get("absent")
+            if absent and "tokens" in absent:
+                fields["absent"] = {k: v for k, v in absent.items() if k != "tokens"}
+        if fields.get("tokens") is not None and fields.get("dp") is not None:
+            fields["tokens_global"] = fields["tokens"] * fields["dp"]
+        self._queue_record(self._rec_module().Step(**fields), fields.get("t") or time.monotonic())
+        self._count_overhead(fields)
+
+    def send_steady_step(
+        self, step: int, t: float, step_time_s: float, optimizers: int, agent_us: float | None
+    ) -> bool:
+        """The step record of a steady iteration, the same record ``send_step`` would build, without its field dict.
+
+        Steady (``iterations.steady``, and this iteration's own terms asked here): the hooks own the steps, no emitted
+        tokens wait, no FLOP count ends here and the model probe saw this iteration's forward, its tokens and its dp.
+        Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step`` would add is read from their per-iteration
+        state here, in one function: on a tight loop every call and line of an iteration shows (docs/architecture.md,
+        "What an iteration costs"), and ``tests/test_agent_depth.py`` checks that both ways send the same records.
+        False (nothing changed) sends the iteration down ``send_step``.
+        """
+        model = self._steady_model
+        if model is None:
+            return False
+        try:
+            if (
+                not model.micro_batches
+                or model.tokens_missing
+                or model.profiled
+                or self._pending_tokens is not None
+                or model._profiler_on()
+            ):
+                return False
+        except Exception as exc:
+            self.stop_probe("model", exc)
+            return False
+        micro_batches, tokens, tokens_source = model.micro_batches, model.tokens, model.tokens_source
+        model.micro_batches = 0
+        model.tokens = 0
+        model.tokens_source = None
+        loss_value = loss_t = None
+        outbox = self.outbox
+        if self._loss_on:
+            loss = self._steady_loss
+            try:
+                if (
+                    loss is not None
+                    and loss._calls == micro_batches
+                    and loss._why is None
+                    and not loss._copies
+                    and not loss._pending
+                    and loss._labelled == micro_batches
+                ):
+                    # One CPU value per micro-batch, nothing pending, its label and state already said: the loss
+                    # leaves with the step (LossProbe.end_step would send it at once).
+                    loss_value = sum(loss._entries)
+                    loss._calls = 0  # LossProbe.reset_iteration: why and copies are already None and False
+                    loss._entries = []
+                    loss_t = time.monotonic()  # the item stands for two records (_outbox.records_in)
+                else:
+                    self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
+            except Exception as exc:
+                self.stop_probe("loss", exc)
+        # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.agent_batch).
+        item = (
+            STEADY_STEP,
+            step,
+            t,
+            step_time_s,
+            optimizers,
+            agent_us,
+            micro_batches,
+            tokens,
+            tokens_source,
+            model.dp,
+            loss_value,
+            loss_t,
+            LOSS_ORIGIN,
+        )
+        # Through put, never an append of its own: put appends before it asks whether the window is new, so the flush
+        # timer emptying the deque in between cannot leave an item in a window it never opened (no deadline, no wake).
+        outbox.put(item, t)
+        if agent_us is not None:
+            self._overhead_s += agent_us
+            self._overhead_steps += 1
+            if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:  # timed steps, both
+                self._overhead_fact(step)
+        return True
+
+    def _count_overhead(self, fields: dict) -> None:
+        """Now and then, the agent's own cost per step as a fact (with the drops so far) for the dashboard."""
+        agent_us = fields.get("agent_us")
+        if agent_us is not None and not fields.get("profiled"):
+            # A counted step holds the FLOP counter's one-off cost, not the agent's steady one.
+            self._overhead_s += agent_us
+            self._overhead_steps += 1
+        step = fields["step"]
+        if step == OVERHEAD_FIRST or step % OVERHEAD_EVERY == 0:
+            self._overhead_fact(step)
+
+    def _overhead_fact(self, step: int) -> None:
+        if not self._overhead_steps:
+            return  # no timed iteration since the last one (AGENT_US_EVERY)
+        mean_us = self._overhead_s / self._overhead_steps
+        dropped = getattr(self.producer, "dropped", 0)
+        note = f"mean over {self._overhead_steps} steps up to {step}; records dropped so far: {dropped}"
+        self.fact("agent_overhead_us", mean_us, "steps", unit="us/step", note=note)
+        self._overhead_s, self._overhead_steps = 0.0, 0
