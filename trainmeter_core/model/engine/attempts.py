@@ -15,7 +15,7 @@ import msgspec
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine.state import AttemptState, EngineState, Resume
-from trainmeter_core.model.engine.window import StepSpan
+from trainmeter_core.model.engine.training_window import StepSpan
 
 if TYPE_CHECKING:
     from trainmeter_core.model.engine.builder import SnapshotBuilder

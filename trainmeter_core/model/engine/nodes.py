@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import EngineState, NodeState
@@ -155,9 +155,9 @@ def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> 
         node = state.nodes.get(h)
         lag = marks[h] - first
         if node is not None:
-            node.lag_ema_s = fm.ema(node.lag_ema_s, lag)
+            node.lag_ema_s = formulas.ema(node.lag_ema_s, lag)
         else:
-            state.own_lag_ema_s = fm.ema(state.own_lag_ema_s, lag)
+            state.own_lag_ema_s = formulas.ema(state.own_lag_ema_s, lag)
     del state.step_marks[step]
 
 
