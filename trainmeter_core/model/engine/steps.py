@@ -48,19 +48,12 @@ def take_step(state: EngineState, record: rec.Step, derived: Derived) -> float |
         rank.step_time_ema_s = (
             float(interval) if previous is None else previous + _ALPHA * (interval - previous)
         )
-    if rank_id == 0:
-        _count_on_the_step_clock(state, record, interval, derived)
-    return interval
-
-
-def _count_on_the_step_clock(
-    state: EngineState, record: rec.Step, interval: float | None, derived: Derived
-) -> None:
-    """Rank 0 is the step clock: steps, tokens and the training window are counted on it alone."""
+    if rank_id != 0:
+        return interval
+    # Rank 0 is the step clock: steps, tokens and the training window are counted on it alone.
     if derived.facts_version != state.facts.version:
         derived.refresh()
     tokens = step_tokens(state, record, derived)
-    t = record.t
     profiled = record.profiled
     first = state.first_step_t is None
     first_of_attempt = not state.attempt_stepped
@@ -120,6 +113,7 @@ def _count_on_the_step_clock(
         del marks[:_RECENT_MARKS]  # in one go, now and then: the latest RECENT_MARKS stay
     if state.phase_after_last_s:
         state.phase_after_last_s = {}
+    return interval
 
 
 def step_tokens(state: EngineState, record: rec.Step, derived: Derived) -> int | None:
