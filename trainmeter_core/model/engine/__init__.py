@@ -1,7 +1,6 @@
 """The engine: records in hub order in, a snapshot with every metric of the spec out on each ``tick`` and ``run.end``.
-
-Layers, top to bottom (pyproject.toml's ``engine-layers`` contract): the engine, the snapshot, the metric families,
-the snapshot builder, the values the facts imply (``derived``), the state, the training window."""
+Its layers, top to bottom (pyproject.toml's ``engine-layers``): engine, snapshot, the metric families, attempts and
+nodes, the snapshot builder, derived (what the facts imply), state, training_window."""
 
 from trainmeter_core.model.engine.engine import Engine
 from trainmeter_core.model.engine.snapshot import build_snapshot

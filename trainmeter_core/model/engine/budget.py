@@ -1,8 +1,5 @@
-"""The model's FLOPs: FLOPs per token under every convention and counted, FLOPs spent and required, progress and
-ETA, the declared plan and the projected hours, GPU-hours.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""The model's FLOPs, a metric family: FLOPs per token under every convention and counted, FLOPs spent and required,
+progress and ETA, the declared plan and the projected hours, GPU-hours. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The snapshot builder every metric family writes into: one ``MetricValue`` and its ``Explain`` per key.
-
-Pure: no I/O, no clock. A metric that lacks an input is put absent, naming the input; a number that is not finite is
-never shown (an input far out of range makes it absent with that reason).
-"""
+"""The snapshot builder every metric family writes into: one ``MetricValue`` and its ``Explain`` per key. Pure; it
+never shows a number that is not finite, and a metric that lacks an input is absent, naming the input."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The GPU counters: the utilization ladder (GPU-Util, SM active, tensor active, DRAM active) and OFU, from the latest
-sample while the run lives and over the training window once it has ended, and every GPU's averages over that window.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock. Every number says in its label
-which window it covers (the latest sample or the training window) and OFU also the clock it is scaled to; a number
-that lacks a sample is absent with the reason, and a node without a GPU has no GPU number at all.
-"""
+"""The GPU counters, a metric family: the utilization ladder (GPU-Util, SM, tensor, DRAM active) and OFU, from the
+latest sample while the run lives and over the training window once it has ended. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -16,6 +11,10 @@ from trainmeter_core.model.engine import training_window
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, GpuState
 from trainmeter_core.model.rig import ofu_clock
+
+# Every number says in its label which window it covers (the latest sample or the training window) and OFU also the
+# clock it is scaled to; a number that lacks a sample is absent with the reason, and a node without a GPU has no GPU
+# number at all.
 
 LATEST = "latest sample"
 WINDOW = "training window"

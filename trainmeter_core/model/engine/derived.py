@@ -1,7 +1,6 @@
 """What the facts imply, in one object the engine and every metric family read: the rig, FLOPs per token, tokens per
 step, the data-parallel size, the facts' warnings, and the x values (step, tokens, FLOPs spent) of a history point.
-
-Derived, never state: recomputed from the state's facts only when one changed, so a checkpoint never holds it."""
+Derived, never state: recomputed only when a fact changed, so a checkpoint never holds it."""
 
 from __future__ import annotations
 

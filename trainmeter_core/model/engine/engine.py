@@ -1,8 +1,6 @@
 """The engine: records in hub order in, a snapshot with every metric of the spec out on each ``tick`` and at the
-``run.end``. It holds the state, the values the facts imply and the history, and hands each record to its handler.
-
-Pure and deterministic: no I/O, no clock of its own, no globals; its whole state serialises, so a restored engine fed
-the rest of a log gives the same snapshots."""
+``run.end``; it holds the state, the values the facts imply and the history, and hands each record to its handler.
+Pure and deterministic: no I/O, no clock or globals; a restored engine fed the rest of a log makes the same snapshots."""
 
 from __future__ import annotations
 
@@ -53,7 +51,10 @@ _decoders: list[msgspec.msgpack.Decoder] = []  # the checkpoint's, built at the 
 
 
 class Engine:
-    """Feed it records in hub order; it answers each ``tick`` and the ``run.end`` with a snapshot."""
+    """Feed it records in hub order; it answers each ``tick`` and the ``run.end`` with a snapshot.
+
+    It never shows a zero for an unknown: a metric that lacks an input is absent and names the input, and every FLOPs
+    number carries its convention."""
 
     def __init__(self, state: EngineState | None = None, history: History | None = None) -> None:
         self.state = state if state is not None else EngineState()

@@ -1,8 +1,5 @@
-"""What the alert rules read that no other metric gives: staleness, medians, liveness, loss counts, GPU health, free
-space and memory, the exit; and the host's latest readings.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""What the alert rules read that no other metric gives, a metric family: staleness, medians, liveness, loss counts,
+GPU health, free space and memory, the exit; and the host's latest readings. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """A job of several nodes in the job hub's engine: each node's clock mapped onto the hub's, its state (live, behind,
-lost, ended), the straggler node, and the per-node part of the snapshot.
-
-Pure: no I/O, no clock. Time is the hub's: a node's record is moved onto it by the latest ``clock`` record for its host
-before any handler reads it. A single-node run never sees a ``node`` or ``clock`` record, and nothing here changes it.
-"""
+lost, ended), the straggler node, and the per-node part of the snapshot. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -18,6 +14,9 @@ from trainmeter_core.model.engine.state import EngineState, NodeState
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+# Time is the hub's: a node's record is moved onto it by the latest ``clock`` record for its host before any handler
+# reads it. A single-node run never sees a ``node`` or ``clock`` record, and nothing here changes it.
 
 # Times a record carries besides its header's ``t``, all on its own host's clock, so moved with it.
 _TIME_FIELDS: dict[type, tuple[str, ...]] = {

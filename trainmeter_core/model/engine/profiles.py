@@ -1,9 +1,5 @@
-"""Imported profiles: the engine keeps each rank's traces and profiled steps, and shows the latest trace of each rank
-with what it achieved (FLOP/s and MFU in the profiled window), the spread between ranks and the likely straggler.
-
-Pure: a family of the snapshot (and the one handler of ``profile.import``); no I/O, no clock. A number a profile
-cannot give (no FLOPs, no device peak) is absent with the reason, never a zero.
-"""
+"""Imported profiles, a metric family: each rank's latest trace with what it achieved (FLOP/s and MFU in the profiled
+window), the spread between ranks and the likely straggler; and the handler of ``profile.import``. Pure."""
 
 from __future__ import annotations
 
@@ -15,6 +11,8 @@ from trainmeter_core.model.engine.state import ProfileState
 
 if TYPE_CHECKING:
     from trainmeter_core.model.rig import RigDevice
+
+# A number a profile cannot give (no FLOPs, no device peak) is absent with the reason, never a zero.
 
 #: Traces kept (the oldest go first) and profiled steps kept per trace: a run imports a handful of each.
 MAX_TRACES = 256

@@ -1,8 +1,5 @@
 """The samplers' records into the engine's state: a GPU's latest readings, energy, OFU and health, and every counter
-over the training window (a GPU's and the host's).
-
-Pure: no I/O, no clock; the engine (``feed``) calls these with its state, in hub order.
-"""
+over the training window (a GPU's and the host's). Pure: no I/O, no clock; the engine calls these in hub order."""
 
 from __future__ import annotations
 

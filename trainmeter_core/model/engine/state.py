@@ -1,7 +1,5 @@
 """What the engine knows between records: the step clock, the ranks, the GPUs, the time split, the loop's series.
-
-Pure data (msgspec Structs, so a checkpoint is one encode); no logic beyond defaults. The engine changes it, the metric
-families read it."""
+Pure data (msgspec Structs, so a checkpoint is one encode); the engine changes it, the metric families read it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The ``step`` records into the engine's state: each rank's step time and its host's training window, and on rank 0
-the step clock: steps, tokens, the training window's sums, the alert inputs' latest steps and the marks a resume reads.
-
+the step clock (steps, tokens, the training window's sums, the alert inputs' latest steps, the marks a resume reads).
 Pure: no I/O, no clock. The engine's hottest path: every EMA and window is inlined here, not called."""
 
 from __future__ import annotations
@@ -20,7 +19,9 @@ _MARKS_KEPT_MAX, _RECENT_MARKS = attempts.MARKS_KEPT_MAX, attempts.RECENT_MARKS
 
 
 def take_step(state: EngineState, record: rec.Step, derived: Derived) -> float | None:
-    """One step of any rank into the state; returns its interval for the history, None where it measures nothing."""
+    """One step of any rank into the state; returns its interval for the history, None where it measures nothing.
+
+    One function, the rank-0 clock a block of it: a call of its own would cost every step 0.06 µs (3%)."""
     rank_id = record.rank or 0
     rank = state.ranks.get(rank_id)
     if rank is None:

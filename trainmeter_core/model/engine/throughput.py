@@ -1,7 +1,5 @@
-"""Throughput: rank 0's step time and tokens/s (EMAs), tokens seen, and the spread of step times over ranks.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""Throughput, a metric family: rank 0's step time and tokens/s (EMAs), tokens seen, and the spread of step times over
+ranks. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Where the run's time went: startup and compile, data wait, checkpoints, eval, profiler, compute; and goodput.
-
-Pure, no I/O, no clock: the phases into the engine's state (``take_phase``, called by the engine's feed), and the
-split as a family of the snapshot, written into a ``SnapshotBuilder``.
-"""
+"""Where the run's time went: startup and compile, data wait, checkpoints, eval, profiler, compute; and goodput. Pure:
+the phases into the engine's state (``take_phase``), and the split as a metric family."""
 
 from __future__ import annotations
 

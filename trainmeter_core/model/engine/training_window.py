@@ -1,14 +1,13 @@
 """Averages over the training window: each sample weighted by how long its own measurement window overlaps the span
-from the first step to the latest step taken on the sample's host.
-
-Pure: no I/O, no clock. The window's end moves with every step, so a sample reaching past the latest step waits in a
-short pending list and counts up to wherever the window ends; once a later step passes it, it is settled. Steps cost
-nothing here (only the host's span moves); the work happens when a sample arrives and when a snapshot reads an average.
-"""
+from the first step to the latest step taken on the sample's host. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
 import msgspec
+
+# The window's end moves with every step, so a sample reaching past the latest step waits in a short pending list and
+# counts up to wherever the window ends; once a later step passes it, it is settled. Steps cost nothing here (only the
+# host's span moves); the work happens when a sample arrives and when a snapshot reads an average.
 
 __all__ = [
     "MAX_PENDING",

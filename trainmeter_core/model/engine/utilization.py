@@ -1,8 +1,5 @@
-"""Utilization: MFU (EMA and training-window average), and what pairs it with the counters: the MFU-OFU gap, observed
-FLOPs, arithmetic intensity; and energy. The counters themselves are ``counters``.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""Utilization, a metric family: MFU (EMA and training-window average), and what pairs it with the counters (the
+MFU-OFU gap, observed FLOPs, arithmetic intensity); and energy. The counters themselves are ``counters``. Pure."""
 
 from __future__ import annotations
 
