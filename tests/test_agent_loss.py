@@ -14,7 +14,7 @@ from test_agent import kinds, tm_lines
 from test_agent_depth import _same_run, facts
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine.feed import Engine
+from trainmeter_core.model.engine import Engine
 from trainmeter_core.runlog.reader import read_log
 
 heavy = pytest.mark.xdist_group("heavy")

@@ -10,8 +10,7 @@ import pytest
 from test_engine import Run, feed
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine import Engine
-from trainmeter_core.model.engine import window as win
+from trainmeter_core.model.engine import Engine, training_window
 
 
 def sample(t, window_s, **readings):
@@ -176,15 +175,15 @@ def test_gpu_hours_count_the_runs_gpus_only():
 
 
 def test_a_window_keeps_few_pending_samples_and_stays_exact_when_the_steps_resume_past_them():
-    sums: dict[str, win.WindowSum] = {}
-    spans: dict[str, win.StepSpan] = {}
-    win.extend_span(spans, "n1", 0.0)
+    sums: dict[str, training_window.WindowSum] = {}
+    spans: dict[str, training_window.StepSpan] = {}
+    training_window.extend_span(spans, "n1", 0.0)
     # 30 one-second samples while no step comes (a long eval), then a step at 30 s: the window is [0, 30]
     for i in range(30):
-        win.add_sample(sums, "x", float(i), float(i + 1), float(i % 3), spans["n1"])
-        assert len(sums["x"].pending) <= win.MAX_PENDING
-    win.extend_span(spans, "n1", 30.0)
-    mean, covered = win.average(sums["x"], spans["n1"])
+        training_window.add_sample(sums, "x", float(i), float(i + 1), float(i % 3), spans["n1"])
+        assert len(sums["x"].pending) <= training_window.MAX_PENDING
+    training_window.extend_span(spans, "n1", 30.0)
+    mean, covered = training_window.average(sums["x"], spans["n1"])
     # values 0, 1, 2 repeated ten times: mean 1.0 over 30 s
     assert (mean, covered) == (pytest.approx(1.0, rel=1e-12), pytest.approx(30.0))
 
@@ -194,9 +193,9 @@ def test_a_sample_settled_on_the_spot_adds_what_the_pending_way_adds_pauses_and_
     it must leave the window exactly as the general way (queue it, then ``_settle``), across a resume's pause too."""
     rng = random.Random(16)
     for gaps in ([], [(12.0, 15.5)], [(3.0, 4.0), (20.0, 26.0)]):
-        span = win.StepSpan(first_t=2.0, last_t=2.0, gaps=list(gaps))
-        fast: dict[str, win.WindowSum] = {}
-        general: dict[str, win.WindowSum] = {}
+        span = training_window.StepSpan(first_t=2.0, last_t=2.0, gaps=list(gaps))
+        fast: dict[str, training_window.WindowSum] = {}
+        general: dict[str, training_window.WindowSum] = {}
         on_the_spot = 0
         for i in range(300):
             span.last_t = 2.0 + i * 0.2  # the steps go on
@@ -205,11 +204,11 @@ def test_a_sample_settled_on_the_spot_adds_what_the_pending_way_adds_pauses_and_
             start = end - rng.choice((0.0, 0.1, 0.5, 2.0))
             value = rng.uniform(0.0, 1.0)
             on_the_spot += start < end <= span.last_t and not (fast and fast["x"].pending)
-            win.add_sample(fast, "x", start, end, value, span)
+            training_window.add_sample(fast, "x", start, end, value, span)
             if start < end:  # the general way, as add_sample took it before it settled samples on the spot
-                window = general.setdefault("x", win.WindowSum())
-                window.pending.append(win.Pending(start, end, value))
-                win._settle(window, span)
+                window = general.setdefault("x", training_window.WindowSum())
+                window.pending.append(training_window.Pending(start, end, value))
+                training_window.settle(window, span)
         assert on_the_spot > 100  # the way under test is the one taken
         assert fast["x"].weighted == general["x"].weighted
         assert fast["x"].covered_s == general["x"].covered_s

@@ -32,6 +32,11 @@ PLANTS = {
         "import trainmeter_core.bus.hub",
         "trainmeter_core.runlog.recorder -> trainmeter_core.bus.hub",
     ),
+    "engine-layers": (
+        "trainmeter_core/model/engine/builder.py",
+        "from trainmeter_core.model.engine.engine import Engine",
+        "trainmeter_core.model.engine.builder -> trainmeter_core.model.engine.engine",
+    ),
     "core-alone": (
         "trainmeter_core/commands/runs.py",
         "import trainmeter_web",

@@ -37,7 +37,7 @@ LOG = os.environ.get("TM_TEST_ENGINE_LOG")
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "trainmeter_core.model.engine.feed":
+        if name != "trainmeter_core.model.engine.engine":
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         real_exec = spec.loader.exec_module

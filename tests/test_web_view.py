@@ -118,17 +118,14 @@ while not os.path.exists(sys.argv[1]):
 def test_a_live_run_is_followed_with_the_engines_numbers_and_no_engine_of_its_own(
     tm_env, tmp_path, capsys, monkeypatch
 ):
-    from trainmeter_core.model.engine import feed as engine_feed
     from trainmeter_web.follow import replayed_dashboard
 
     script, stop = tmp_path / "loop.py", tmp_path / "stop"
     script.write_text(LOOP)
     proc = subprocess.Popen([TM, "--no-web", str(script), str(stop)], env=tm_env, stderr=subprocess.DEVNULL)
     made = []
-    init = engine_feed.Engine.__init__
-    monkeypatch.setattr(
-        engine_feed.Engine, "__init__", lambda self, *a, **kw: made.append(1) or init(self, *a, **kw)
-    )
+    init = Engine.__init__
+    monkeypatch.setattr(Engine, "__init__", lambda self, *a, **kw: made.append(1) or init(self, *a, **kw))
     try:
         runs = tmp_path / "runs"
         run_dir = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run")

@@ -1,11 +1,5 @@
-"""A resumed run in the engine: each ``run.start`` after the first opens an attempt of the same run, on one timeline.
-
-Pure: no I/O, no clock. The gap between attempts is counted as downtime, the time from the last step before it to the
-first step after it as restarting, and the steps an attempt does again (it resumed from a checkpoint older than the
-last step the run had reached) are superseded: taken out of the steps, tokens and FLOPs the run reached, and their time
-counted as lost. Step numbers are the training's own (the agent reads the restored optimizer's step, or the loop says
-it with ``emit(step=...)``); they are never renumbered here.
-"""
+"""A resumed run in the engine: each ``run.start`` after the first opens an attempt of the same run, on one timeline;
+the gap between attempts is downtime, and the steps an attempt does again are superseded. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -15,13 +9,19 @@ import msgspec
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine.state import AttemptState, EngineState, Resume
-from trainmeter_core.model.engine.window import StepSpan
+from trainmeter_core.model.engine.training_window import StepSpan
 
 if TYPE_CHECKING:
     from trainmeter_core.model.engine.builder import SnapshotBuilder
 
+# The gap between attempts is counted as downtime, the time from the last step before it to the first step after it
+# as restarting, and the steps an attempt does again (it resumed from a checkpoint older than the last step the run had
+# reached) are superseded: taken out of the steps, tokens and FLOPs the run reached, and their time counted as lost.
+# Step numbers are the training's own (the agent reads the restored optimizer's step, or the loop says it with
+# ``emit(step=...)``); they are never renumbered here.
+
 #: Rank 0's latest steps kept as marks a resume can rewind to exactly (a checkpoint the agent did not see). The
-#: engine appends one at each step (in feed.py, its hottest path) and drops the oldest RECENT_MARKS at a time.
+#: engine appends one at each step (in steps.py, its hottest path) and drops the oldest RECENT_MARKS at a time.
 RECENT_MARKS = 256
 MARKS_KEPT_MAX = 2 * RECENT_MARKS
 #: Checkpoints (rank 0's checkpoint phases) kept as marks: a resume nearly always goes back to one of these.

@@ -1,32 +1,17 @@
-"""The model's FLOPs: FLOPs per token under every convention and counted, FLOPs spent and required, progress and
-ETA, the declared plan and the projected hours, GPU-hours.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""The model's FLOPs, a metric family: FLOPs per token under every convention and counted, FLOPs spent and required,
+progress and ETA, the declared plan and the projected hours, GPU-hours. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model.engine.builder import (
-    EI as _EI,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_BUDGET as _NO_BUDGET,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_STEP as _NO_STEP,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_TOKENS as _NO_TOKENS,
-)
-from trainmeter_core.model.engine.builder import (
+    EI,
+    NO_BUDGET,
+    NO_STEP,
+    NO_TOKENS,
     SnapshotBuilder,
-)
-from trainmeter_core.model.engine.builder import (
-    fact_source as _fact_source,
-)
-from trainmeter_core.model.engine.builder import (
-    positive as _positive,
+    fact_source,
+    positive,
 )
 from trainmeter_core.model.facts import number, whole
 from trainmeter_core.model.flops import CONVENTIONS
@@ -36,7 +21,7 @@ _GPU_KINDS = ("cuda", "mps", "xpu")
 
 
 def flop_per_token(snap: SnapshotBuilder) -> None:
-    flops = snap.flops
+    flops = snap.derived.flops
     shape_inputs = {k: v for k, v in flops.inputs.items() if k not in ("convention", "flop_per_token")}
     for name, value in flops.per_convention.items():
         formula = CONVENTIONS[name].formula
@@ -64,8 +49,8 @@ def flop_per_token(snap: SnapshotBuilder) -> None:
     if conv is None:
         formula = "the range over the four conventions"
     snap.put_scaled("flop_per_token", formula, 1.0, "FLOP/token", inputs=dict(flops.inputs))
-    if snap.flops.note:
-        snap.explain["flop_per_token"].note = snap.flops.note
+    if snap.derived.flops.note:
+        snap.explain["flop_per_token"].note = snap.derived.flops.note
 
 
 def _counted(snap: SnapshotBuilder) -> None:
@@ -77,7 +62,7 @@ def _counted(snap: SnapshotBuilder) -> None:
     common = {"unit": "FLOP/token", "convention": "counted"}
     note = "shown beside MFU, never in place of a named convention"
     if counted is not None and counted_value is not None:
-        inputs = {"counted": _EI(value=counted_value, unit="FLOP/token", source=_fact_source(counted))}
+        inputs = {"counted": EI(value=counted_value, unit="FLOP/token", source=fact_source(counted))}
         snap.put(
             "flop_per_token.counted",
             formula,
@@ -103,9 +88,9 @@ def _counted(snap: SnapshotBuilder) -> None:
             return
         value = step_flop * dp / tokens
         inputs = {
-            "counted_step_flop": _EI(value=step_flop, unit="FLOP", source=_fact_source(step)),
-            "tokens_per_step": _EI(value=tokens, unit="tokens", source=state.last_tokens_source),
-            "dp": _EI(value=dp, source=_fact_source(facts.get("dp")) or "one rank"),
+            "counted_step_flop": EI(value=step_flop, unit="FLOP", source=fact_source(step)),
+            "tokens_per_step": EI(value=tokens, unit="tokens", source=state.last_tokens_source),
+            "dp": EI(value=dp, source=fact_source(facts.get("dp")) or "one rank"),
         }
         formula = "FLOPs counted in one step of rank 0 × dp / tokens per step"
         snap.put(
@@ -135,20 +120,20 @@ def budget(snap: SnapshotBuilder) -> None:
             "FLOPs per token × tokens seen",
             float(state.tokens_seen),
             "FLOP",
-            inputs={"tokens": _EI(value=state.tokens_seen, unit="tokens")},
+            inputs={"tokens": EI(value=state.tokens_seen, unit="tokens")},
         )
     else:
         snap.put(
             "spent_flop",
             "FLOPs per token × tokens seen",
-            absent=_NO_TOKENS if state.steps else _NO_STEP,
+            absent=NO_TOKENS if state.steps else NO_STEP,
             unit="FLOP",
         )
-    budget_tokens = _positive(facts.value("budget_tokens"))
-    budget_steps = _positive(facts.value("budget_steps"))
-    budget_flop = _positive(facts.value("budget_flop"))
+    budget_tokens = positive(facts.value("budget_tokens"))
+    budget_steps = positive(facts.value("budget_steps"))
+    budget_flop = positive(facts.value("budget_flop"))
     budget_inputs = {
-        name: _EI(value=facts.value(name), source=_fact_source(facts.get(name)))
+        name: EI(value=facts.value(name), source=fact_source(facts.get(name)))
         for name in ("budget_tokens", "budget_steps", "budget_flop")
         if facts.get(name) is not None
     }
@@ -166,40 +151,40 @@ def budget(snap: SnapshotBuilder) -> None:
             "the declared FLOPs budget",
             value=budget_flop,
             unit="FLOP",
-            convention=snap.flops.convention or "declared",
+            convention=snap.derived.flops.convention or "declared",
             label="declared",
             inputs=budget_inputs,
         )
     else:
-        snap.put("required_flop", "FLOPs per token × token budget", absent=_NO_BUDGET, unit="FLOP")
+        snap.put("required_flop", "FLOPs per token × token budget", absent=NO_BUDGET, unit="FLOP")
     progress = eta = None
-    absent = _NO_BUDGET
+    absent = NO_BUDGET
     eta_absent = snap.tps_absent  # what the ETA lacks once progress is known
     if budget_tokens:
         formula = "tokens seen / token budget; ETA = remaining tokens / tokens per s"
         if tokens_known:
-            progress = fm.progress(state.tokens_seen, budget_tokens)
+            progress = formulas.progress(state.tokens_seen, budget_tokens)
             if snap.tps:
-                eta = fm.eta_s(budget_tokens - state.tokens_seen, snap.tps)
-        absent = _NO_TOKENS if state.steps else _NO_STEP
+                eta = formulas.eta_s(budget_tokens - state.tokens_seen, snap.tps)
+        absent = NO_TOKENS if state.steps else NO_STEP
     elif budget_steps:
         formula = "steps / step budget; ETA = remaining steps × step time"
-        progress = fm.progress(state.steps, budget_steps)
+        progress = formulas.progress(state.steps, budget_steps)
         step_time = state.ranks[0].step_time_ema_s if 0 in state.ranks else None
         if step_time:
-            eta = fm.eta_s(budget_steps - state.steps, 1.0 / step_time)
-        absent = _NO_STEP
+            eta = formulas.eta_s(budget_steps - state.steps, 1.0 / step_time)
+        absent = NO_STEP
         eta_absent = "one step so far: a step time needs two"
     elif budget_flop:
         formula = "FLOPs spent / FLOPs budget; ETA = remaining FLOPs / (FLOPs per token × tokens per s)"
-        fpt = snap.flops.value
+        fpt = snap.derived.flops.value
         if fpt is not None and tokens_known:
-            progress = fm.progress(fpt * state.tokens_seen, budget_flop)
+            progress = formulas.progress(fpt * state.tokens_seen, budget_flop)
             if snap.tps:
-                eta = fm.eta_s(budget_flop - fpt * state.tokens_seen, fpt * snap.tps)
-        absent = snap.flops.absent or "a FLOPs budget needs one FLOPs per token: pass --convention"
+                eta = formulas.eta_s(budget_flop - fpt * state.tokens_seen, fpt * snap.tps)
+        absent = snap.derived.flops.absent or "a FLOPs budget needs one FLOPs per token: pass --convention"
         if fpt is not None:
-            absent = _NO_TOKENS if state.steps else _NO_STEP
+            absent = NO_TOKENS if state.steps else NO_STEP
     else:
         formula = "tokens seen / token budget; ETA = remaining tokens / tokens per s"
     if progress is not None:
@@ -226,18 +211,18 @@ def plan(snap: SnapshotBuilder) -> None:
                 value=value,
                 unit=unit,
                 label="declared",
-                inputs={name: _EI(value=value, source=_fact_source(facts.get(name)))},
+                inputs={name: EI(value=value, source=fact_source(facts.get(name)))},
             )
     formula = "(elapsed + ETA) / 3600"
     if snap.eta_s is not None and snap.elapsed_s is not None:
         snap.put(
             "projected_hours",
             formula,
-            value=fm.projected_hours(snap.elapsed_s, snap.eta_s),
+            value=formulas.projected_hours(snap.elapsed_s, snap.eta_s),
             unit="h",
             inputs={
-                "elapsed_s": _EI(value=snap.elapsed_s, unit="s"),
-                "eta_s": _EI(value=snap.eta_s, unit="s"),
+                "elapsed_s": EI(value=snap.elapsed_s, unit="s"),
+                "eta_s": EI(value=snap.eta_s, unit="s"),
             },
         )
     else:
@@ -248,11 +233,11 @@ def plan(snap: SnapshotBuilder) -> None:
             unit="h",
         )
     formula = "elapsed × the run's GPUs / 3600"
-    gpus = [d for d in snap.rig.devices if d.kind in _GPU_KINDS]
-    if snap.rig.absent or snap.elapsed_s is None or not gpus:
+    gpus = [d for d in snap.derived.rig.devices if d.kind in _GPU_KINDS]
+    if snap.derived.rig.absent or snap.elapsed_s is None or not gpus:
         # A CPU run spends no GPU-hours: that is unknown-as-absent, not a count of 0 GPUs.
-        kinds = ", ".join(sorted({d.kind for d in snap.rig.devices}))
-        why = snap.rig.absent or (
+        kinds = ", ".join(sorted({d.kind for d in snap.derived.rig.devices}))
+        why = snap.derived.rig.absent or (
             "no elapsed time yet"
             if snap.elapsed_s is None
             else f"the run computes on no GPU (its devices: {kinds})"
@@ -263,7 +248,7 @@ def plan(snap: SnapshotBuilder) -> None:
         snap.put(
             "gpu_hours",
             formula,
-            value=fm.gpu_hours(snap.elapsed_s, n),
+            value=formulas.gpu_hours(snap.elapsed_s, n),
             unit="h",
-            inputs={"n_devices": _EI(value=n, source="device facts of the ranks' GPUs")},
+            inputs={"n_devices": EI(value=n, source="device facts of the ranks' GPUs")},
         )

@@ -1,8 +1,5 @@
-"""The snapshot builder every metric family writes into: one ``MetricValue`` and its ``Explain`` per key.
-
-Pure: no I/O, no clock. A metric that lacks an input is put absent, naming the input; a number that is not finite is
-never shown (an input far out of range makes it absent with that reason).
-"""
+"""The snapshot builder every metric family writes into: one ``MetricValue`` and its ``Explain`` per key. Pure; it
+never shows a number that is not finite, and a metric that lacks an input is absent, naming the input."""
 
 from __future__ import annotations
 
@@ -13,7 +10,8 @@ from trainmeter_core.model import records as rec
 from trainmeter_core.model.facts import number
 
 if TYPE_CHECKING:
-    from trainmeter_core.model.engine.feed import Engine
+    from trainmeter_core.model.engine.derived import Derived
+    from trainmeter_core.model.engine.state import EngineState
 
 NO_STEP = "no training step yet"
 NO_TOKENS = "tokens per step unknown: pass --tokens-per-step"
@@ -24,14 +22,15 @@ EI = rec.ExplainInput
 class SnapshotBuilder:
     """Builds one snapshot: every metric a MetricValue with its Explain, or absent naming the missing input.
 
-    The metric families (one module each) fill it in order; what a later family needs of an earlier one (tokens/s,
-    MFU, ETA, elapsed time) is kept here as attributes.
+    The metric families (one module each) fill it in order; they read the engine's ``state`` and ``derived``, what
+    the facts imply (the rig, FLOPs per token, ...). What a later family needs of an earlier one (tokens/s, MFU, ETA,
+    elapsed time) is kept here as attributes.
     """
 
-    def __init__(self, engine: Engine, final: bool, lean: bool = False) -> None:
+    def __init__(self, state: EngineState, derived: Derived, final: bool, lean: bool = False) -> None:
         self.lean = lean
-        self.state = engine.state
-        self.rig, self.flops = engine.derived()
+        self.state = state
+        self.derived = derived.refresh()
         self.final = final
         self.metrics: dict[str, rec.MetricValue] = {}
         self.explain: dict[str, rec.Explain] = {}
@@ -68,7 +67,8 @@ class SnapshotBuilder:
             self.explain[key] = rec.Explain(formula=formula, inputs=inputs or {}, note=note)
 
     def fpt_ends(self) -> tuple[float, float] | None:
-        flops = self.flops
+        """FLOPs per token: (value, value) under a convention, (low, high) over the conventions, or None."""
+        flops = self.derived.flops
         if flops.value is not None:
             return flops.value, flops.value
         if flops.low is not None and flops.high is not None:
@@ -78,9 +78,10 @@ class SnapshotBuilder:
     def put_scaled(self, key: str, formula: str, factor: float, unit: str, **extra: Any) -> None:
         """FLOPs per token × ``factor``: one value under a convention, else a range over the conventions."""
         ends = self.fpt_ends()
-        conv = self.flops.convention
+        flops = self.derived.flops
+        conv = flops.convention
         if ends is None:
-            self.put(key, formula, absent=self.flops.absent, unit=unit, **extra)
+            self.put(key, formula, absent=flops.absent, unit=unit, **extra)
         elif conv is not None:
             self.put(key, formula, value=ends[0] * factor, unit=unit, convention=conv, **extra)
         else:

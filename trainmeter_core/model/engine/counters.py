@@ -1,22 +1,20 @@
-"""The GPU counters: the utilization ladder (GPU-Util, SM active, tensor active, DRAM active) and OFU, from the latest
-sample while the run lives and over the training window once it has ended, and every GPU's averages over that window.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock. Every number says in its label
-which window it covers (the latest sample or the training window) and OFU also the clock it is scaled to; a number
-that lacks a sample is absent with the reason, and a node without a GPU has no GPU number at all.
-"""
+"""The GPU counters, a metric family: the utilization ladder (GPU-Util, SM, tensor, DRAM active) and OFU, from the
+latest sample while the run lives and over the training window once it has ended. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine import window as win
-from trainmeter_core.model.engine.builder import EI as _EI
-from trainmeter_core.model.engine.builder import SnapshotBuilder
+from trainmeter_core.model.engine import training_window
+from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, GpuState
 from trainmeter_core.model.rig import ofu_clock
+
+# Every number says in its label which window it covers (the latest sample or the training window) and OFU also the
+# clock it is scaled to; a number that lacks a sample is absent with the reason, and a node without a GPU has no GPU
+# number at all.
 
 LATEST = "latest sample"
 WINDOW = "training window"
@@ -45,7 +43,7 @@ class _Window:
 
 def counter_gpus(snap: SnapshotBuilder) -> tuple[list[str], str | None]:
     """The sampled GPUs counter metrics average over, or none and why."""
-    rig = snap.rig
+    rig = snap.derived.rig
     state = snap.state
     if rig.absent:
         if not state.gpus:
@@ -70,7 +68,7 @@ def counters(snap: SnapshotBuilder) -> tuple[list[str], str | None, list[GpuStat
     keys, why = counter_gpus(snap)
     scope = (
         "the GPUs the ranks reported"
-        if not snap.rig.absent
+        if not snap.derived.rig.absent
         else "every sampled GPU (no rank reported its device)"
     )
     latest: list[GpuState] = []
@@ -130,7 +128,7 @@ def _window(snap: SnapshotBuilder, gpu: GpuState, name: str) -> _Window:
         return _Window(
             None, 0.0, None, None, f"no training step on {gpu.host} yet: its training window is not open"
         )
-    result = win.average(gpu.window.get(name), span)
+    result = training_window.average(gpu.window.get(name), span)
     if result is None:
         reason = gpu.absent.get("tensor_active" if name == "ofu" else name)
         if name == "ofu" and reason is None:
@@ -161,12 +159,12 @@ def _ladder_latest(
         if put:
             snap.put(name, formula, absent=reason, label=label)
         return None
-    mean = fm.mean(values)
+    mean = formulas.mean(values)
     if put:
         starts = [gpu.util_start_t if name == "util_gpu" else gpu.gpm_start_t for gpu in gpus]
         bounds = _bounds([s for s in starts if s is not None], [gpu.t for gpu in gpus if gpu.t is not None])
         # Per-GPU values are the dashboard's GPUs part (history); the explain says what was averaged.
-        inputs = {"gpus": _EI(value=len(values), source=", ".join(_key(g) for g in gpus))}
+        inputs = {"gpus": EI(value=len(values), source=", ".join(_key(g) for g in gpus))}
         note = _UTIL_NOTE if name == "util_gpu" else None
         snap.put(name, formula, value=mean, label=label, inputs=inputs, note=note, **bounds)
     return mean
@@ -188,7 +186,7 @@ def _ofu_bases(
     bases = {}
     for gpu in gpus:
         key = _key(gpu)
-        basis, reason = ofu_clock(snap.rig.sampled.get(key), gpu.clock_sm_max_mhz)
+        basis, reason = ofu_clock(snap.derived.rig.sampled.get(key), gpu.clock_sm_max_mhz)
         if basis is None:
             bases[key] = (gpu.ofu_label, gpu.ofu_basis, reason)
         else:
@@ -216,7 +214,7 @@ def _ofu_latest(
     inputs: dict[str, rec.ExplainInput] = {}
     for gpu in gpus if reason is None else []:
         key = _key(gpu)
-        basis, _ = ofu_clock(snap.rig.sampled.get(key), gpu.clock_sm_max_mhz)
+        basis, _ = ofu_clock(snap.derived.rig.sampled.get(key), gpu.clock_sm_max_mhz)
         if gpu.tensor_active is None:
             reason = gpu.absent.get("tensor_active") or f"no tensor-pipe counter (GPM) from {key}"
         elif gpu.clock_sm_mhz is None:
@@ -226,16 +224,16 @@ def _ofu_latest(
         if reason is not None:
             break
         assert basis is not None and gpu.clock_sm_mhz is not None
-        ofus.append(fm.ofu(gpu.tensor_active, gpu.clock_sm_mhz, basis.mhz))
-        inputs[key] = _EI(value=ofus[-1], source="sample.gpu")
-        inputs[f"{key} tensor_active"] = _EI(value=gpu.tensor_active, source="sample.gpu (GPM)")
-        inputs[f"{key} clock_sm_mhz"] = _EI(value=gpu.clock_sm_mhz, unit="MHz", source="sample.gpu")
-        inputs[f"{key} clock_basis_mhz"] = _EI(value=basis.mhz, unit="MHz", source=basis.basis)
+        ofus.append(formulas.ofu(gpu.tensor_active, gpu.clock_sm_mhz, basis.mhz))
+        inputs[key] = EI(value=ofus[-1], source="sample.gpu")
+        inputs[f"{key} tensor_active"] = EI(value=gpu.tensor_active, source="sample.gpu (GPM)")
+        inputs[f"{key} clock_sm_mhz"] = EI(value=gpu.clock_sm_mhz, unit="MHz", source="sample.gpu")
+        inputs[f"{key} clock_basis_mhz"] = EI(value=basis.mhz, unit="MHz", source=basis.basis)
     if reason is not None or not ofus:
         if put:
             snap.put("ofu", formula, absent=reason or "no GPU sample yet", label=_label(LATEST))
         return None
-    ofu = fm.mean(ofus)
+    ofu = formulas.mean(ofus)
     if put:
         bounds = _bounds(
             [g.gpm_start_t for g in gpus if g.gpm_start_t is not None], [g.t for g in gpus if g.t is not None]
@@ -284,11 +282,11 @@ def _put_window_mean(
         values.append(window.value)
         starts.append(window.start_t)
         ends.append(window.end_t)
-        inputs[key_of_gpu] = _EI(value=window.value, unit=unit, source=f"{window.covered_s:.6g} s of samples")
+        inputs[key_of_gpu] = EI(value=window.value, unit=unit, source=f"{window.covered_s:.6g} s of samples")
     if reason is not None or not values:
         snap.put(key, formula, absent=reason or "no GPU sample yet", unit=unit, label=label)
         return None
-    mean = fm.mean(values)
+    mean = formulas.mean(values)
     note = _UTIL_NOTE if name == "util_gpu" else None
     if name == "ofu" and bases is not None:
         explained = sorted({text for k, (_, text, _) in bases.items() if text and k in inputs})
@@ -323,7 +321,7 @@ def _put_gpu_window(
             reason = basis[2]
         snap.put(f"{name}_avg.{key}", formula, absent=reason or "no sample yet", unit=unit, label=label)
         return
-    inputs = {"covered_s": _EI(value=window.covered_s, unit="s", source="samples overlapping the window")}
+    inputs = {"covered_s": EI(value=window.covered_s, unit="s", source="samples overlapping the window")}
     snap.put(
         f"{name}_avg.{key}",
         formula,

@@ -1,35 +1,21 @@
-"""What the alert rules read that no other metric gives: staleness, medians, liveness, loss counts, GPU health, free
-space and memory, the exit; and the host's latest readings.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""What the alert rules read that no other metric gives, a metric family: staleness, medians, liveness, loss counts,
+GPU health, free space and memory, the exit; and the host's latest readings. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine import attempts, window
-from trainmeter_core.model.engine.builder import (
-    EI as _EI,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_STEP as _NO_STEP,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_TOKENS as _NO_TOKENS,
-)
-from trainmeter_core.model.engine.builder import (
-    SnapshotBuilder,
-)
-from trainmeter_core.model.engine.state import (
-    _POWER_REASONS,
-    _STALE_GPU_S,
-    _THERMAL_REASONS,
-    STEP_WINDOW,
-    GpuState,
-)
+from trainmeter_core.model.engine import attempts, training_window
+from trainmeter_core.model.engine.builder import EI, NO_STEP, NO_TOKENS, SnapshotBuilder
+from trainmeter_core.model.engine.state import STEP_WINDOW, GpuState
 from trainmeter_core.model.platform_adapters import GPU_LOST
 
+# The clock event reasons that mean power or heat (nvml.h: hw_slowdown is either, so it counts as both).
+_POWER_REASONS = ("sw_power_cap", "hw_power_brake", "hw_slowdown")
+_THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
+# A GPU whose latest sample is older than this is no longer watched (the sampler narrowed its selection to the run's
+# GPUs): its health is absent rather than frozen at its last reading.
+_STALE_GPU_S = 30.0
 _LATEST = "latest sample"
 _WINDOW = "training window"
 _WINDOW_FORMULA = (
@@ -59,7 +45,7 @@ def host(snap: SnapshotBuilder) -> None:
     )
     for key, unit, sample, field, scope in rows:
         span = state.step_spans.get(sample.host) if sample is not None else None
-        averaged = window.average(state.host_window.get(key), span)
+        averaged = training_window.average(state.host_window.get(key), span)
         formula = f"{field} of {scope} over the training window: {_WINDOW_FORMULA}"
         if span is None:
             why = "no training step yet: the training window is not open"
@@ -70,7 +56,7 @@ def host(snap: SnapshotBuilder) -> None:
             ) or "no sample covers the window yet"
             snap.put(f"{key}_avg", formula, absent=why, unit=unit, label=_WINDOW)
         else:
-            inputs = {"covered_s": _EI(value=averaged[1], unit="s", source="samples overlapping the window")}
+            inputs = {"covered_s": EI(value=averaged[1], unit="s", source="samples overlapping the window")}
             bounds = {"window_start_t": span.first_t, "window_end_t": span.last_t}
             snap.put(
                 f"{key}_avg", formula, value=averaged[0], unit=unit, label=_WINDOW, inputs=inputs, **bounds
@@ -140,7 +126,7 @@ def put_steps(snap: SnapshotBuilder, now: float | None) -> None:
     state = snap.state
     formula = "now − the t of rank 0's latest step"
     if state.last_step_t is None or now is None:
-        snap.put("since_step_s", formula, absent=_NO_STEP, unit="s")
+        snap.put("since_step_s", formula, absent=NO_STEP, unit="s")
     elif attempts.awaiting_step(state):
         # Restarting from a checkpoint is no hang, as start-up is not: the time counts from this attempt's first step.
         why = f"attempt {state.attempts[-1].attempt} is restarting: no step of it yet"
@@ -149,23 +135,23 @@ def put_steps(snap: SnapshotBuilder, now: float | None) -> None:
         snap.put("since_step_s", formula, value=max(0.0, now - state.last_step_t), unit="s")
     window = f"median of rank 0's latest {STEP_WINDOW} step intervals, profiled steps left out"
     if state.recent_intervals_s:
-        inputs = {"steps": _EI(value=len(state.recent_intervals_s), source="rank 0 step records")}
-        median = fm.median(state.recent_intervals_s)
+        inputs = {"steps": EI(value=len(state.recent_intervals_s), source="rank 0 step records")}
+        median = formulas.median(state.recent_intervals_s)
         snap.put("step_time_median_s", window, value=median, unit="s", inputs=inputs)
     else:
         snap.put(
             "step_time_median_s",
             window,
-            absent=_NO_STEP if not state.steps else "one step so far: an interval needs two",
+            absent=NO_STEP if not state.steps else "one step so far: an interval needs two",
             unit="s",
         )
     formula = f"median over rank 0's latest {STEP_WINDOW} steps of tokens / step interval"
     if state.recent_rates:
-        inputs = {"steps": _EI(value=len(state.recent_rates), source="rank 0 step records with tokens")}
+        inputs = {"steps": EI(value=len(state.recent_rates), source="rank 0 step records with tokens")}
         snap.put(
             "tokens_per_s_median",
             formula,
-            value=fm.median(state.recent_rates),
+            value=formulas.median(state.recent_rates),
             unit="tokens/s",
             inputs=inputs,
         )
@@ -173,7 +159,7 @@ def put_steps(snap: SnapshotBuilder, now: float | None) -> None:
         snap.put(
             "tokens_per_s_median",
             formula,
-            absent=snap.tps_absent if snap.tps is None else _NO_TOKENS,
+            absent=snap.tps_absent if snap.tps is None else NO_TOKENS,
             unit="tokens/s",
         )
 
@@ -249,7 +235,7 @@ def put_space(snap: SnapshotBuilder) -> None:
             snap.put(f"disk_free.{role}", formula, absent=why)
             snap.put(f"disk_avail_b.{role}", formula, absent=why, unit="B")
             continue
-        inputs = {"total_b": _EI(value=fs.total_b, unit="B", source=fs.mount or fs.path)}
+        inputs = {"total_b": EI(value=fs.total_b, unit="B", source=fs.mount or fs.path)}
         snap.put(f"disk_free.{role}", formula, value=fs.avail_b / fs.total_b, label=fs.path, inputs=inputs)  # type: ignore[operator]
         snap.put(f"disk_avail_b.{role}", formula, value=float(fs.avail_b), unit="B", label=fs.path)  # type: ignore[arg-type]
     formula = "MemAvailable / MemTotal, or the cgroup's room / its limit where that is less"

@@ -1,9 +1,5 @@
 """A job of several nodes in the job hub's engine: each node's clock mapped onto the hub's, its state (live, behind,
-lost, ended), the straggler node, and the per-node part of the snapshot.
-
-Pure: no I/O, no clock. Time is the hub's: a node's record is moved onto it by the latest ``clock`` record for its host
-before any handler reads it. A single-node run never sees a ``node`` or ``clock`` record, and nothing here changes it.
-"""
+lost, ended), the straggler node, and the per-node part of the snapshot. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -11,13 +7,16 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import EngineState, NodeState
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+# Time is the hub's: a node's record is moved onto it by the latest ``clock`` record for its host before any handler
+# reads it. A single-node run never sees a ``node`` or ``clock`` record, and nothing here changes it.
 
 # Times a record carries besides its header's ``t``, all on its own host's clock, so moved with it.
 _TIME_FIELDS: dict[type, tuple[str, ...]] = {
@@ -155,9 +154,9 @@ def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> 
         node = state.nodes.get(h)
         lag = marks[h] - first
         if node is not None:
-            node.lag_ema_s = fm.ema(node.lag_ema_s, lag)
+            node.lag_ema_s = formulas.ema(node.lag_ema_s, lag)
         else:
-            state.own_lag_ema_s = fm.ema(state.own_lag_ema_s, lag)
+            state.own_lag_ema_s = formulas.ema(state.own_lag_ema_s, lag)
     del state.step_marks[step]
 
 

@@ -1,21 +1,18 @@
-"""Imported profiles: the engine keeps each rank's traces and profiled steps, and shows the latest trace of each rank
-with what it achieved (FLOP/s and MFU in the profiled window), the spread between ranks and the likely straggler.
-
-Pure: a family of the snapshot (and the one handler of ``profile.import``); no I/O, no clock. A number a profile
-cannot give (no FLOPs, no device peak) is absent with the reason, never a zero.
-"""
+"""Imported profiles, a metric family: each rank's latest trace with what it achieved (FLOP/s and MFU in the profiled
+window), the spread between ranks and the likely straggler; and the handler of ``profile.import``. Pure."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
+from trainmeter_core.model.engine.state import ProfileState
 
 if TYPE_CHECKING:
     from trainmeter_core.model.rig import RigDevice
+
+# A number a profile cannot give (no FLOPs, no device peak) is absent with the reason, never a zero.
 
 #: Traces kept (the oldest go first) and profiled steps kept per trace: a run imports a handful of each.
 MAX_TRACES = 256
@@ -26,13 +23,6 @@ STEPS_SHOWN = 256
 STRAGGLER_SPREAD = 0.05
 NO_PROFILE = "no profile imported: tm import RUN TRACE, or run with torch.profiler inside tm"
 _COMPUTE = ("gemm", "attention", "other_compute")
-
-
-class ProfileState(msgspec.Struct, kw_only=True):
-    """Every trace imported (by ``trace_id``, in import order) and the profiled steps of each."""
-
-    traces: dict[str, rec.ProfileImport] = {}
-    steps: dict[str, list[rec.ProfileImport]] = {}
 
 
 def on_profile_import(profiles: ProfileState, record: rec.ProfileImport) -> None:
@@ -79,7 +69,7 @@ def profile_view(snap: SnapshotBuilder, profiles: ProfileState) -> rec.ProfileVi
 
 def _device(snap: SnapshotBuilder, trace: rec.ProfileImport) -> RigDevice | None:
     rank = trace.rank if trace.rank is not None else 0
-    for device in snap.rig.devices:
+    for device in snap.derived.rig.devices:
         if rank in device.ranks and (not trace.host or device.host == trace.host):
             return device
     return None
@@ -97,7 +87,7 @@ def _achieved(snap: SnapshotBuilder, trace: rec.ProfileImport) -> rec.ProfileAch
         out.flop_per_s = trace.flop / window
     device = _device(snap, trace)
     if device is None:
-        absent["peak_flop_per_s"] = snap.rig.absent or f"no device of rank {trace.rank or 0} is known"
+        absent["peak_flop_per_s"] = snap.derived.rig.absent or f"no device of rank {trace.rank or 0} is known"
     elif device.peak_flop_per_s is None:
         absent["peak_flop_per_s"] = device.peak_absent or "the device has no peak"
     else:

@@ -1,20 +1,37 @@
 """The samplers' records into the engine's state: a GPU's latest readings, energy, OFU and health, and every counter
-over the training window (a GPU's and the host's).
-
-Pure: no I/O, no clock; the engine (``feed``) calls these with its state, in hub order.
-"""
+over the training window (a GPU's and the host's). Pure: no I/O, no clock; the engine calls these in hub order."""
 
 from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine import attempts
-from trainmeter_core.model.engine import window as win
-from trainmeter_core.model.engine.state import _GPU_FIELDS, GPU_WINDOW_FIELDS, EngineState, GpuState
+from trainmeter_core.model.engine import attempts, training_window
+from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, EngineState, GpuState
 from trainmeter_core.model.platform_adapters import GPU_LOST
 from trainmeter_core.model.rig import RigDevice, ofu_clock
+
+# The sample fields the engine uses, with the largest value that makes sense (fractions 0..1, a generous ceiling
+# else); each is also kept as history, one line per GPU in the dashboard's GPUs part.
+GPU_FIELDS = (
+    ("util_gpu", 1.0),
+    ("sm_active", 1.0),
+    ("tensor_active", 1.0),
+    ("dram_active", 1.0),
+    ("power_w", 1e5),
+    ("clock_sm_mhz", 1e5),
+)
+# The host counters averaged over the training window: each the snapshot key it shows under and the sample field it
+# reads.
+HOST_WINDOW_FIELDS = (
+    ("host_cpu_cores", "cpu_cores"),
+    ("host_rss_b", "rss_b"),
+)
+NODE_WINDOW_FIELDS = (
+    ("node_cpu_iowait", "cpu_iowait"),
+    ("node_mem_available_b", "mem_available_b"),
+)
 
 
 def take_gpu_sample(
@@ -25,7 +42,7 @@ def take_gpu_sample(
     ``GPU_FIELDS`` for the history."""
     absent = record.absent
     values: list[float | None] = []
-    for name, upper in _GPU_FIELDS:
+    for name, upper in GPU_FIELDS:
         value = getattr(record, name)
         # A reading outside its range is a sampler bug: shown absent with the reading, never used as a number.
         if value is not None and not (0.0 <= value <= upper):
@@ -73,7 +90,7 @@ def take_gpu_sample(
         if basis is not None:
             gpu.ofu_label, gpu.ofu_basis = basis.label, basis.basis
         if tensor_active is not None and clock_sm_mhz is not None and basis is not None:
-            ofu = fm.ofu(tensor_active, clock_sm_mhz, basis.mhz)
+            ofu = formulas.ofu(tensor_active, clock_sm_mhz, basis.mhz)
             gpu.ofu_s += ofu * window_s
             gpu.ofu_samples += 1
         else:
@@ -91,7 +108,7 @@ def take_gpu_sample(
     readings = (util_gpu, sm_active, tensor_active, dram_active, power_w, clock_sm_mhz, ofu)
     for name, start, value in zip(GPU_WINDOW_FIELDS, starts, readings, strict=True):
         if value is not None and start is not None:
-            win.add_sample(gpu.window, name, start, record.t, value, span)
+            training_window.add_sample(gpu.window, name, start, record.t, value, span)
     return values
 
 
@@ -112,4 +129,4 @@ def take_host_sample(
         value = getattr(record, field)
         start = previous_t if field.endswith("_b") else rate_start
         if value is not None and start is not None and -math.inf < value < math.inf:
-            win.add_sample(state.host_window, key, start, record.t, float(value), span)
+            training_window.add_sample(state.host_window, key, start, record.t, float(value), span)

@@ -23,7 +23,9 @@ from trainmeter_core.model.engine.builder import SnapshotBuilder
 from trainmeter_core.model.facts import number
 
 if TYPE_CHECKING:
-    from trainmeter_core.model.engine.feed import Engine
+    from trainmeter_core.model.engine.derived import Derived
+    from trainmeter_core.model.engine.state import EngineState
+    from trainmeter_core.model.history import History
 
 #: Metric keys of schema 1, where ``flops`` named a count and a rate alike, and their schema-2 names. Each snapshot
 #: carries the old key too, as a copy of the new one, for one release (docs/bus.md), so subscribers keep working.
@@ -46,13 +48,12 @@ def with_old_keys(metrics: dict[str, rec.MetricValue]) -> dict[str, rec.MetricVa
     return metrics | aliases
 
 
-def build_snapshot(engine: Engine, final: bool, lean: bool = False) -> rec.Snapshot:
-    """The snapshot of ``engine``'s state: every metric, its explain, the series, ranks, time split, facts, warnings.
+def build_snapshot(state: EngineState, derived: Derived, final: bool, lean: bool = False) -> rec.Snapshot:
+    """The snapshot of an engine's state: every metric, its explain, the series, ranks, time split, facts, warnings.
 
     ``lean`` builds only the metrics history keeps over time, without explain: for catching up quietly.
     """
-    state = engine.state
-    snap = SnapshotBuilder(engine, final, lean)
+    snap = SnapshotBuilder(state, derived, final, lean)
     if lean:
         throughput.throughput(snap)
         utilization.mfu_metrics(snap)
@@ -72,10 +73,11 @@ def build_snapshot(engine: Engine, final: bool, lean: bool = False) -> rec.Snaps
     health.alert_inputs(snap)
     profile = profiles.profile_view(snap, state.profiles)
     attempts.put_metrics(snap)
-    warnings = list(engine.fact_warnings) + attempts.warnings(state)
-    if state.tokens_mismatch is not None and engine._declared_tokens_per_step is not None:
+    warnings = list(derived.fact_warnings) + attempts.warnings(state)
+    declared_tokens = derived.declared_tokens_per_step
+    if state.tokens_mismatch is not None and declared_tokens is not None:
         warnings.append(
-            f"tokens_per_step declared {engine._declared_tokens_per_step} but detected {state.tokens_mismatch}: "
+            f"tokens_per_step declared {declared_tokens} but detected {state.tokens_mismatch}: "
             "using the declared value"
         )
     experts = number(state.facts.value("moe_experts"))
@@ -117,10 +119,10 @@ HISTORY_METRICS = (
 )  # fmt: skip
 
 
-def record_history(engine: Engine, snapshot: rec.Snapshot, wall: float) -> None:
+def record_history(history: History, derived: Derived, snapshot: rec.Snapshot, wall: float) -> None:
     """The derived numbers of a tick's snapshot into the engine's history: a range is kept as its two ends."""
-    step, tokens, flops = engine._x()
-    add = engine.history.add_point
+    step, tokens, flops = derived.x()
+    add = history.add_point
     for key in HISTORY_METRICS:
         value = snapshot.metrics.get(key)
         if value is None:

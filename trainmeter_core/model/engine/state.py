@@ -1,35 +1,15 @@
 """What the engine knows between records: the step clock, the ranks, the GPUs, the time split, the loop's series.
-
-Pure data: msgspec Structs, so a checkpoint is one encode and a restored engine continues exactly. No logic lives here
-beyond defaults; the engine (``feed``) changes it and the metric families read it.
-"""
+Pure data (msgspec Structs, so a checkpoint is one encode); the engine changes it, the metric families read it."""
 
 from __future__ import annotations
-
-import math
 
 import msgspec
 
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine.profiles import ProfileState
-from trainmeter_core.model.engine.window import StepSpan, WindowSum
+from trainmeter_core.model.engine.training_window import StepSpan, WindowSum
 from trainmeter_core.model.facts import FactTable
 
-_NAN = math.nan
-# Beyond any real batch (2**40 tokens in one step); a larger count is a broken emitter's, and would overflow the sums.
-_MAX_TOKENS_PER_STEP = 2**40
-# The sample fields the engine uses, with the largest value that makes sense (fractions 0..1, a generous ceiling
-# else); each is also kept as history, one line per GPU in the dashboard's GPUs part.
-_GPU_FIELDS = (
-    ("util_gpu", 1.0),
-    ("sm_active", 1.0),
-    ("tensor_active", 1.0),
-    ("dram_active", 1.0),
-    ("power_w", 1e5),
-    ("clock_sm_mhz", 1e5),
-)
-# The GPU counters averaged over the training window (OFU is computed per sample), and the host counters: each the
-# snapshot key it shows under and the sample field it reads.
+# The GPU counters averaged over the training window (OFU is computed per sample): the keys of ``GpuState.window``.
 GPU_WINDOW_FIELDS = (
     "util_gpu",
     "sm_active",
@@ -39,25 +19,8 @@ GPU_WINDOW_FIELDS = (
     "clock_sm_mhz",
     "ofu",
 )
-HOST_WINDOW_FIELDS = (
-    ("host_cpu_cores", "cpu_cores"),
-    ("host_rss_b", "rss_b"),
-)
-NODE_WINDOW_FIELDS = (
-    ("node_cpu_iowait", "cpu_iowait"),
-    ("node_mem_available_b", "mem_available_b"),
-)
-# Alert inputs: how many of rank 0's latest steps the medians look at (odd, so a median is one of them), the clock
-# event reasons that mean power or heat (nvml.h: hw_slowdown is either, so it counts as both), the phases during
-# which a loop is not training on purpose, and the series whose non-finite values the loss rules count.
+# How many of rank 0's latest steps the alert inputs' medians look at (odd, so a median is one of them).
 STEP_WINDOW = 21
-_POWER_REASONS = ("sw_power_cap", "hw_power_brake", "hw_slowdown")
-_THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
-_PAUSE_PHASES = ("eval", "checkpoint")
-_LOSS_SERIES = "train_loss"
-# A GPU whose latest sample is older than this is no longer watched (the sampler narrowed its selection to the run's
-# GPUs): its health is absent rather than frozen at its last reading.
-_STALE_GPU_S = 30.0
 
 
 class RankState(msgspec.Struct, kw_only=True):
@@ -187,6 +150,13 @@ class Resume(msgspec.Struct, kw_only=True):
     wait_after_step_s: float = 0.0
     marks: list[tuple[int, float, int, int, int, float, float, float]] = []  # rank 0's latest steps
     checkpoint_marks: list[tuple[int, float, int, int, int, float, float, float]] = []  # checkpoints written
+
+
+class ProfileState(msgspec.Struct, kw_only=True):
+    """Every profile trace imported (by ``trace_id``, in import order) and the profiled steps of each."""
+
+    traces: dict[str, rec.ProfileImport] = {}
+    steps: dict[str, list[rec.ProfileImport]] = {}
 
 
 class EngineState(msgspec.Struct, kw_only=True):

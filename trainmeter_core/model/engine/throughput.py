@@ -1,31 +1,18 @@
-"""Throughput: rank 0's step time and tokens/s (EMAs), tokens seen, and the spread of step times over ranks.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""Throughput, a metric family: rank 0's step time and tokens/s (EMAs), tokens seen, and the spread of step times over
+ranks. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine.builder import (
-    EI as _EI,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_STEP as _NO_STEP,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_TOKENS as _NO_TOKENS,
-)
-from trainmeter_core.model.engine.builder import (
-    SnapshotBuilder,
-)
+from trainmeter_core.model.engine.builder import EI, NO_STEP, NO_TOKENS, SnapshotBuilder
 from trainmeter_core.model.engine.nodes import node_rank_of
 
 
 def throughput(snap: SnapshotBuilder) -> None:
     state = snap.state
     rank0 = state.ranks.get(0)
-    alpha = fm.EMA_ALPHA
+    alpha = formulas.EMA_ALPHA
     one_step = "one step so far: a rate needs two"
     if rank0 is not None and rank0.step_time_ema_s is not None:
         snap.put(
@@ -34,19 +21,19 @@ def throughput(snap: SnapshotBuilder) -> None:
             value=rank0.step_time_ema_s,
             unit="s",
             label="ema",
-            inputs={"steps": _EI(value=state.steps, source="rank 0 step records")},
+            inputs={"steps": EI(value=state.steps, source="rank 0 step records")},
         )
     else:
         snap.put(
             "step_time_s",
             "EMA of rank 0's seconds per step",
-            absent=one_step if state.steps else _NO_STEP,
+            absent=one_step if state.steps else NO_STEP,
         )
     formula = (
         f"EMA(tokens per step) / EMA(step interval), alpha {alpha}, rank 0's steps, profiled ones left out"
     )
     if state.tokens_ema is not None and state.interval_ema_s:
-        snap.tps = fm.rate_per_s(state.tokens_ema, state.interval_ema_s)
+        snap.tps = formulas.rate_per_s(state.tokens_ema, state.interval_ema_s)
         note = "dp unknown: tokens × dp assumed dp = 1 (pass --dp)" if state.dp_assumed else None
         snap.put(
             "tokens_per_s",
@@ -56,16 +43,16 @@ def throughput(snap: SnapshotBuilder) -> None:
             label="ema",
             note=note,
             inputs={
-                "tokens_per_step": _EI(
+                "tokens_per_step": EI(
                     value=state.last_tokens_per_step, unit="tokens", source=state.last_tokens_source
                 ),
-                "tokens_per_step_ema": _EI(value=state.tokens_ema, unit="tokens"),
-                "step_interval_ema_s": _EI(value=state.interval_ema_s, unit="s"),
+                "tokens_per_step_ema": EI(value=state.tokens_ema, unit="tokens"),
+                "step_interval_ema_s": EI(value=state.interval_ema_s, unit="s"),
             },
         )
     else:
         snap.tps_absent = (
-            _NO_STEP if not state.steps else (_NO_TOKENS if not state.steps_with_tokens else one_step)
+            NO_STEP if not state.steps else (NO_TOKENS if not state.steps_with_tokens else one_step)
         )
         snap.put("tokens_per_s", formula, absent=snap.tps_absent, unit="tokens/s")
     if state.steps_with_tokens:
@@ -77,15 +64,15 @@ def throughput(snap: SnapshotBuilder) -> None:
             value=float(state.tokens_seen),
             unit="tokens",
             note=note,
-            inputs={"steps": _EI(value=state.steps_with_tokens, source=state.last_tokens_source)},
+            inputs={"steps": EI(value=state.steps_with_tokens, source=state.last_tokens_source)},
         )
     else:
-        snap.put("tokens", "Σ tokens per step", absent=_NO_TOKENS if state.steps else _NO_STEP, unit="tokens")
+        snap.put("tokens", "Σ tokens per step", absent=NO_TOKENS if state.steps else NO_STEP, unit="tokens")
 
 
 def ranks(snap: SnapshotBuilder) -> list[rec.RankStat]:
     state = snap.state
-    device_of = {rank: d.key for d in snap.rig.devices for rank in d.ranks}
+    device_of = {rank: d.key for d in snap.derived.rig.devices for rank in d.ranks}
     stats = [
         rec.RankStat(
             rank=r,
@@ -102,9 +89,9 @@ def ranks(snap: SnapshotBuilder) -> list[rec.RankStat]:
     if len(timed) < 2:
         snap.put("straggler_spread", formula, absent="needs step times from 2 or more ranks")
     else:
-        spread, slowest = fm.straggler_spread([s.step_time_s for s in timed])  # type: ignore[misc]
-        inputs = {f"rank {s.rank}": _EI(value=s.step_time_s, unit="s", source=s.host) for s in timed}
-        inputs["slowest_rank"] = _EI(value=timed[slowest].rank, source=timed[slowest].host)
+        spread, slowest = formulas.straggler_spread([s.step_time_s for s in timed])  # type: ignore[misc]
+        inputs = {f"rank {s.rank}": EI(value=s.step_time_s, unit="s", source=s.host) for s in timed}
+        inputs["slowest_rank"] = EI(value=timed[slowest].rank, source=timed[slowest].host)
         snap.put(
             "straggler_spread",
             formula,

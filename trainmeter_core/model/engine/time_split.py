@@ -1,26 +1,18 @@
-"""Where the run's time went: startup and compile, data wait, checkpoints, eval, profiler, compute; and goodput.
-
-Pure, no I/O, no clock: the phases into the engine's state (``take_phase``, called by the engine's feed), and the
-split as a family of the snapshot, written into a ``SnapshotBuilder``.
-"""
+"""Where the run's time went: startup and compile, data wait, checkpoints, eval, profiler, compute; and goodput. Pure:
+the phases into the engine's state (``take_phase``), and the split as a metric family."""
 
 from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import attempts
-from trainmeter_core.model.engine.builder import (
-    EI as _EI,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_STEP as _NO_STEP,
-)
-from trainmeter_core.model.engine.builder import (
-    SnapshotBuilder,
-)
-from trainmeter_core.model.engine.state import _PAUSE_PHASES, EngineState
+from trainmeter_core.model.engine.builder import EI, NO_STEP, SnapshotBuilder
+from trainmeter_core.model.engine.state import EngineState
+
+# The phases during which a loop is not training on purpose (the hung-run rule waits them out).
+_PAUSE_PHASES = ("eval", "checkpoint")
 
 
 def take_phase(state: EngineState, record: rec.Phase) -> None:
@@ -55,9 +47,9 @@ def take_phase(state: EngineState, record: rec.Phase) -> None:
 def time_split(snap: SnapshotBuilder) -> dict[str, float]:
     state = snap.state
     if state.start_t is None or state.now_t is None:
-        snap.put("goodput", "(compute + data wait after the first step) / elapsed", absent=_NO_STEP)
+        snap.put("goodput", "(compute + data wait after the first step) / elapsed", absent=NO_STEP)
         return {}
-    split = fm.time_split(
+    split = formulas.time_split(
         start_t=state.start_t,
         now_t=state.now_t,
         first_step_t=state.first_step_t,
@@ -83,7 +75,7 @@ def time_split(snap: SnapshotBuilder) -> dict[str, float]:
     if not snap.lean:
         snap.explain["time_split"] = rec.Explain(
             formula="elapsed = startup_compile + data_wait + checkpoint + eval + profiler + compute (+ after_last_step)",
-            inputs={name: _EI(value=value, unit="s") for name, value in split.items()},
+            inputs={name: EI(value=value, unit="s") for name, value in split.items()},
             note=note,
         )
     formula = "(compute + data wait after the first step) / elapsed"
@@ -92,18 +84,18 @@ def time_split(snap: SnapshotBuilder) -> dict[str, float]:
             ", the time between and before a resumed run's attempts and its steps done again not counted"
         )
     if state.first_step_t is None or snap.elapsed_s <= 0:
-        snap.put("goodput", formula, absent=_NO_STEP)
+        snap.put("goodput", formula, absent=NO_STEP)
     else:
         inputs = {
-            "compute_s": _EI(value=split["compute"], unit="s"),
-            "data_wait_s": _EI(value=split["data_wait"], unit="s"),
-            "elapsed_s": _EI(value=snap.elapsed_s, unit="s"),
+            "compute_s": EI(value=split["compute"], unit="s"),
+            "data_wait_s": EI(value=split["data_wait"], unit="s"),
+            "elapsed_s": EI(value=snap.elapsed_s, unit="s"),
         }
         lost_note = lost_time(state.startup_phase_s, split, snap.elapsed_s, inputs)
         snap.put(
             "goodput",
             formula,
-            value=fm.goodput(split["compute"], split["data_wait"], snap.elapsed_s),
+            value=formulas.goodput(split["compute"], split["data_wait"], snap.elapsed_s),
             note="; ".join(n for n in (lost_note, note) if n),
             inputs=inputs,
         )
@@ -156,16 +148,16 @@ def lost_time(
         if seconds <= 0:
             continue
         lost += seconds
-        inputs[f"{part}_s"] = _EI(value=seconds, unit="s")
+        inputs[f"{part}_s"] = EI(value=seconds, unit="s")
         if part == "startup_compile" and startup_phase_s.get("compile"):
             # The compile phases the agent saw before the first step are part of start-up: say how much.
             compile_s = min(startup_phase_s["compile"], seconds)
-            inputs["compile_before_first_step_s"] = _EI(value=compile_s, unit="s", source="compile phases")
+            inputs["compile_before_first_step_s"] = EI(value=compile_s, unit="s", source="compile phases")
             words = f"start-up and compile before the first step ({compile_s:.1f} s of it compiling)"
         parts.append((seconds, f"{words} {seconds:.1f} s"))
     if not parts:
         return None
-    inputs["lost_s"] = _EI(value=lost, unit="s", source="elapsed − compute − data wait")
+    inputs["lost_s"] = EI(value=lost, unit="s", source="elapsed − compute − data wait")
     named = ", ".join(text for _, text in sorted(parts, key=lambda p: -p[0]))
     waited = split.get("data_wait", 0.0)
     # Data wait inside the window counts as training time (SPEC's goodput); say so where there was any.

@@ -1,27 +1,13 @@
-"""Utilization: MFU (EMA and training-window average), and what pairs it with the counters: the MFU-OFU gap, observed
-FLOPs, arithmetic intensity; and energy. The counters themselves are ``counters``.
-
-Pure: a family of the snapshot, written into a ``SnapshotBuilder``; no I/O, no clock.
-"""
+"""Utilization, a metric family: MFU (EMA and training-window average), and what pairs it with the counters (the
+MFU-OFU gap, observed FLOPs, arithmetic intensity); and energy. The counters themselves are ``counters``. Pure."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainmeter_core.model import formulas as fm
+from trainmeter_core.model import formulas
 from trainmeter_core.model import records as rec
-from trainmeter_core.model.engine.builder import (
-    EI as _EI,
-)
-from trainmeter_core.model.engine.builder import (
-    NO_TOKENS as _NO_TOKENS,
-)
-from trainmeter_core.model.engine.builder import (
-    SnapshotBuilder,
-)
-from trainmeter_core.model.engine.builder import (
-    join_notes as _join,
-)
+from trainmeter_core.model.engine.builder import EI, NO_TOKENS, SnapshotBuilder, join_notes
 from trainmeter_core.model.engine.state import (
     GpuState,
 )
@@ -30,36 +16,38 @@ from trainmeter_core.model.rig import Rig, RigDevice, ofu_clock
 
 def mfu_metrics(snap: SnapshotBuilder) -> None:
     state = snap.state
-    rig = snap.rig
+    rig = snap.derived.rig
     peak_total = rig.peak_total_flop_per_s
     ends = snap.fpt_ends()
-    conv = snap.flops.convention
+    conv = snap.derived.flops.convention
     label = rig.peak_kind
     inputs = _peak_inputs(rig)
-    inputs.update(snap.flops.inputs)
+    inputs.update(snap.derived.flops.inputs)
     notes = list(rig.notes)
     base: list[str] = []
     if peak_total is None:
         base.append(str(rig.peak_absent))
     if ends is None:
-        base.append(str(snap.flops.absent))
+        base.append(str(snap.derived.flops.absent))
     formula = "FLOPs per token × tokens per s (EMA over steps) / (Σ dense peak of the run's devices)"
     reasons = base + ([snap.tps_absent] if snap.tps is None else [])
     if reasons:
         snap.put("mfu", formula, absent="; ".join(reasons), convention=conv, label=label, inputs=inputs)
     else:
         assert ends is not None and peak_total is not None and snap.tps is not None
-        inputs["tokens_per_s"] = _EI(value=snap.tps, unit="tokens/s", source=f"EMA, alpha {fm.EMA_ALPHA}")
-        low = fm.mfu(ends[0], snap.tps, peak_total)
-        high = fm.mfu(ends[1], snap.tps, peak_total)
+        inputs["tokens_per_s"] = EI(
+            value=snap.tps, unit="tokens/s", source=f"EMA, alpha {formulas.EMA_ALPHA}"
+        )
+        low = formulas.mfu(ends[0], snap.tps, peak_total)
+        high = formulas.mfu(ends[1], snap.tps, peak_total)
         snap.mfu = (low, high)
         if conv is not None:
             snap.put(
-                "mfu", formula, value=low, convention=conv, label=label, inputs=inputs, note=_join(notes)
+                "mfu", formula, value=low, convention=conv, label=label, inputs=inputs, note=join_notes(notes)
             )
         else:
             notes.insert(0, "no convention chosen (pass --convention): the range over the conventions")
-            snap.put("mfu", formula, low=low, high=high, label=label, inputs=inputs, note=_join(notes))
+            snap.put("mfu", formula, low=low, high=high, label=label, inputs=inputs, note=join_notes(notes))
     formula = "FLOPs per token × tokens in the training window / (Σ dense peak × window seconds)"
     window = None
     if state.first_step_t is not None and state.last_step_t is not None:
@@ -69,7 +57,7 @@ def mfu_metrics(snap: SnapshotBuilder) -> None:
     if state.steps < 2:
         reasons.append("the training window needs two steps")
     elif state.window_steps_without_tokens:
-        reasons.append(_NO_TOKENS)
+        reasons.append(NO_TOKENS)
     elif window is None or window <= 0 or state.window_tokens <= 0:
         reasons.append("the training window holds no time or no tokens")
     window_fields = {"window_start_t": state.first_step_t, "window_end_t": state.last_step_t}
@@ -78,15 +66,15 @@ def mfu_metrics(snap: SnapshotBuilder) -> None:
         return
     assert ends is not None and peak_total is not None and window is not None
     window_inputs = {k: v for k, v in inputs.items() if k != "tokens_per_s"}
-    window_inputs["window_tokens"] = _EI(
+    window_inputs["window_tokens"] = EI(
         value=state.window_tokens, unit="tokens", source="rank 0 steps after the first"
     )
     source = "first to last step, profiled steps left out"
     if state.resume.join_s:
         source += ", and the time between attempts of a resumed run"
-    window_inputs["window_s"] = _EI(value=window, unit="s", source=source)
-    low = fm.mfu_window_average(ends[0], state.window_tokens, window, peak_total)
-    high = fm.mfu_window_average(ends[1], state.window_tokens, window, peak_total)
+    window_inputs["window_s"] = EI(value=window, unit="s", source=source)
+    low = formulas.mfu_window_average(ends[0], state.window_tokens, window, peak_total)
+    high = formulas.mfu_window_average(ends[1], state.window_tokens, window, peak_total)
     snap.mfu_avg = (low, high)
     if conv is not None:
         snap.put(
@@ -120,7 +108,7 @@ def after_counters(snap: SnapshotBuilder, keys: list[str], why: str | None, late
 
 
 def gap(snap: SnapshotBuilder) -> None:
-    label = f"counters − {snap.rig.peak_kind or 'model'}"
+    label = f"counters − {snap.derived.rig.peak_kind or 'model'}"
     mfu_key = "mfu_avg" if snap.counters_window else "mfu"
     mfu = snap.mfu_avg if snap.counters_window else snap.mfu
     formula = "OFU − MFU, both over the training window" if snap.counters_window else "OFU − MFU"
@@ -133,7 +121,12 @@ def gap(snap: SnapshotBuilder) -> None:
             bounds = {"window_start_t": window.window_start_t, "window_end_t": window.window_end_t}
         if low == high:
             snap.put(
-                "mfu_ofu_gap", formula, value=low, label=label, convention=snap.flops.convention, **bounds
+                "mfu_ofu_gap",
+                formula,
+                value=low,
+                label=label,
+                convention=snap.derived.flops.convention,
+                **bounds,
             )
         else:
             snap.put("mfu_ofu_gap", formula, low=low, high=high, label=label, **bounds)
@@ -150,7 +143,7 @@ def observed(snap: SnapshotBuilder, keys: list[str], why: str | None) -> None:
     reason = why
     for key in keys:
         gpu = snap.state.gpus.get(key)
-        device = snap.rig.sampled.get(key)
+        device = snap.derived.rig.sampled.get(key)
         peak = device.peak_flop_per_s if device is not None else None
         if gpu is None or not gpu.ofu_samples:
             _, no_basis = ofu_clock(device, gpu.clock_sm_max_mhz if gpu is not None else None)
@@ -158,11 +151,11 @@ def observed(snap: SnapshotBuilder, keys: list[str], why: str | None) -> None:
         elif peak is None:
             reason = reason or f"no dense peak for {key}"
         else:
-            total += fm.observed_flop(gpu.ofu_s, peak)
+            total += formulas.observed_flop(gpu.ofu_s, peak)
             ofu_s += gpu.ofu_s
             samples += gpu.ofu_samples
     if reason is None and keys:
-        inputs = {"ofu_seconds": _EI(value=ofu_s, unit="s", source=f"Σ OFU × window over {samples} samples")}
+        inputs = {"ofu_seconds": EI(value=ofu_s, unit="s", source=f"Σ OFU × window over {samples} samples")}
         bases = sorted(
             {str(snap.state.gpus[key].ofu_basis) for key in keys if snap.state.gpus[key].ofu_basis}
         )
@@ -191,7 +184,7 @@ def observed(snap: SnapshotBuilder, keys: list[str], why: str | None) -> None:
 def intensity(snap: SnapshotBuilder) -> None:
     formula = "ridge × MFU / DRAM active, ridge = Σ dense peak / Σ memory bandwidth"
     label = "aggregate over the window, not per kernel"
-    rig = snap.rig
+    rig = snap.derived.rig
     bandwidth = 0.0
     reason = None
     for device in rig.devices:
@@ -212,11 +205,11 @@ def intensity(snap: SnapshotBuilder) -> None:
             label=label,
         )
         return
-    low = fm.arithmetic_intensity(mfu[0], peak, bandwidth, snap.dram_active)
-    high = fm.arithmetic_intensity(mfu[1], peak, bandwidth, snap.dram_active)
+    low = formulas.arithmetic_intensity(mfu[0], peak, bandwidth, snap.dram_active)
+    high = formulas.arithmetic_intensity(mfu[1], peak, bandwidth, snap.dram_active)
     inputs = {
-        "ridge_flop_per_byte": _EI(value=fm.ridge_flop_per_byte(peak, bandwidth), unit="FLOP/byte"),
-        "dram_active": _EI(value=snap.dram_active, source="counters"),
+        "ridge_flop_per_byte": EI(value=formulas.ridge_flop_per_byte(peak, bandwidth), unit="FLOP/byte"),
+        "dram_active": EI(value=snap.dram_active, source="counters"),
     }
     if low == high:
         snap.put(
@@ -226,7 +219,7 @@ def intensity(snap: SnapshotBuilder) -> None:
             unit="FLOP/byte",
             label=label,
             inputs=inputs,
-            convention=snap.flops.convention,
+            convention=snap.derived.flops.convention,
         )
     else:
         snap.put(
@@ -259,7 +252,7 @@ def energy(snap: SnapshotBuilder, latest: list[GpuState], why: str | None) -> No
 def _peak_inputs(rig: Rig) -> dict[str, rec.ExplainInput]:
     if rig.absent:
         return {}
-    inputs = {"n_devices": _EI(value=len(rig.devices), source="device facts of ranks")}
+    inputs = {"n_devices": EI(value=len(rig.devices), source="device facts of ranks")}
     groups: dict[tuple[Any, ...], list[RigDevice]] = {}
     for device in rig.devices:
         groups.setdefault(
@@ -267,18 +260,18 @@ def _peak_inputs(rig: Rig) -> dict[str, rec.ExplainInput]:
         ).append(device)
     if len(groups) == 1:
         (peak, kind, source, name), _ = next(iter(groups.items()))
-        inputs["peak_flop_per_s_per_device"] = _EI(
+        inputs["peak_flop_per_s_per_device"] = EI(
             value=peak, unit="FLOP/s", source=f"{name}, {kind} peak: {source}"
         )
     else:
         for device in rig.devices:
-            inputs[f"peak_flop_per_s {device.key}"] = _EI(
+            inputs[f"peak_flop_per_s {device.key}"] = EI(
                 value=device.peak_flop_per_s,
                 unit="FLOP/s",
                 source=f"{device.name}, {device.peak_kind} peak: {device.peak_source}",
             )
     if rig.peak_total_flop_per_s is not None:
-        inputs["peak_total_flop_per_s"] = _EI(
+        inputs["peak_total_flop_per_s"] = EI(
             value=rig.peak_total_flop_per_s, unit="FLOP/s", source="Σ over the devices"
         )
     return inputs

@@ -1,9 +1,6 @@
-"""The engine: records in hub order, a snapshot with every metric of the spec out on each ``tick`` and at ``run.end``.
-
-Pure and deterministic: no I/O, no clock of its own (time is the ``t`` of ticks and records), no globals; its whole
-state serialises, so a restored engine fed the rest of a log gives the same snapshots. It must never show a zero for
-an unknown: a metric that lacks an input is absent and names the input, and every FLOPs number carries its convention.
-"""
+"""The engine: records in hub order in, a snapshot with every metric of the spec out on each ``tick`` and at the
+``run.end``; it holds the state, the values the facts imply and the history, and hands each record to its handler.
+Pure and deterministic: no I/O, no clock or globals; a restored engine fed the rest of a log makes the same snapshots."""
 
 from __future__ import annotations
 
@@ -11,46 +8,39 @@ import math
 
 import msgspec
 
-from trainmeter_core.model import formulas as fm
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.catalog import canonical, is_explicit_train_key
-from trainmeter_core.model.engine import attempts
-from trainmeter_core.model.engine import nodes as job_nodes
-from trainmeter_core.model.engine import window as win
+from trainmeter_core.model.engine import attempts, nodes
+from trainmeter_core.model.engine.derived import Derived
 from trainmeter_core.model.engine.profiles import on_profile_import
-from trainmeter_core.model.engine.samples import take_gpu_sample, take_host_sample
-from trainmeter_core.model.engine.snapshot import build_snapshot, record_history
-from trainmeter_core.model.engine.state import (
-    _GPU_FIELDS,
-    _LOSS_SERIES,
-    _MAX_TOKENS_PER_STEP,
-    _NAN,
+from trainmeter_core.model.engine.samples import (
+    GPU_FIELDS,
     HOST_WINDOW_FIELDS,
     NODE_WINDOW_FIELDS,
-    STEP_WINDOW,
-    EngineState,
-    GpuState,
-    PendingPoint,
-    RankState,
+    take_gpu_sample,
+    take_host_sample,
 )
+from trainmeter_core.model.engine.snapshot import build_snapshot, record_history
+from trainmeter_core.model.engine.state import EngineState, GpuState, PendingPoint
+from trainmeter_core.model.engine.steps import take_step
 from trainmeter_core.model.engine.time_split import take_phase
-from trainmeter_core.model.engine.tokens import step_tokens
-from trainmeter_core.model.facts import ModelFlops, model_flops, whole
 from trainmeter_core.model.history import History, HistoryState
-from trainmeter_core.model.rig import Rig, resolve_rig
 
 #: The origin of the train loss the agent reads from the tensor passed to backward(): it loses to any other.
 _BACKWARD = "backward"
+#: The series whose values the loss rules read (non-finite ones counted, the largest of each tick kept).
+_LOSS_SERIES = "train_loss"
 #: Raw series keys whose canonical name is cached (a log of ever new keys must not grow the cache without bound).
 _CANONICAL_CACHED_MAX = 4096
-_ALPHA = fm.EMA_ALPHA
+#: The history series of rank 0's step time (every rank has one: ``tm:rank:<rank>:step_time_s``).
+_RANK_0_STEP_TIME = "tm:rank:0:step_time_s"
+_NAN = math.nan
 _INF = math.inf
-_MARKS_KEPT_MAX, _RECENT_MARKS = attempts.MARKS_KEPT_MAX, attempts.RECENT_MARKS
-
-__all__ = ["STEP_WINDOW", "Engine", "EngineState", "GpuState", "RankState", "build_snapshot"]
 
 
 class _Checkpoint(msgspec.Struct):
+    """What ``state_bytes`` holds: the state and the history (a map of these two names, no module path)."""
+
     engine: EngineState
     history: HistoryState
 
@@ -61,19 +51,15 @@ _decoders: list[msgspec.msgpack.Decoder] = []  # the checkpoint's, built at the 
 
 
 class Engine:
-    """Feed it records in hub order; it answers each ``tick`` and the ``run.end`` with a snapshot."""
+    """Feed it records in hub order; it answers each ``tick`` and the ``run.end`` with a snapshot.
+
+    It never shows a zero for an unknown: a metric that lacks an input is absent and names the input, and every FLOPs
+    number carries its convention."""
 
     def __init__(self, state: EngineState | None = None, history: History | None = None) -> None:
         self.state = state if state is not None else EngineState()
         self.history = history if history is not None else History()  # sets _history and _keeps
-        self._derived_version = -1
-        self._rig = Rig()
-        self._flops = ModelFlops()
-        self._declared_tokens_per_step: int | None = None
-        self._other_tokens_per_step: int | None = None
-        self._dp: int | None = None
-        self._fpt_single = _NAN
-        self.fact_warnings: list[str] = []
+        self.derived = Derived(self.state)  # what the facts imply: the families read it too
         self._gpu_names: dict[tuple[str, int], tuple[str, tuple[str, ...]]] = {}
         self._quiet = False
         self._t_offset = self.state.resume.t_offset  # read on every record: kept here, as the state holds it
@@ -122,11 +108,11 @@ class Engine:
             state.through_seq = seq
         handler = self._handlers.get(type(record))
         if handler is None:
-            if isinstance(record, job_nodes.JOB_KINDS):
-                job_nodes.arrive(state, record)  # a job's node and clock records: nodes.py reads them
+            if isinstance(record, nodes.JOB_KINDS):
+                nodes.arrive(state, record)  # a job's node and clock records: nodes.py reads them
             return []
         if state.nodes:
-            record = job_nodes.arrive(state, record)  # a job's record, or another node's on the hub's clock
+            record = nodes.arrive(state, record)  # a job's record, or another node's on the hub's clock
             if record is None:
                 return []
         if type(record) is _RUN_START and record.host not in state.nodes:
@@ -141,7 +127,7 @@ class Engine:
 
     def snapshot(self) -> rec.Snapshot:
         """The snapshot of the current state (as the last tick would have it, final once the run ended)."""
-        return build_snapshot(self, final=self.state.finished)
+        return build_snapshot(self.state, self.derived, final=self.state.finished)
 
     def state_bytes(self) -> bytes:
         """The whole state, history included, as MessagePack: ``Engine.from_state`` resumes from it exactly."""
@@ -156,153 +142,30 @@ class Engine:
         return cls(checkpoint.engine, History.from_state(checkpoint.history))
 
     # ------------------------------------------------------------------------------------------------------------------
-    # What the facts imply, recomputed only when a fact changed (derived, so never part of the state)
-
-    def derived(self) -> tuple[Rig, ModelFlops]:
-        facts = self.state.facts
-        if facts.version != self._derived_version:
-            self._derived_version = facts.version
-            visible = {host: tuple(entries) for host, entries in self.state.visible_devices.items()}
-            self._rig = resolve_rig(facts, visible)
-            self._flops = model_flops(facts)
-            self.fact_warnings = facts.warnings()
-            self._fpt_single = self._flops.value if self._flops.value is not None else _NAN
-            declared = facts.get("tokens_per_step")
-            tokens = whole(declared.value) if declared is not None else None
-            tokens = tokens if tokens is not None and 0 < tokens < _MAX_TOKENS_PER_STEP else None
-            is_declared = declared is not None and declared.provenance == "declared"
-            self._declared_tokens_per_step = tokens if is_declared else None
-            self._other_tokens_per_step = None if is_declared else tokens
-            dp = whole(facts.value("dp"))
-            self._dp = dp if dp is not None and 1 <= dp < _MAX_TOKENS_PER_STEP else None
-        return self._rig, self._flops
-
-    # ------------------------------------------------------------------------------------------------------------------
     # Handlers
-
-    def _x(self) -> tuple[float, float, float]:
-        """The step, tokens and FLOPs-spent x values of a point recorded now."""
-        state = self.state
-        if self._derived_version != state.facts.version:
-            self.derived()  # a restored engine derives on first use, so its x values match a continuous one
-        step = float(state.last_step) if state.last_step is not None else _NAN
-        if state.steps_with_tokens:
-            return step, float(state.tokens_seen), state.tokens_seen * self._fpt_single
-        return step, _NAN, _NAN
 
     def _on_step(self, record: rec.Step) -> list[rec.Snapshot]:
         state = self.state
-        if state.pending_backward and (record.rank or 0) == 0:
-            self._commit_backward(before_step=record.step)  # an earlier iteration is over: its loss stands
         rank_id = record.rank or 0
-        rank = state.ranks.get(rank_id)
-        if rank is None:
-            rank = state.ranks[rank_id] = RankState(host=record.host)
-        t = record.t
-        profiled = record.profiled
-        interval = record.step_time_s
-        if interval is None and rank.last_t is not None:
-            previous_t = attempts.previous_reading(state, rank.last_t)  # never across a resume's gap
-            interval = t - previous_t if previous_t is not None else None
-        rank.steps += 1
-        rank.last_t = t
-        # The host's training window (win.extend_span, inlined: this is the engine's hottest path)
-        span = state.step_spans.get(record.host)
-        if span is None:
-            state.step_spans[record.host] = win.StepSpan(first_t=t, last_t=t)
-        elif t > span.last_t:
-            if span.gap_from is not None:
-                attempts.reopen_span(span, t)
-            span.last_t = t
-        if interval is not None and not 0.0 < interval < _INF:
-            interval = None  # a clock that went backwards (or NaN, or infinite) measures nothing
-        if interval is not None and not profiled:
-            # fm.ema, inlined (as every EMA and window below: this is the engine's hottest path)
-            previous = rank.step_time_ema_s
-            rank.step_time_ema_s = (
-                float(interval) if previous is None else previous + _ALPHA * (interval - previous)
-            )
-        if rank_id != 0:
-            if interval is not None and self._keeps:
-                step, tokens, flops = self._x()
-                self._history.add_point(
-                    f"tm:rank:{rank_id}:step_time_s", step, tokens, flops, record.wall, interval
-                )
+        if rank_id == 0 and state.pending_backward:
+            self._commit_backward(before_step=record.step)  # an earlier iteration is over: its loss stands
+        interval = take_step(state, record, self.derived)
+        if interval is None or not self._keeps:
             return []
-        # Rank 0 is the step clock: steps, tokens and the training window are counted on it alone.
-        if self._derived_version != state.facts.version:
-            self.derived()
-        tokens = step_tokens(
-            state, record, self._dp, self._declared_tokens_per_step, self._other_tokens_per_step
-        )
-        first = state.first_step_t is None
-        first_of_attempt = not state.attempt_stepped
-        if first_of_attempt:
-            state.attempt_stepped = True
-            attempts.first_step(state, record)  # closes a resume's join, takes back the steps done again
-        previous_step_t = state.last_step_t
-        steps = state.steps = state.steps + 1
-        state.last_step = record.step
-        if first:
-            state.first_step_t = t
-        elif first_of_attempt:
-            pass  # a resumed attempt's first step: its work lies in the join, which the window leaves out
-        elif profiled:
-            state.profiled_steps += 1
-            state.profiled_s += interval if interval is not None else 0.0
-        elif tokens is None:
-            state.window_steps_without_tokens += 1
+        if rank_id != 0:
+            step, tokens, flops = self.derived.x()
+            self._history.add_point(
+                f"tm:rank:{rank_id}:step_time_s", step, tokens, flops, record.wall, interval
+            )
+            return []
+        # self.derived.x(), inlined (take_step derived the facts for rank 0), and rank 0's series by its constant
+        # name: formatting and hashing a new one would cost each step 0.1 µs.
+        step = float(state.last_step) if state.last_step is not None else _NAN
+        if state.steps_with_tokens:
+            tokens, flops = float(state.tokens_seen), state.tokens_seen * self.derived.x_flop_per_token
         else:
-            state.window_tokens += tokens
-            if interval is not None:
-                previous = state.tokens_ema
-                state.tokens_ema = (
-                    float(tokens) if previous is None else previous + _ALPHA * (tokens - previous)
-                )
-                previous = state.interval_ema_s
-                state.interval_ema_s = (
-                    float(interval) if previous is None else previous + _ALPHA * (interval - previous)
-                )
-        if not first and not profiled and interval is not None:
-            recent = state.recent_intervals_s
-            recent.append(interval)
-            if len(recent) > STEP_WINDOW:
-                del recent[0]
-            if tokens is not None:
-                recent = state.recent_rates
-                recent.append(tokens / interval)
-                if len(recent) > STEP_WINDOW:
-                    del recent[0]
-        state.last_step_t = t
-        state.last_step_wall = record.wall
-        if tokens is not None:
-            tokens_seen = state.tokens_seen = state.tokens_seen + tokens
-            with_tokens = state.steps_with_tokens = state.steps_with_tokens + 1
-        else:
-            tokens_seen, with_tokens = state.tokens_seen, state.steps_with_tokens
-        # The mark a resume can rewind to (model/engine/attempts.py; here, because this is the engine's hottest path)
-        resume = state.resume
-        if first_of_attempt:
-            stepping_s = resume.stepping_s
-        else:
-            stepping_s = resume.stepping_s = resume.stepping_s + (t - previous_step_t)  # type: ignore[operator]
-        if resume.phase_after_step_s:
-            resume.phase_after_step_s = resume.wait_after_step_s = 0.0
-        marks = resume.marks
-        marks.append((record.step, t, steps, tokens_seen, with_tokens,
-                      stepping_s, resume.stepping_phase_s, resume.stepping_wait_s))  # fmt: skip
-        if len(marks) >= _MARKS_KEPT_MAX:
-            del marks[:_RECENT_MARKS]  # in one go, now and then: the latest RECENT_MARKS stay
-        if state.phase_after_last_s:
-            state.phase_after_last_s = {}
-        if interval is not None and self._keeps:
-            # self._x(), inlined: the facts were derived above
-            step = float(state.last_step) if state.last_step is not None else _NAN
-            if with_tokens:
-                tokens_x, flops = float(tokens_seen), tokens_seen * self._fpt_single
-            else:
-                tokens_x = flops = _NAN
-            self._history.add_point("tm:rank:0:step_time_s", step, tokens_x, flops, record.wall, interval)
+            tokens = flops = _NAN
+        self._history.add_point(_RANK_0_STEP_TIME, step, tokens, flops, record.wall, interval)
         return []
 
     def _on_metric(self, record: rec.Metric) -> list[rec.Snapshot]:
@@ -322,15 +185,16 @@ class Engine:
         keeps = self._keeps
         # A point's x values: for the history, or held with a loss from backward() (they are state then)
         if keeps or origin == _BACKWARD:
-            # self._x(), inlined (with the steps, this is the engine's hottest path)
-            if self._derived_version != state.facts.version:
-                self.derived()
+            # self.derived.x(), inlined (with the steps, this is the engine's hottest path)
+            derived = self.derived
+            if derived.facts_version != state.facts.version:
+                derived.refresh()
             if record.step is not None:
                 step = float(record.step)
             else:
                 step = float(state.last_step) if state.last_step is not None else _NAN
             if state.steps_with_tokens:
-                tokens, flops = float(state.tokens_seen), state.tokens_seen * self._fpt_single
+                tokens, flops = float(state.tokens_seen), state.tokens_seen * derived.x_flop_per_token
             else:
                 tokens = flops = _NAN
         else:
@@ -417,21 +281,22 @@ class Engine:
         names = self._gpu_names.get((record.host, record.index))
         if names is None:
             key = f"{record.host}/gpu{record.index}"
-            series = tuple(f"tm:gpu:{key}:{name}" for name, _ in _GPU_FIELDS)
+            series = tuple(f"tm:gpu:{key}:{name}" for name, _ in GPU_FIELDS)
             names = self._gpu_names[(record.host, record.index)] = (key, series)
         key, series = names
         gpu = state.gpus.get(key)
         if gpu is None:
             gpu = state.gpus[key] = GpuState(host=record.host, index=record.index)
+        derived = self.derived
         if (
             record.gpm_window_s is not None
             and record.gpm_window_s > 0
-            and self._derived_version != state.facts.version
+            and derived.facts_version != state.facts.version
         ):
-            self.derived()
-        values = take_gpu_sample(state, gpu, record, self._rig.sampled.get(key))
+            derived.refresh()  # OFU reads the rig's clock basis; without a GPM window, the rig as it was
+        values = take_gpu_sample(state, gpu, record, derived.rig.sampled.get(key))
         if self._keeps:
-            step, tokens, flops = self._x()
+            step, tokens, flops = derived.x()
             add = self._history.add_point
             wall = record.wall
             for name, value in zip(series, values, strict=True):
@@ -451,7 +316,7 @@ class Engine:
 
     def _on_run_start(self, record: rec.RunStart) -> list[rec.Snapshot]:
         state = self.state
-        if job_nodes.own_run_start(state, record) and len(state.attempts) <= 1:
+        if nodes.own_run_start(state, record) and len(state.attempts) <= 1:
             state.start_t = record.t  # a resumed run's elapsed time runs from its first start
         visible = record.env.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
@@ -469,8 +334,8 @@ class Engine:
         state.child_alive = record.child_alive
         self._commit_backward()
         if not self._quiet or self._keeps:  # a quiet tick's snapshot is for the history alone
-            snapshot = build_snapshot(self, final=False, lean=self._quiet)
-            record_history(self, snapshot, record.wall)
+            snapshot = build_snapshot(state, self.derived, final=False, lean=self._quiet)
+            record_history(self._history, self.derived, snapshot, record.wall)
         state.loss_tick_max = None  # each snapshot shows the largest loss since the one before
         return [] if self._quiet else [snapshot]  # not quiet: built above
 
@@ -484,17 +349,17 @@ class Engine:
         state.exit_signal_name = record.signal_name
         self._commit_backward()
         attempts.end(state, record)
-        return [] if self._quiet else [build_snapshot(self, final=True)]
+        return [] if self._quiet else [build_snapshot(state, self.derived, final=True)]
 
     def _on_profile_import(self, record: rec.ProfileImport) -> list[rec.Snapshot]:
         on_profile_import(self.state.profiles, record)
         # Imported after the run ended (tm import of a finished run): the run's final numbers changed, so say them
         # again, once the trace's last record (the trace itself) is in.
         if self.state.finished and record.scope == "trace" and not self._quiet:
-            return [build_snapshot(self, final=True)]
+            return [build_snapshot(self.state, self.derived, final=True)]
         return []
 
 
 Engine.FED_KINDS = frozenset(
-    kind.__struct_config__.tag for kind in (*Engine()._handlers, *job_nodes.JOB_KINDS)
+    kind.__struct_config__.tag for kind in (*Engine()._handlers, *nodes.JOB_KINDS)
 )  # a job's node and clock records have no handler of their own: ``nodes.arrive`` reads them

@@ -1,16 +1,24 @@
 """Averages over the training window: each sample weighted by how long its own measurement window overlaps the span
-from the first step to the latest step taken on the sample's host.
-
-Pure: no I/O, no clock. The window's end moves with every step, so a sample reaching past the latest step waits in a
-short pending list and counts up to wherever the window ends; once a later step passes it, it is settled. Steps cost
-nothing here (only the host's span moves); the work happens when a sample arrives and when a snapshot reads an average.
-"""
+from the first step to the latest step taken on the sample's host. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
 import msgspec
 
-__all__ = ["MAX_PENDING", "StepSpan", "WindowSum", "add_sample", "average", "extend_span"]
+# The window's end moves with every step, so a sample reaching past the latest step waits in a short pending list and
+# counts up to wherever the window ends; once a later step passes it, it is settled. Steps cost nothing here (only the
+# host's span moves); the work happens when a sample arrives and when a snapshot reads an average.
+
+__all__ = [
+    "MAX_PENDING",
+    "Pending",
+    "StepSpan",
+    "WindowSum",
+    "add_sample",
+    "average",
+    "extend_span",
+    "settle",
+]
 
 # Samples kept per counter beyond the latest step. Before the first step the oldest are dropped (they end before any
 # window can open); after it, the oldest but one are merged (a long eval or a finished loop), which is exact unless a
@@ -32,6 +40,8 @@ class StepSpan(msgspec.Struct, kw_only=True):
 
 
 class Pending(msgspec.Struct, array_like=True):
+    """A sample that reaches past the latest step: it counts once a later step passes its end."""
+
     start_t: float
     end_t: float
     value: float
@@ -64,7 +74,7 @@ def add_sample(
     if window is None:
         window = sums[name] = WindowSum()
     if span is not None and end_t <= span.last_t and not window.pending:
-        # The common case (a sampler reads after the steps it covers), settled at once as _settle would: no Pending
+        # The common case (a sampler reads after the steps it covers), settled at once as settle would: no Pending
         # is made and dropped (a GPU sample comes here seven times).
         overlap = _overlap(span, start_t, end_t, end_t) if span.gaps else end_t - max(start_t, span.first_t)
         if overlap > 0:
@@ -72,7 +82,7 @@ def add_sample(
             window.covered_s += overlap
         return
     window.pending.append(Pending(start_t, end_t, value))
-    _settle(window, span)
+    settle(window, span)
 
 
 def average(window: WindowSum | None, span: StepSpan | None) -> tuple[float, float] | None:
@@ -100,7 +110,8 @@ def _overlap(span: StepSpan, start_t: float, end_t: float, until_t: float) -> fl
     return overlap
 
 
-def _settle(window: WindowSum, span: StepSpan | None) -> None:
+def settle(window: WindowSum, span: StepSpan | None) -> None:
+    """Count the pending samples the window's end has passed; keep at most ``MAX_PENDING`` of the rest."""
     pending = window.pending
     if span is None:
         if len(pending) > MAX_PENDING:
