@@ -12,8 +12,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_torch, run_tm, wait_for
+from deadline import wait_for
 from test_report_browser import OfflinePage, assert_every_chart_drawn
+from tm_runs import REPO, run_tm
+from torch_required import require_torch
 
 pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
 

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import REPO, TM, log_records, only_run, require_torch, run_tm, wait_for
+from deadline import wait_for
 from test_engine_attempts import Log
+from tm_runs import REPO, TM, log_records, only_run, run_tm
+from torch_required import require_torch
 
 from trainmeter_core.model import records as rec
 

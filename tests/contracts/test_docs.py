@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core import api, hookspecs
 from trainmeter_core.commands.cli import COMMANDS

@@ -13,7 +13,7 @@ import sysconfig
 import zipfile
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 
 @pytest.mark.xdist_group("heavy")

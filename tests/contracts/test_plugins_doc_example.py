@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_tm
+from tm_runs import REPO, run_tm
 
 DOC = REPO / "docs" / "plugins.md"
 # A loop whose loss becomes NaN: the built-in loss_nan rule fires a critical alert.

@@ -14,7 +14,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
 

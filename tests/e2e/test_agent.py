@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from deadline import wait_for
 
 from trainmeter_agent._agent import PROBES
 from trainmeter_core.bus.hub import Hub
 from trainmeter_core.model import records as rec
 from trainmeter_core.runlog.recorder import Recorder
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BOOT = REPO / "trainmeter_agent" / "boot"
-SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
+SCRIPTS = REPO / "tests" / "agent_scripts"
 heavy = pytest.mark.xdist_group("heavy")
 
 

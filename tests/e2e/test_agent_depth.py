@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_for
+from deadline import wait_for
 from test_agent import SCRIPTS, Run, kinds, plain_env, tm_lines
 
 from trainmeter_agent._agent import MODEL_PROBES

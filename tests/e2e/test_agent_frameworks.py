@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_for
+from deadline import wait_for
 from test_agent import SCRIPTS, kinds
 from test_agent_trackers import require
 

@@ -9,7 +9,7 @@ import json
 import struct
 
 import pytest
-from conftest import wait_for
+from deadline import wait_for
 from test_agent import kinds, tm_lines
 from test_agent_depth import _same_run, facts
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from deadline import wait_for
 from test_agent import REPO, SCRIPTS, Run, kinds, plain_env, tm_lines
 
 from trainmeter_agent import _taps, taps

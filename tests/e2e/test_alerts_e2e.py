@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from conftest import log_records, only_run, run_tm
+from tm_runs import log_records, only_run, run_tm
 
 # Every rule scaled down at once, for every run below (the normal run included): a false alarm anywhere shows.
 SCALED = """
@@ -174,7 +174,7 @@ dist.destroy_process_group()
 
 @pytest.mark.xdist_group("heavy")
 def test_two_ranks_with_one_slow_make_one_straggler_episode(tm_env, tmp_path):
-    from conftest import require_torch
+    from torch_required import require_torch
 
     require_torch()
     (tmp_path / "ranks.py").write_text(RANKS)

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TM, log_records, only_run, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import TM, log_records, only_run, run_tm
 
 # A "training script" that burns CPU, holds memory, and counts its steps in a file we can watch.
 TRAIN = """

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import run_tm
 from test_plugins import fake_distribution
+from tm_runs import run_tm
 
 from trainmeter_core.commands import cli
 from trainmeter_core.model import records as rec

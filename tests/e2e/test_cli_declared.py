@@ -6,7 +6,7 @@ import json
 import sys
 
 import pytest
-from conftest import log_records, only_run, run_tm
+from tm_runs import log_records, only_run, run_tm
 
 BAD = [
     (["--budget-tokens", "1e400"], "--budget-tokens"),

@@ -11,7 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import run_tm, wait_for
+from deadline import wait_for
+from tm_runs import run_tm
 
 from trainmeter_core.model import records as rec
 
@@ -202,7 +203,7 @@ def test_numbers_read_in_their_units_rounded_to_three_significant_digits_first()
     assert difference_text(22.8, "s", "elapsed_s") == "+22.8 s"
 
 
-REAL = Path(__file__).parent / "fixtures" / "real"
+REAL = Path(__file__).parents[1] / "fixtures" / "real"
 
 
 def test_two_real_h200_runs_differ_by_their_iterations_and_sampling_and_share_one_convention(tm_env):
@@ -242,7 +243,7 @@ def test_runs_on_different_hardware_are_each_against_their_own_peak_with_a_note_
 
     week = tmp_path / "week"
     subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "scripts" / "week_run.py"), str(week)], check=True
+        [sys.executable, str(Path(__file__).parents[1] / "scripts" / "week_run.py"), str(week)], check=True
     )
     result = run_tm(["compare", "--json", str(REAL / "h200-nanogpt-eager"), str(week)], tm_env, timeout=300)
     assert result.returncode == 0, result.stderr

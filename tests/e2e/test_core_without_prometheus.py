@@ -14,7 +14,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO, only_run
+from tm_runs import REPO, only_run
 
 try:
     import tomllib

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_tm
 from test_engine import Run, feed
+from tm_runs import run_tm
 
 from trainmeter_core.model import records as rec
 
@@ -119,7 +119,7 @@ def test_the_agent_sends_the_count_and_the_missing_tokens_as_facts(run, torch):
 
 
 def test_the_model_card_names_the_counted_convention_once():
-    from conftest import REPO
+    from tm_runs import REPO
 
     from trainmeter_core.model import passport
     from trainmeter_core.runlog import replay

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_tm
 from test_plugins import fake_distribution
+from tm_runs import REPO, run_tm
 
 MARKS = ("[ok]", "[warn]", "[FAIL]")
 

@@ -9,7 +9,8 @@ import sys
 import textwrap
 
 import pytest
-from conftest import REPO, log_records, only_run, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import REPO, log_records, only_run, run_tm
 
 BURST = 200_000
 

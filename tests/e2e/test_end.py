@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TM, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import TM, run_tm
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.run.end import format_range, summary_line, view_command

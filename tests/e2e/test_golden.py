@@ -8,9 +8,9 @@ import shutil
 
 import msgspec
 import pytest
-from conftest import REPO, run_tm
 from schema1 import upgrade_snapshot
 from test_replay_unchanged import reconcile
+from tm_runs import REPO, run_tm
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine

@@ -13,7 +13,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_torch
+from tm_runs import REPO
+from torch_required import require_torch
 
 heavy = pytest.mark.xdist_group("heavy")
 GPU_CHECK = REPO / "scripts" / "gpu-check"

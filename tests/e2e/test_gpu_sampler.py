@@ -10,7 +10,8 @@ import sys
 import textwrap
 
 import pytest
-from conftest import log_records, only_run, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import log_records, only_run, run_tm
 
 from trainmeter_core.bus.proctree import read_environ
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE, PROFILER_ATTACHED, PlatformAdapter

@@ -11,7 +11,7 @@ import time
 from collections import deque
 
 import pytest
-from conftest import TM, only_run
+from tm_runs import TM, only_run
 
 from trainmeter_core.components.heartbeat import HeartbeatSink, Pacer, interval_s, ping
 from trainmeter_core.model import records as rec

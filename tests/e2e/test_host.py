@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import log_records, only_run, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import log_records, only_run, run_tm
 
 from trainmeter_core.bus.proctree import CLOCK_TICKS, PAGE_B, ProcessTree
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE

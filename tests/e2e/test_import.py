@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, log_records, only_run, run_tm
+from tm_runs import REPO, log_records, only_run, run_tm
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
 A100 = TRACES / "a100-nccl-rank0.pt.trace.json.gz"
@@ -254,7 +254,8 @@ def test_an_import_into_a_live_run_goes_through_its_hub_and_the_final_numbers_ho
     import subprocess
     import time
 
-    from conftest import TM, wait_for
+    from deadline import wait_for
+    from tm_runs import TM
 
     stop = tmp_path / "stop"
     loop = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)\n"

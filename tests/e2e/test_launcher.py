@@ -12,7 +12,8 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import TM, log_records, only_run, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import TM, log_records, only_run, run_tm
 
 
 def test_child_exit_status_is_tms_exit_status(tm_env, tmp_path):

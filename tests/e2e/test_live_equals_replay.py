@@ -10,7 +10,8 @@ import sys
 
 import msgspec
 import pytest
-from conftest import REPO, TM, log_records, only_run, wait_for
+from deadline import wait_for
+from tm_runs import REPO, TM, log_records, only_run
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.runlog import replay

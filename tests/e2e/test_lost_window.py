@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import log_records, only_run, run_tm
+from tm_runs import log_records, only_run, run_tm
 
 WINDOW_RECORDS = 4
 # emit(step=) declares one step record per call and nothing else: steps 1-4 and 5-8 leave as two full windows, steps

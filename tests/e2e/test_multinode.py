@@ -18,14 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, TM, log_records, require_torch, run_tm, wait_for
+from deadline import wait_for
 from netns import Nodes, descendants, launcher_pid, require_namespaces
+from tm_runs import BIN, TM, log_records, run_tm
+from torch_required import require_torch
 
 from trainmeter_core.bus.hub import NOT_FORWARDED
 
 pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
 
-SCRIPT = Path(__file__).parent / "agent_scripts" / "job_loop.py"
+SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "job_loop.py"
 # Each node's monotonic clock is this far from the machine's: unmapped, node 2's times would be two hours off.
 OFFSETS_S = (0, 3600, 7200)
 TOKENS_PER_STEP = 4096

@@ -15,7 +15,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TM, log_records, only_run, wait_for
+from deadline import wait_for
+from tm_runs import REPO, TM, log_records, only_run
 
 CAPTURE = str(REPO / "tests" / "scripts" / "capture_snapshots.py")
 LOOP = """

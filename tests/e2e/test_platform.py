@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TM, log_records, only_run
+from tm_runs import REPO, TM, log_records, only_run
 
 from trainmeter_core.model.platform_adapters import (
     MEASURED_FIELDS,

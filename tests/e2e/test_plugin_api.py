@@ -13,8 +13,8 @@ import textwrap
 
 import pluggy
 import pytest
-from conftest import REPO, log_records, only_run, run_tm
 from test_plugins import fake_distribution
+from tm_runs import REPO, log_records, only_run, run_tm
 
 from trainmeter_core import api, hookimpl, hookspecs
 from trainmeter_core.plugins import AGENT_GROUP, Plugins

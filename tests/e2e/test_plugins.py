@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_tm
+from tm_runs import run_tm
 
 
 def fake_distribution(site, name, entry_points, module_source=None):

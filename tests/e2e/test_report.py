@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_tm
 from test_web_view import write_run
+from tm_runs import REPO, run_tm
 
 from trainmeter_core.model.history import History
 from trainmeter_web import bundle

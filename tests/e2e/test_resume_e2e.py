@@ -13,7 +13,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import REPO, TM, log_records, only_run, require_torch, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import REPO, TM, log_records, only_run, run_tm
+from torch_required import require_torch
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.runlog import replay

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import log_records, only_run, run_tm
+from tm_runs import log_records, only_run, run_tm
 
 SLEEP = "import time; time.sleep(3)"
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, log_records, only_run, require_torch, run_tm
+from tm_runs import REPO, log_records, only_run, run_tm
+from torch_required import require_torch
 
 LOOP = str(REPO / "tests" / "scripts" / "torch_loop.py")
 ITERATIONS = 500

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import REPO, run_tm
 
 EXAMPLE = str(REPO / "examples" / "subscribe.py")
 LOOP = str(REPO / "tests" / "scripts" / "emit_loop.py")

@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, TM, log_records, only_run, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import REPO, TM, log_records, only_run, run_tm
 
 LOOP = str(REPO / "tests" / "scripts" / "emit_loop.py")
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TM, only_run, run_tm, wait_for
+from deadline import wait_for
+from tm_runs import REPO, TM, only_run, run_tm
 
 LOOP = str(REPO / "tests" / "scripts" / "emit_loop.py")
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import TM
+from tm_runs import TM
 
 
 def run_in_pty(

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import TM, log_records, only_run, wait_for
+from deadline import wait_for
+from tm_runs import TM, log_records, only_run
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine

@@ -9,8 +9,9 @@ import os
 import threading
 
 import msgspec
-from conftest import log_records, wait_for
+from deadline import wait_for
 from test_hub import END, raw_push, running_hub
+from tm_runs import log_records
 
 from trainmeter_core.bus import client as bus
 from trainmeter_core.model import records as rec

@@ -12,7 +12,8 @@ import time
 
 import msgspec
 import zmq
-from conftest import log_records, wait_for
+from deadline import wait_for
+from tm_runs import log_records
 
 from trainmeter_core.bus import client as bus
 from trainmeter_core.bus.hub import Hub

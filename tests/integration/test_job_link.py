@@ -17,7 +17,8 @@ import msgspec
 import pytest
 import zmq
 import zmq.utils.z85
-from conftest import log_records, wait_for
+from deadline import wait_for
+from tm_runs import log_records
 
 from trainmeter_core.bus import jobkeys
 from trainmeter_core.bus import jobwire as wire

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from conftest import wait_for
+from deadline import wait_for
 from test_hub import END, running_hub
 
 from trainmeter_core.model import records as rec

@@ -15,7 +15,7 @@ import tempfile
 import time
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core.runlog import rundir
 from trainmeter_core.runlog.rundir import RunDirError, RunLock

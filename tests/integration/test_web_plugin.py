@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core.plugins import Plugins
 

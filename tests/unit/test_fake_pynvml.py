@@ -4,7 +4,7 @@ import ctypes
 import json
 
 import pytest
-from conftest import ManualClock
+from manual_clock import ManualClock
 
 from trainmeter_sources.gpu import fake_pynvml as nvml
 

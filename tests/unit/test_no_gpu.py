@@ -4,7 +4,7 @@ gpu0 whose Xid count reads 0), and a CPU run spends no GPU-hours. Unknown is abs
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine

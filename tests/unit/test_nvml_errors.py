@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core.model.platform_adapters import GPM_BLOCKED, GPU_LOST, MEASURED_FIELDS, ServerAdapter
 from trainmeter_sources.gpu import fake_pynvml as nvml

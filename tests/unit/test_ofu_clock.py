@@ -5,7 +5,7 @@ else the max SM clock the device reports; it is named in the label and the expla
 from __future__ import annotations
 
 import pytest
-from conftest import ManualClock
+from manual_clock import ManualClock
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.model.engine import Engine

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core.importers.jsonstream import TraceError, TraceReader
 from trainmeter_core.importers.kineto import KinetoImporter, worker_identity

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core.model import passport
 from trainmeter_core.runlog import replay

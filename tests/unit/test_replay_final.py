@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from conftest import REPO
+from tm_runs import REPO
 
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history import NoHistory

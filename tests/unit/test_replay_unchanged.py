@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import REPO
 from schema1 import upgrade_snapshot
+from tm_runs import REPO
 
 from trainmeter_core.model import records as rec
 from trainmeter_core.runlog import replay

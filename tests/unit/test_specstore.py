@@ -12,7 +12,7 @@ from trainmeter_core.model.device_specs import SpecError
 from trainmeter_core.run import specstore
 from trainmeter_core.run.specstore import builtin_spec_dir, load_spec_file, load_specs
 
-REPO_SPECS = Path(__file__).resolve().parent.parent / "specs"
+REPO_SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 REQUIRED_IDS = {
     "h100-sxm", "h100-pcie", "h100-nvl", "h200-sxm", "h200-nvl", "gh200",
