@@ -91,7 +91,7 @@ class PurityGuard:
 
     def _refuser(self, what: str):
         def refused(*args, **kwargs):
-            self.refuse(f"{what}{args!r}")
+            self.refuse(f"{what}({', '.join(map(repr, args))})")
 
         return refused
 
