@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_web_browser import LOOP, XSS_KEY, loss_points_in_log, shown_number, tiny_gpt_run
+from dashboard_page import LOOP, XSS_KEY, loss_points_in_log, shown_number, tiny_gpt_run
 from tm_runs import REPO, only_run, run_tm
 
 pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
