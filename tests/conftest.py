@@ -17,8 +17,9 @@ from manual_clock import ManualClock
 from tm_runs import BIN
 from torch_required import require_torch
 
-# The guard of tests/unit/conftest.py is proven on planted test files run by pytester (tests/unit/test_unit_guard.py).
-pytest_plugins = ["pytester"]
+# The guard of tests/unit/conftest.py is proven on planted test files run by pytester (tests/unit/test_unit_guard.py);
+# xdist_groups keeps each xdist_group on one worker (the heavy tests one at a time) under pytest 9.2.
+pytest_plugins = ["pytester", "xdist_groups"]
 
 
 @pytest.fixture
