@@ -23,7 +23,8 @@ from layers import mark_layer
 ELSEWHERE = "unit tests are pure: a test that needs it belongs in tests/integration or tests/e2e"
 
 # Every way the standard library starts a process ends in one of these (subprocess in _posixsubprocess.fork_exec or
-# os.posix_spawn, multiprocessing in os.fork or fork_exec); the Python-level ones are patched too for a clearer name.
+# os.posix_spawn, multiprocessing in os.fork or fork_exec); Popen and Process.start are patched too, for a clearer
+# message.
 OS_PROCESS_STARTERS = [
     "fork", "forkpty", "posix_spawn", "posix_spawnp", "system",
     "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
