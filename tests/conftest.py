@@ -1,60 +1,25 @@
-"""Shared fixtures: every test owns its run directory, its sockets and its environment; nothing is installed here."""
+"""Shared fixtures: every test owns its run directory, its sockets and its environment; nothing is installed here.
+
+Only fixtures and hooks live here: helpers a test imports by name are in modules named for what they hold
+(``tm_runs``, ``deadline``, ``torch_required``, ``manual_clock``), which pyproject.toml's ``pythonpath`` puts on the
+path of every layer folder. Each layer folder's conftest.py marks its tests with the layer's name (``layers``).
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from manual_clock import ManualClock
+from tm_runs import BIN
+from torch_required import require_torch
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-TM = str(BIN / "tm") if (BIN / "tm").exists() else shutil.which("tm")
-
-
-def require_torch():
-    """torch, or a failure when CI installed it (TM_REQUIRE_TORCH=1), or a skip that says why."""
-    try:
-        import torch
-    except ImportError as exc:
-        if os.environ.get("TM_REQUIRE_TORCH") == "1":
-            pytest.fail(f"torch is required here (TM_REQUIRE_TORCH=1) but does not import: {exc}")
-        pytest.skip(f"torch is not installed ({exc}); .ci/run installs it")
-    return torch
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 30.0, what: str = "condition") -> object:
-    """Poll until ``predicate`` returns something truthy; fail with ``what`` after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def log_records(run_dir: Path) -> list[dict]:
-    """Every line of a run's log as plain JSON (the raw form a user would grep)."""
-    out = []
-    for seg in sorted(run_dir.glob("events-*.jsonl")):
-        for line in seg.read_text().splitlines():
-            out.append(json.loads(line))
-    return out
-
-
-def only_run(runs: Path) -> Path:
-    dirs = [p for p in runs.iterdir() if p.is_dir()]
-    assert len(dirs) == 1, dirs
-    return dirs[0]
+# The guard of tests/unit/conftest.py is proven on planted test files run by pytester (tests/unit/test_unit_guard.py);
+# xdist_groups keeps each xdist_group on one worker (the heavy tests one at a time) under pytest 9.2.
+pytest_plugins = ["pytester", "xdist_groups"]
 
 
 @pytest.fixture
@@ -96,16 +61,6 @@ def short_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-class ManualClock:
-    """The fake NVML's clock, moved by hand: a test says when each sample is taken."""
-
-    def __init__(self, now_s: float = 1000.0):
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 @pytest.fixture
 def clock(monkeypatch):
     """A ManualClock behind the fake NVML; afterwards no fake machine is installed and no library handle is open."""
@@ -117,10 +72,6 @@ def clock(monkeypatch):
     yield manual
     fake_pynvml.install(None)
     backend._opened.clear()
-
-
-def run_tm(args: list[str], env: dict[str, str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([TM, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

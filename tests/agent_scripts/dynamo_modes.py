@@ -1,4 +1,4 @@
-"""A loop that lets dynamo in after a few eager steps, for tests/test_agent_dynamo.py.
+"""A loop that lets dynamo in after a few eager steps, for tests/e2e/test_agent_dynamo.py.
 
 Usage: dynamo_modes.py compile|function|export|export-strict. ``compile``: torch.compile(model) (backend "eager"),
 then steps through the compiled model. ``function``: a compiled function (fullgraph) that calls the model, stepped

@@ -2,7 +2,7 @@
 Prometheus server (Debian's ``prometheus`` package) started on loopback with its own config and data folder.
 
 A module with a name of its own rather than a conftest.py: tm's suite collects these tests beside its own ``tests/``,
-whose conftest.py its modules import by name.
+where several conftest.py files make ``from conftest import`` ambiguous (tm's helpers have names of their own too).
 """
 
 from __future__ import annotations

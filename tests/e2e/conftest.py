@@ -1,0 +1,9 @@
+"""The end-to-end tests: they run ``tm``, a training script or torch, as a user would. Each is marked ``e2e``; those
+with several processes or a torch loop are also ``heavy`` (marked in their files), and two heavy tests never share the
+cores."""
+
+from layers import mark_layer
+
+
+def pytest_itemcollected(item):
+    mark_layer(item, "e2e")

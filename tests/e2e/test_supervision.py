@@ -1,0 +1,153 @@
+"""A killed component process is restarted, says so on the bus, and costs the training and the log nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from deadline import wait_for
+from tm_runs import REPO, TM, log_records, only_run, run_tm
+
+LOOP = str(REPO / "tests" / "scripts" / "emit_loop.py")
+
+
+def live_log(run_dir):
+    try:
+        return log_records(run_dir)
+    except (OSError, ValueError):  # a line being written right now
+        return []
+
+
+def first_pid(records, process):
+    for r in records:
+        if r["kind"] == "component" and r["process"] == process and r["event"] in ("started", "restarted"):
+            return r["child_pid"]
+    return None
+
+
+@pytest.mark.xdist_group("heavy")
+@pytest.mark.parametrize("process", ["components", "host"])
+def test_kill_9_of_a_component_process_restarts_it_and_loses_nothing(tm_env, tmp_path, process):
+    env = dict(tm_env, TM_HOST_INTERVAL_S="0.2")
+    if process == "host":
+        env["TM_OWN_PROCESS"] = (
+            "host"  # the host sampler in a process of its own: a placement, not a code change
+        )
+    steps = 80
+    proc = subprocess.Popen(
+        [TM, "--", sys.executable, LOOP, str(steps), "0.1", str(tmp_path / "done")],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = tmp_path / "runs"
+    run = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run directory")
+    wait_for(lambda: any(r["kind"] == "sample.host" for r in live_log(run)), what="a first host sample")
+    pid = first_pid(live_log(run), process)
+    assert pid is not None
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted():
+        recs = live_log(run)
+        crash = [
+            r
+            for r in recs
+            if r["kind"] == "component" and r["event"] == "crashed" and r["process"] == process
+        ]
+        again = [
+            r
+            for r in recs
+            if r["kind"] == "component" and r["event"] == "restarted" and r["process"] == process
+        ]
+        if not (crash and again):
+            return None
+        later = [r for r in recs if r["kind"] == "sample.host" and r["seq"] > again[0]["seq"]]
+        return (crash[0], again[0]) if later else None
+
+    crash, again = wait_for(restarted, what="the crash, the restart and host samples after it")
+    assert crash["signal"] == signal.SIGKILL and crash["child_pid"] == pid
+    assert again["child_pid"] != pid
+    print(f"restart of {process} seen in the log {time.monotonic() - killed_at:.2f} s after kill -9")
+    assert proc.wait(60) == 0, proc.stderr.read()
+    assert (tmp_path / "done").read_text() == f"done {steps}\n"
+    recs = log_records(run)
+    assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, steps + 1))
+    metrics = [r for r in recs if r["kind"] == "metric"]
+    assert len(metrics) == steps
+    summary = (run / "summary.json").read_text()
+    assert '"steps": 80' in summary
+
+
+@pytest.mark.xdist_group("heavy")
+def test_kill_9_of_the_launcher_leaves_the_training_running_and_the_run_lost(tm_env, tmp_path):
+    steps = 40
+    done = tmp_path / "done"
+    proc = subprocess.Popen(
+        [TM, "--", sys.executable, LOOP, str(steps), "0.1", str(done)],
+        env=tm_env,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # so the test can tell tm's processes from its own
+    )
+    runs = tmp_path / "runs"
+    run = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run directory")
+    wait_for(lambda: any(r["kind"] == "step" for r in live_log(run)), what="a first step")
+    component_pids = wait_for(
+        lambda: {r["child_pid"] for r in live_log(run) if r["kind"] == "component" and r.get("child_pid")},
+        what="the components' start records",
+    )
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    wait_for(done.exists, what="the training to finish on its own")
+    assert done.read_text() == f"done {steps}\n"
+
+    def gone(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie is gone in every way that matters (its parent, the test's init, reaps it later).
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+
+    wait_for(lambda: all(gone(p) for p in component_pids), what="every tm component process to exit")
+    listing = run_tm(["runs"], tm_env)
+    assert run.name in listing.stdout
+    line = next(line for line in listing.stdout.splitlines() if run.name in line)
+    assert " lost " in line
+
+
+def test_a_component_that_returns_on_its_own_is_stopped_not_restarted(tm_env, tmp_path):
+    # A plugin's component with nothing to do (a sink without its setting, say) returns at once: its process exits 0.
+    # That is a finish, said once as "stopped", not a crash to restart with backoff until the run ends.
+    from test_plugins import fake_distribution
+
+    site = tmp_path / "site"
+    fake_distribution(
+        site,
+        "tm-done-early",
+        "[trainmeter]\ndone_early = tm_done_early\n",
+        "from trainmeter_core.api import hookimpl\n\n"
+        "class DoneEarly:\n"
+        "    name = 'done-early'\n"
+        "    subscribes = ()\n"
+        "    shared = False\n\n"
+        "    def run(self, ctx):\n"
+        "        return\n\n"
+        "@hookimpl\n"
+        "def trainmeter_components():\n"
+        "    return [DoneEarly]\n",
+    )
+    env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
+    result = run_tm(["--", sys.executable, "-c", "import time; time.sleep(3)"], env)
+    assert result.returncode == 0, result.stderr
+    events = [
+        r["event"]
+        for r in log_records(only_run(tmp_path / "runs"))
+        if r["kind"] == "component" and r["name"] == "done-early"
+    ]
+    assert events == ["started", "stopped"]
