@@ -139,7 +139,7 @@ def bench_step_hooks(trainmeter_agent) -> None:
 
     without_hooks = _per_call_us(baseline, 500)
     _line("pre+post hooks, step record sent", _per_call_us(hooks_only, 500), without_hooks)
-    from trainmeter_core.model import records as rec
+    from trainmeter_core.model import records
 
     producer, agent.producer = agent.producer, _BuildOnly()
     _line("pre+post hooks, record not sent", _per_call_us(hooks_only, 500), without_hooks)
@@ -147,7 +147,7 @@ def bench_step_hooks(trainmeter_agent) -> None:
 
     def sends(n: int) -> None:
         for i in range(n):
-            producer.send(rec.Step(step=i + 1))
+            producer.send(records.Step(step=i + 1))
 
     figures = _per_call_us(sends, 500)
     print(
@@ -231,13 +231,13 @@ class _BuildOnly:
     def send(self, record) -> bool:
         return True
 
-    def send_many(self, records) -> bool:
+    def send_many(self, logged) -> bool:
         return True
 
     def stamp(self, record, now_t: float, now_wall: float) -> None:
         pass
 
-    def send_window(self, items: list, records: int) -> bool:
+    def send_window(self, items: list, logged: int) -> bool:
         return True
 
 

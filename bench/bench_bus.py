@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainmeter_core.bus import client as bus  # noqa: E402
-from trainmeter_core.model import records as rec  # noqa: E402
+from trainmeter_core.model import records  # noqa: E402
 
 TARGET_PER_S = 150_000
 IDLE_GIVE_UP_S = 30.0
@@ -30,7 +30,7 @@ def _frames(n: int, batch: int) -> list[list[bytes]]:
     """The producer's messages, encoded before the clock starts: what an agent sends for n training steps."""
     host, pid = socket.gethostname(), os.getpid()
     steps = [
-        rec.Step(
+        records.Step(
             step=i,
             t=1000.0 + i * 0.25,
             wall=1.7e9 + i * 0.25,
@@ -45,8 +45,8 @@ def _frames(n: int, batch: int) -> list[list[bytes]]:
         for i in range(n)
     ]
     if batch == 1:
-        return [[b"step", rec.encode(s)] for s in steps]
-    return [[bus.BATCH_TOPIC, rec.encode_many(steps[i : i + batch])] for i in range(0, n, batch)]
+        return [[b"step", records.encode(s)] for s in steps]
+    return [[bus.BATCH_TOPIC, records.encode_many(steps[i : i + batch])] for i in range(0, n, batch)]
 
 
 def producer_main(endpoint: str, n: int, batch: int, go, results) -> None:
@@ -81,7 +81,7 @@ def subscriber_main(endpoint: str, n: int, ready, results) -> None:
             continue
         idle_since = None
         ready.set()  # the first probe came through: the subscription is live
-        if type(record) is rec.Step:
+        if type(record) is records.Step:
             got += 1
             last_t = now
     results.put(("subscriber", last_t, got, sub.gaps, sub.malformed))
@@ -104,9 +104,9 @@ def pull_main(endpoint: str, n: int, ready, results) -> None:
         if not poller.poll(IDLE_GIVE_UP_S * 1000):
             break
         topic, body = sock.recv_multipart()
-        payloads = rec.split_batch(body) if topic == bus.BATCH_TOPIC else [body]
+        payloads = records.split_batch(body) if topic == bus.BATCH_TOPIC else [body]
         for payload in payloads:
-            if type(rec.decode(payload)) is rec.Step:
+            if type(records.decode(payload)) is records.Step:
                 got += 1
         last_t = time.monotonic()
     results.put(("subscriber", last_t, got, 0, 0))
@@ -141,10 +141,10 @@ def through_hub(n: int, batch: int, folder: Path) -> dict:
     sub.start()
     prod.start()
     while not ready.wait(0.05):  # a SUB joins late: probe until the subscriber hears one
-        hub.inject(rec.Notice(topic="bench", message="probe"))
+        hub.inject(records.Notice(topic="bench", message="probe"))
     go.set()
     out = _collect(results, [sub, prod])
-    hub.finish(rec.RunEnd(status=0, reason="exited", elapsed_s=0.0))
+    hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=0.0))
     recorder.close()
     start_t, _ = out["producer"]
     last_t, got, gaps, malformed = out["subscriber"]

@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainmeter_core.bus import jobkeys  # noqa: E402
 from trainmeter_core.bus import jobwire as wire  # noqa: E402
-from trainmeter_core.model import records as rec  # noqa: E402
+from trainmeter_core.model import records  # noqa: E402
 
 TARGET_PER_S = 100_000
 NODE_HOST = "bench-node1"
 
 
-def _steps(n: int) -> list[rec.Step]:
+def _steps(n: int) -> list[records.Step]:
     return [
-        rec.Step(
+        records.Step(
             step=i,
             t=1000.0 + i,
             wall=1.7e9 + i,
@@ -72,7 +72,7 @@ def job_hub_main(folder: str, keys_dir: str, ready, done, n: int) -> None:
             done.put((time.monotonic(), time.process_time()))
             break
         time.sleep(0.001)
-    hub.finish(rec.RunEnd(status=0, reason="exited", elapsed_s=1.0))
+    hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=1.0))
     recorder.close()
 
 
@@ -98,7 +98,7 @@ def node_main(folder: str, keys_dir: str, endpoint: str | None, ready, report) -
     cpu = time.process_time() - cpu
     if hub.forwarder is not None:
         hub.forwarder.finish(5.0)
-    hub.finish(rec.RunEnd(status=0, reason="exited", elapsed_s=1.0))
+    hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=1.0))
     recorder.close()
     ready.put(cpu)
 
@@ -129,7 +129,7 @@ def whole_path(n: int, folder: str, keys_dir: str) -> float:
     node_ready.get(timeout=30)
     steps = _steps(n)
     # What an agent sends: batches of 100 records (it batches metrics the same way).
-    frames = [[b"batch", rec.encode_many(steps[i : i + 100])] for i in range(0, n, 100)]
+    frames = [[b"batch", records.encode_many(steps[i : i + 100])] for i in range(0, n, 100)]
     start = time.monotonic()
     _push(f"ipc://{folder}/nin", frames)
     node_stop.put("start")
@@ -150,7 +150,7 @@ def link_alone(n: int, keys: jobkeys.JobKeys, curve: bool) -> float:
 
     import zmq
 
-    payloads = [rec.encode(s) for s in _steps(n)]
+    payloads = [records.encode(s) for s in _steps(n)]
     groups = [
         [wire.RECS, wire.number(i + 1), wire.group(payloads[i : i + wire.GROUP_MAX])]
         for i in range(0, n, wire.GROUP_MAX)
@@ -183,7 +183,7 @@ def link_alone(n: int, keys: jobkeys.JobKeys, curve: bool) -> float:
     received = 0
     while received < n:
         frames = router.recv_multipart()
-        received += len(rec.split_batch(frames[3]))
+        received += len(records.split_batch(frames[3]))
     elapsed = time.monotonic() - start
     sender.join()
     dealer.close(0)
@@ -219,9 +219,9 @@ def step_cost(folder: str, keys_dir: str, forward: bool, steps: int = 2000) -> t
             node_ctl.put("start")
         start = time.perf_counter()
         sum(x * x for x in work)  # the step's compute, about 1 ms
-        producer.send(rec.Step(step=i + 1, host=NODE_HOST, step_time_s=0.01, tokens=4096))
-        producer.send(rec.Metric(values={"loss": 2.0, "lr": 3e-4}, step=i + 1, host=NODE_HOST))
-        producer.send(rec.Phase(phase="data_wait", start_t=1.0, end_t=1.001, host=NODE_HOST))
+        producer.send(records.Step(step=i + 1, host=NODE_HOST, step_time_s=0.01, tokens=4096))
+        producer.send(records.Metric(values={"loss": 2.0, "lr": 3e-4}, step=i + 1, host=NODE_HOST))
+        producer.send(records.Phase(phase="data_wait", start_t=1.0, end_t=1.001, host=NODE_HOST))
         if i >= warmup:
             times.append(time.perf_counter() - start)
     node_ctl.put("stop")

@@ -26,7 +26,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from trainmeter_core.model import records as rec  # noqa: E402
+from trainmeter_core.model import records  # noqa: E402
 from trainmeter_core.model.engine import Engine  # noqa: E402
 from trainmeter_core.runlog.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from trainmeter_core.runlog.reader import read_log  # noqa: E402
@@ -38,18 +38,18 @@ def synthetic_log(path: Path, n: int) -> int:
     t = 1000.0
     with open(path / "events-0001.jsonl", "wb") as f:
 
-        def put(record: rec.Record) -> None:
+        def put(record: records.Record) -> None:
             nonlocal seq
             seq += 1
             record.seq = seq
             # The hub names its host in every record: the GPU samples then meet the steps' training window.
             record.host = "bench"
-            data = rec.to_builtins(record)
+            data = records.to_builtins(record)
             data["seq"] = data.pop("seq")  # as the recorder writes it: the hub appends seq last
-            f.write(rec.to_log_line(data))
+            f.write(records.to_log_line(data))
 
         put(
-            rec.Fact(
+            records.Fact(
                 name="peak",
                 value={"flops": 1e12, "label": "declared", "source": "bench", "device_type": "cpu"},
                 provenance="declared",
@@ -58,7 +58,7 @@ def synthetic_log(path: Path, n: int) -> int:
             )
         )
         put(
-            rec.Fact(
+            records.Fact(
                 name="device",
                 value={"type": "cpu", "index": None, "uuid": None},
                 provenance="detected",
@@ -75,17 +75,17 @@ def synthetic_log(path: Path, n: int) -> int:
             ("seq_len", 1024),
             ("tokens_per_step", 524_288),
         ):
-            put(rec.Fact(name=name, value=value, provenance="declared", origin=f"--{name}", t=t))
+            put(records.Fact(name=name, value=value, provenance="declared", origin=f"--{name}", t=t))
         step = 0
         while seq < n:
             for _ in range(100):
                 step += 1
                 t += 0.01
-                put(rec.Step(step=step, step_time_s=0.01, t=t, rank=0))
-                put(rec.Metric(values={"train_loss": 3.0 - step * 1e-6}, step=step, t=t))
+                put(records.Step(step=step, step_time_s=0.01, t=t, rank=0))
+                put(records.Metric(values={"train_loss": 3.0 - step * 1e-6}, step=step, t=t))
             for gpu in range(8):
                 put(
-                    rec.SampleGpu(
+                    records.SampleGpu(
                         index=gpu,
                         util_gpu=0.9,
                         sm_active=0.7,
@@ -96,7 +96,7 @@ def synthetic_log(path: Path, n: int) -> int:
                         t=t,
                     )
                 )
-            put(rec.Tick(n=step // 100, interval_s=1.0, t=t))
+            put(records.Tick(n=step // 100, interval_s=1.0, t=t))
     return seq
 
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainmeter_core.model import records as rec  # noqa: E402
+from trainmeter_core.model import records  # noqa: E402
 
 WALL0 = 1_700_000_000.0
 WEEK_S = 7 * 24 * 3600
@@ -57,7 +57,7 @@ class Joined:
         whole = History.from_state(self.live.history.to_state())
         self.model.load_history(whole, self.live.incarnation, self.live.n)
 
-    def feed(self, record: rec.Record) -> None:
+    def feed(self, record: records.Record) -> None:
         self.model.feed(record)
         for out in self.live.feed(record):
             self.model.feed(out)
@@ -69,21 +69,21 @@ def small_model(steps: int) -> Joined:
     seq = 0
     for step in range(1, steps + 1):
         for record in (
-            rec.Step(step=step, tokens_global=4096),
-            rec.Metric(values={"train_loss": 4.0 / step}, step=step),
+            records.Step(step=step, tokens_global=4096),
+            records.Metric(values={"train_loss": 4.0 / step}, step=step),
         ):
             seq += 1
             record.seq, record.t, record.wall = seq, step * 0.1, WALL0 + step * 0.1
             joined.feed(record)
-    joined.feed(rec.Tick(n=1, interval_s=1.0, seq=seq + 1, t=steps * 0.1, wall=WALL0 + steps * 0.1))
+    joined.feed(records.Tick(n=1, interval_s=1.0, seq=seq + 1, t=steps * 0.1, wall=WALL0 + steps * 0.1))
     return joined
 
 
-def gpu_facts() -> list[rec.Record]:
-    out: list[rec.Record] = [
-        rec.Fact(name="convention", value="titan", provenance="declared", origin="--convention"),
-        rec.Fact(name="flop_per_token", value=6.0e9, provenance="declared", origin="--flops-per-token"),
-        rec.Fact(
+def gpu_facts() -> list[records.Record]:
+    out: list[records.Record] = [
+        records.Fact(name="convention", value="titan", provenance="declared", origin="--convention"),
+        records.Fact(name="flop_per_token", value=6.0e9, provenance="declared", origin="--flops-per-token"),
+        records.Fact(
             name="budget_tokens",
             value=WEEK_STEPS * 4096 * 1.2,
             provenance="declared",
@@ -92,7 +92,7 @@ def gpu_facts() -> list[rec.Record]:
     ]
     for i in range(GPUS):
         out.append(
-            rec.Fact(
+            records.Fact(
                 name="gpu",
                 device=f"node/gpu{i}",
                 provenance="detected",
@@ -109,7 +109,7 @@ def gpu_facts() -> list[rec.Record]:
             )
         )
         out.append(
-            rec.Fact(
+            records.Fact(
                 name="device",
                 rank=i,
                 provenance="detected",
@@ -120,9 +120,9 @@ def gpu_facts() -> list[rec.Record]:
     return out
 
 
-def gpu_sample(i: int, k: int) -> rec.SampleGpu:
+def gpu_sample(i: int, k: int) -> records.SampleGpu:
     phase = math.sin(k / 300 + i)
-    return rec.SampleGpu(
+    return records.SampleGpu(
         index=i, uuid=f"GPU-{i}", host="node", util_gpu=0.97, sm_active=0.8 + 0.05 * phase, tensor_active=0.5 + 0.05 * phase,
         dram_active=0.3, clock_sm_mhz=1980.0, power_w=650.0 + 20 * phase, gpm_window_s=1.0,
     )  # fmt: skip
@@ -138,7 +138,7 @@ def week_model():
     seq = 0
     t = float(WEEK_S - 120)
 
-    def feed(record: rec.Record) -> None:
+    def feed(record: records.Record) -> None:
         nonlocal seq
         seq += 1
         record.seq, record.host = seq, record.host or "node"
@@ -153,15 +153,15 @@ def week_model():
         t += 1.0
         for _ in range(1 + k % 2):
             step += 1
-            feed(rec.Step(step=step, tokens_global=4096, step_time_s=0.6))
+            feed(records.Step(step=step, tokens_global=4096, step_time_s=0.6))
             feed(
-                rec.Metric(
+                records.Metric(
                     values={"train_loss": 2.0 + 1.0 / math.log(step), "lr": 1e-4, "grad_norm": 0.3}, step=step
                 )
             )
         for i in range(GPUS):
             feed(gpu_sample(i, k))
-        feed(rec.Tick(n=k, interval_s=1.0))
+        feed(records.Tick(n=k, interval_s=1.0))
     state = joined.live.engine.state
     state.tokens_seen, state.steps_with_tokens, state.steps = step * 4096, step, step
     # The week's history, built once per cadence and shared by name (the bytes are what a real week leaves).
@@ -224,15 +224,15 @@ def serve(sock: socket.socket, which: str, ready, live_hz: float) -> None:
         time.sleep(1.0 / live_hz)
         k += 1
         t += 1.0
-        records: list[rec.Record] = []
+        logged: list[records.Record] = []
         for _ in range(1 + (k % 3 != 0)):
             step += 1
-            records += [rec.Step(step=step, tokens_global=4096, step_time_s=0.6),
-                        rec.Metric(values={"train_loss": 2.0 + 1.0 / math.log(step), "lr": 1e-4, "grad_norm": 0.3}, step=step)]  # fmt: skip
+            logged += [records.Step(step=step, tokens_global=4096, step_time_s=0.6),
+                        records.Metric(values={"train_loss": 2.0 + 1.0 / math.log(step), "lr": 1e-4, "grad_norm": 0.3}, step=step)]  # fmt: skip
         if which == "week":
-            records += [gpu_sample(i, k) for i in range(GPUS)]
-        records.append(rec.Tick(n=10**6 + k, interval_s=1.0))
-        for record in records:
+            logged += [gpu_sample(i, k) for i in range(GPUS)]
+        logged.append(records.Tick(n=10**6 + k, interval_s=1.0))
+        for record in logged:
             seq += 1
             record.seq, record.t, record.wall, record.host = seq, t, WALL0 + t, "node"
             joined.feed(record)

@@ -22,8 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainmeter_core.bus.hub import Hub  # noqa: E402
-from trainmeter_core.model import agent_batch  # noqa: E402
-from trainmeter_core.model import records as rec  # noqa: E402
+from trainmeter_core.model import (
+    agent_batch,  # noqa: E402
+    records,  # noqa: E402
+)
 from trainmeter_core.runlog.recorder import Recorder  # noqa: E402
 
 STEPS_PER_WINDOW = 250  # 50 ms of a ~200 us loop: a steady step (with its loss) and a data wait each
@@ -56,7 +58,7 @@ def _window_items(first_step: int) -> list:
 
 def _header() -> dict:
     return {
-        "v": rec.SCHEMA_VERSION,
+        "v": records.SCHEMA_VERSION,
         "source": "agent",
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -69,7 +71,7 @@ def _as_batch(items: list) -> bytes:
     """The same records as the agent built them before the window: Structs with the header, one batch."""
     header = _header()
     head, raws = agent_batch.split_window(agent_batch.encode_window(header, items))
-    return rec.encode_many([r for raw in raws for r in agent_batch.expand(raw, head)])
+    return records.encode_many([r for raw in raws for r in agent_batch.expand(raw, head)])
 
 
 def _feed(hub: Hub, recorder: Recorder, messages: list[tuple[str, bytes]]) -> tuple[float, int]:
@@ -80,8 +82,8 @@ def _feed(hub: Hub, recorder: Recorder, messages: list[tuple[str, bytes]]) -> tu
         if how == "window":
             hub._accept_window(payload)
         else:
-            items = rec.split_batch(payload)
-            checked = rec.check_batch(payload)
+            items = records.split_batch(payload)
+            checked = records.check_batch(payload)
             for raw, one in zip(items, checked, strict=True):
                 hub._accept(raw, checked=one)
         hub.out.flush()
@@ -116,11 +118,11 @@ def main() -> None:
         batches = [("batch", _as_batch(w)) for w in items]
         batch_make_s = time.process_time() - started - window_make_s  # _as_batch encodes a window first
         figures: dict[str, list[float]] = {"window": [], "batch": []}
-        records = 0
+        logged = 0
         for _ in range(args.rounds):
             for name, messages in (("window", windows), ("batch", batches)):
-                cpu_s, records = _feed(hub, recorder, messages)
-                figures[name].append(cpu_s / records * 1e6)
+                cpu_s, logged = _feed(hub, recorder, messages)
+                figures[name].append(cpu_s / logged * 1e6)
         recorder.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import weakref
 
 from trainmeter_core.components.engine import LiveEngine
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.history import History
 from trainmeter_web.dashboard_state import DashboardState
 
@@ -17,11 +17,11 @@ class LiveRun:
     def __init__(self, model: DashboardState | None = None) -> None:
         self.model = model if model is not None else DashboardState()
         self.live = LiveEngine()
-        self.published: list[rec.Record] = []
+        self.published: list[records.Record] = []
         whole = History.from_state(self.live.history.to_state())
         self.model.load_history(whole, self.live.incarnation, self.live.n)
 
-    def feed(self, record: rec.Record) -> bool:
+    def feed(self, record: records.Record) -> bool:
         """The record, then what the engine made of it; True when the model's document changed."""
         changed = self.model.feed(record)
         for out in self.live.feed(record):
@@ -33,7 +33,7 @@ class LiveRun:
 _JOINED: weakref.WeakKeyDictionary[DashboardState, LiveRun] = weakref.WeakKeyDictionary()
 
 
-def feed(model: DashboardState, record: rec.Record) -> bool:
+def feed(model: DashboardState, record: records.Record) -> bool:
     """Feed ``record`` to ``model`` and to the engine joined to it (one per model, made on first use)."""
     joined = _JOINED.get(model)
     if joined is None:

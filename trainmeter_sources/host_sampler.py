@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trainmeter_core.bus.component import Component, ComponentContext
 from trainmeter_core.bus.proctree import ProcessTree, ProcStat, read_io_b, read_rss_b
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 from trainmeter_sources.node import NodeReader
 from trainmeter_sources.sampling_interval import interval_from_env
@@ -39,14 +39,14 @@ class TreeSampler:
     def for_root(cls, root: int, proc: str = "/proc") -> TreeSampler:
         return cls(root, ProcessTree(root, proc))
 
-    def sample(self, now_t: float) -> rec.SampleHost | None:
+    def sample(self, now_t: float) -> records.SampleHost | None:
         """The tree now; None once every process of it is gone."""
         stats = self.tree.refresh()
         if not stats:
             return None
         proc = self.tree.proc
         window_s = now_t - self._t if self._t is not None and now_t > self._t else None
-        record = rec.SampleHost(root_pid=self.root, procs=len(stats), t=now_t)
+        record = records.SampleHost(root_pid=self.root, procs=len(stats), t=now_t)
         absent: dict[str, str] = {}
         record.threads = sum(s.threads for s in stats.values())
         rss = {pid: read_rss_b(pid, proc) for pid in stats}
@@ -81,10 +81,10 @@ class TreeSampler:
 
 def _top(
     stats: dict[int, ProcStat], cores: dict[int, float], rss: dict[int, int | None]
-) -> list[rec.ProcessStat]:
+) -> list[records.ProcessStat]:
     ranked = sorted(stats, key=lambda pid: (-(cores.get(pid) or 0.0), -(rss.get(pid) or 0), pid))
     return [
-        rec.ProcessStat(pid=pid, name=stats[pid].name, cpu_cores=cores.get(pid), rss_b=rss.get(pid))
+        records.ProcessStat(pid=pid, name=stats[pid].name, cpu_cores=cores.get(pid), rss_b=rss.get(pid))
         for pid in ranked[:TOP_PROCESSES]
     ]
 
@@ -101,7 +101,7 @@ class HostSampler(Component):
     def run(self, ctx: ComponentContext) -> None:
         interval_s, note = interval_from_env(INTERVAL_ENV, 1.0)
         if note:
-            ctx.publish(rec.Notice(level="warning", topic="host", message=note))
+            ctx.publish(records.Notice(level="warning", topic="host", message=note))
         root = ctx.child_pid
         tree = TreeSampler.for_root(root) if root else None
         node = NodeReader()
@@ -132,7 +132,7 @@ class HostSampler(Component):
                 return
             record = ctx.recv(left_s)
             if (
-                isinstance(record, rec.Fact)
+                isinstance(record, records.Fact)
                 and record.name == CHECKPOINT_FOLDERS_FACT
                 and isinstance(record.value, list)
             ):

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 
 SECTOR_B = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own sector size
@@ -151,12 +151,12 @@ def mount_of(path: str) -> str | None:
         current = parent
 
 
-def filesystem(role: str, path: str) -> rec.FsStat | None:
+def filesystem(role: str, path: str) -> records.FsStat | None:
     try:
         st = os.statvfs(path)
     except OSError:
         return None
-    return rec.FsStat(
+    return records.FsStat(
         role=role,  # type: ignore[arg-type]
         path=path,
         mount=mount_of(path),
@@ -178,13 +178,13 @@ class NodeReader:
 
     def read(
         self, now_t: float, paths: Mapping[str, Iterable[str]], cgroup_pid: int | str = "self"
-    ) -> rec.SampleNode:
+    ) -> records.SampleNode:
         """The ``sample.node`` record; ``paths`` maps a role (run, checkpoints, shm) to the paths that play it."""
         counters = _Counters(
             now_t, cpu_times(self.proc), disk_counters(self.proc, self.sys_block), net_counters(self.proc)
         )
         previous, self._previous = self._previous, counters
-        node = rec.SampleNode(cpu_count=os.cpu_count())
+        node = records.SampleNode(cpu_count=os.cpu_count())
         absent: dict[str, str] = {}
         window_s = now_t - previous.t if previous is not None and now_t > previous.t else None
         if window_s is None:
@@ -233,7 +233,7 @@ class NodeReader:
 
     @staticmethod
     def _cpu_split(
-        node: rec.SampleNode, absent: dict[str, str], before: list[int] | None, after: list[int] | None
+        node: records.SampleNode, absent: dict[str, str], before: list[int] | None, after: list[int] | None
     ):
         if before is None or after is None:
             for name in ("cpu_user", "cpu_system", "cpu_iowait", "cpu_steal", "cpu_idle"):
@@ -253,14 +253,14 @@ class NodeReader:
         node.cpu_idle = idle / total
 
 
-def _disk_rates(before: dict, after: dict, window_s: float) -> list[rec.DiskStat]:
+def _disk_rates(before: dict, after: dict, window_s: float) -> list[records.DiskStat]:
     disks = []
     for name, (read_sectors, written_sectors, io_ms) in sorted(after.items()):
         if name not in before:
             continue
         old = before[name]
         disks.append(
-            rec.DiskStat(
+            records.DiskStat(
                 device=name,
                 read_bps=max(0, read_sectors - old[0]) * SECTOR_B / window_s,
                 write_bps=max(0, written_sectors - old[1]) * SECTOR_B / window_s,
@@ -270,9 +270,9 @@ def _disk_rates(before: dict, after: dict, window_s: float) -> list[rec.DiskStat
     return disks
 
 
-def _net_rates(before: dict, after: dict, window_s: float) -> list[rec.NetStat]:
+def _net_rates(before: dict, after: dict, window_s: float) -> list[records.NetStat]:
     return [
-        rec.NetStat(
+        records.NetStat(
             interface=name,
             rx_bps=max(0, rx - before[name][0]) / window_s,
             tx_bps=max(0, tx - before[name][1]) / window_s,
@@ -282,7 +282,7 @@ def _net_rates(before: dict, after: dict, window_s: float) -> list[rec.NetStat]:
     ]
 
 
-def _filesystems(paths: Mapping[str, Iterable[str]]) -> list[rec.FsStat]:
+def _filesystems(paths: Mapping[str, Iterable[str]]) -> list[records.FsStat]:
     found = []
     seen: set[tuple[str, str]] = set()
     for role, role_paths in paths.items():

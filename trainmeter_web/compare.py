@@ -51,11 +51,11 @@ def _moved(points: list[HistoryPoint], dx: float = 0.0, sx: float = 1.0) -> list
 
 
 def _mfu_points(points: list[HistoryPoint], fpt: float, peak_total: float) -> list[HistoryPoint]:
-    from trainmeter_core.model import formulas as fm
+    from trainmeter_core.model import formulas
     from trainmeter_core.model.history import HistoryPoint
 
     def mfu(tokens_per_s: float) -> float:
-        return fm.mfu(fpt, tokens_per_s, peak_total) if math.isfinite(tokens_per_s) else math.nan
+        return formulas.mfu(fpt, tokens_per_s, peak_total) if math.isfinite(tokens_per_s) else math.nan
 
     return [HistoryPoint(p.x, mfu(p.value), mfu(p.min), mfu(p.max), p.count) for p in points]
 

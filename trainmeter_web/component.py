@@ -14,7 +14,7 @@ import socket
 import sys
 
 from trainmeter_core.bus.component import ALL_KINDS, Component, ComponentContext
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 
 class WebComponent(Component):
@@ -40,7 +40,10 @@ class WebComponent(Component):
         sock = socket.socket(fileno=os.dup(int(fd)))
         dashboard = DashboardState(ctx.run_dir, read_meta(ctx.run_dir))
         follower = Follower(
-            dashboard, ctx.recv, ctx.stopping, lambda reason: ctx.publish(rec.HistoryRequest(reason=reason))
+            dashboard,
+            ctx.recv,
+            ctx.stopping,
+            lambda reason: ctx.publish(records.HistoryRequest(reason=reason)),
         )
         if not follower.catch_up():
             sock.close()

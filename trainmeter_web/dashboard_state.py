@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.history import AXIS_ALIASES, X_AXES, History, HistoryPoint
 from trainmeter_core.model.history_sync import HistoryReplica
 
@@ -70,12 +70,12 @@ class DashboardState:
         self.meta: dict[str, Any] = dict(meta or {})
         self.replica = HistoryReplica()
         self.lock = threading.RLock()
-        self.snapshot: rec.Snapshot | None = None
-        self.run_start: rec.RunStart | None = None
-        self.run_end: rec.RunEnd | None = None
+        self.snapshot: records.Snapshot | None = None
+        self.run_start: records.RunStart | None = None
+        self.run_end: records.RunEnd | None = None
         self.alerts: list[dict[str, Any]] = []
         self.notices: list[dict[str, Any]] = []
-        self.bus_stats: rec.BusStats | None = None
+        self.bus_stats: records.BusStats | None = None
         self.components: dict[str, dict[str, Any]] = {}
         self.agent_us_total = 0.0
         self.agent_us_steps = 0
@@ -84,7 +84,7 @@ class DashboardState:
         self.through_seq = 0
         #: True while the history copy waits for a whole one (it never had one, or a delta came out of step).
         self.needs_history = True
-        self._held: deque[rec.HistoryDelta] = deque(maxlen=DELTAS_HELD)
+        self._held: deque[records.HistoryDelta] = deque(maxlen=DELTAS_HELD)
         self._doc: dict[str, Any] | None = None
         self._doc_version = -1
         self._history_cache: OrderedDict[tuple, tuple[list[HistoryPoint], bytes | None]] = OrderedDict()
@@ -93,16 +93,16 @@ class DashboardState:
     # ------------------------------------------------------------------------------------------------------------------
     # Feeding
 
-    def feed(self, record: rec.Record | rec.Unknown) -> bool:
+    def feed(self, record: records.Record | records.Unknown) -> bool:
         """Take one record in hub order, the engine's included; True when the live document changed (a snapshot, an
         alert, the run's end, new history points)."""
-        kind = rec.kind_of(record)
+        kind = records.kind_of(record)
         with self.lock:
             if kind == "snapshot":
                 return self._on_snapshot(record)  # type: ignore[arg-type]
             if kind == "history":
                 return self._on_delta(record)  # type: ignore[arg-type]
-            if kind in rec.DERIVED_KINDS:
+            if kind in records.DERIVED_KINDS:
                 return False  # requests for the history and their answers: the web component's business
             if record.seq is not None:
                 self.through_seq = record.seq
@@ -143,7 +143,7 @@ class DashboardState:
                 self.version += 1
             return changed
 
-    def _on_snapshot(self, snapshot: rec.Snapshot) -> bool:
+    def _on_snapshot(self, snapshot: records.Snapshot) -> bool:
         current = self.snapshot
         if current is not None and (snapshot.through_seq or 0) < (current.through_seq or 0):
             return False  # an older one (from a checkpoint read after a newer one came on the bus)
@@ -151,7 +151,7 @@ class DashboardState:
         self.version += 1
         return True
 
-    def _on_delta(self, delta: rec.HistoryDelta) -> bool:
+    def _on_delta(self, delta: records.HistoryDelta) -> bool:
         if self.needs_history:
             self._held.append(delta)
             return False
@@ -166,7 +166,7 @@ class DashboardState:
         return False
 
     def load_history(
-        self, history: History, incarnation: str, n: int, snapshot: rec.Snapshot | None = None
+        self, history: History, incarnation: str, n: int, snapshot: records.Snapshot | None = None
     ) -> bool:
         """Take the engine's whole history (reflecting delta ``n`` of ``incarnation``) and the snapshot beside it, then
         the deltas held since; True when the copy is in step afterwards."""
@@ -188,7 +188,7 @@ class DashboardState:
             self.version += 1
             return not self.needs_history
 
-    def _on_alert(self, alert: rec.Alert) -> None:
+    def _on_alert(self, alert: records.Alert) -> None:
         key = f"{alert.rule}|{alert.subject or ''}|{alert.episode}"
         for entry in self.alerts:
             if entry["id"] == key:
@@ -215,7 +215,7 @@ class DashboardState:
         )
         del self.alerts[:-ALERTS_KEPT]
 
-    def _on_component(self, event: rec.Component) -> None:
+    def _on_component(self, event: records.Component) -> None:
         entry = self.components.setdefault(event.name, {"name": event.name, "crashes": 0, "restarts": 0})
         entry["event"] = event.event
         entry["wall"] = event.wall
@@ -226,10 +226,10 @@ class DashboardState:
     # ------------------------------------------------------------------------------------------------------------------
     # Documents (plain data, ready for JSON)
 
-    def current_snapshot(self) -> rec.Snapshot:
+    def current_snapshot(self) -> records.Snapshot:
         """The engine's latest snapshot; before the first, an empty one that says the run is starting."""
         with self.lock:
-            return self.snapshot if self.snapshot is not None else rec.Snapshot(tick=0, state="starting")
+            return self.snapshot if self.snapshot is not None else records.Snapshot(tick=0, state="starting")
 
     def run_doc(self) -> dict[str, Any]:
         """The run: identity, command (secrets already redacted by the launcher), state, facts with provenance."""
@@ -253,12 +253,12 @@ class DashboardState:
                 "env": dict(meta.get("env") or (start.env if start else {})),
                 "plugins": [_plain(p) for p in (meta.get("plugins") or (start.plugins if start else []))],
                 "status": self._status(),
-                "facts": [rec.to_builtins(f) for f in snapshot.facts.values()],
+                "facts": [records.to_builtins(f) for f in snapshot.facts.values()],
                 "warnings": list(snapshot.warnings),
                 "notices": [dict(n) for n in self.notices],
             }
             if end is not None:
-                doc["end"] = rec.to_builtins(end)
+                doc["end"] = records.to_builtins(end)
             return doc
 
     def _status(self) -> dict[str, Any]:
@@ -303,7 +303,7 @@ class DashboardState:
         """The latest snapshot as plain data; with ``wall_windows`` every metric's window also in wall time."""
         with self.lock:
             snapshot = self.current_snapshot()
-        doc = rec.to_builtins(snapshot)
+        doc = records.to_builtins(snapshot)
         if wall_windows and snapshot.wall:
             offset = snapshot.wall - snapshot.t  # monotonic t and wall time of the same instant
             for metric in doc.get("metrics", {}).values():

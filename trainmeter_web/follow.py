@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog import rundir
 from trainmeter_core.runlog.checkpoint import load_history
 from trainmeter_core.runlog.handover import HandOver
@@ -59,7 +59,7 @@ class Follower:
     def __init__(
         self,
         dashboard: DashboardState,
-        recv: Callable[[float], rec.Record | rec.Unknown | None],
+        recv: Callable[[float], records.Record | records.Unknown | None],
         stopping: threading.Event,
         ask: Callable[[str], None],
     ) -> None:
@@ -100,8 +100,8 @@ class Follower:
         ):
             self.ask("start" if self.dashboard.replica.incarnation is None else "out of step")
 
-    def _feed(self, record: rec.Record | rec.Unknown) -> bool:
-        if rec.kind_of(record) == "history.sync":
+    def _feed(self, record: records.Record | records.Unknown) -> bool:
+        if records.kind_of(record) == "history.sync":
             return self._load_history()
         changed = self.dashboard.feed(record)
         if self.dashboard.needs_history:
@@ -157,7 +157,7 @@ class Following:
             dashboard,
             self.subscriber.recv,
             stopping,
-            lambda reason: producer.send(rec.HistoryRequest(reason=reason)),
+            lambda reason: producer.send(records.HistoryRequest(reason=reason)),
         )
         self.dashboard: DashboardState | None = dashboard if self.follower.catch_up() else None
 

@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog import rundir
 
 
@@ -94,7 +94,7 @@ def print_final_snapshot(run_dir: Path) -> int:
     if snapshot is None:
         print(f"tm: {run_dir.name} has no record the engine can use yet", file=sys.stderr)
         return 1
-    sys.stdout.write(msgspec.json.encode(rec.to_builtins(snapshot)).decode() + "\n")
+    sys.stdout.write(msgspec.json.encode(records.to_builtins(snapshot)).decode() + "\n")
     if stats.get("skipped"):
         print(f"tm: skipped {stats['skipped']} unreadable lines of the log", file=sys.stderr)
     return 0

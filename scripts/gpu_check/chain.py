@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 
 #: How far tm's tokens/s over the loop's own window may be from the loop's (both time the same steps).
@@ -68,9 +68,9 @@ def main() -> int:
     steps: dict[int, object] = {}
     from_backward: dict[int, float] = {}
     for record in read_log(args.run_dir, kinds={"step", "metric"}):
-        if isinstance(record, rec.Step) and (record.rank or 0) == 0:
+        if isinstance(record, records.Step) and (record.rank or 0) == 0:
             steps[record.step] = record
-        elif isinstance(record, rec.Metric) and record.origin == "backward" and record.step is not None:
+        elif isinstance(record, records.Metric) and record.origin == "backward" and record.step is not None:
             from_backward[record.step] = record.values.get("train_loss")
 
     report = Report()

@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 
 
@@ -25,15 +25,15 @@ def main() -> int:
     args = parser.parse_args()
     loop = json.loads(args.loop_json.read_text())
     t0, t1 = loop["t0"] + 1.0, loop["t1"]  # the first second's window may start before the loop did
-    rows: list[rec.SampleGpu] = []
+    rows: list[records.SampleGpu] = []
     facts: dict[int, dict] = {}
     notices: list[str] = []
     for record in read_log(args.run_dir, kinds={"sample.gpu", "fact", "notice"}):
-        if isinstance(record, rec.SampleGpu) and t0 <= record.t <= t1:
+        if isinstance(record, records.SampleGpu) and t0 <= record.t <= t1:
             rows.append(record)
-        elif isinstance(record, rec.Fact) and record.name == "gpu" and isinstance(record.value, dict):
+        elif isinstance(record, records.Fact) and record.name == "gpu" and isinstance(record.value, dict):
             facts[record.value.get("index")] = record.value
-        elif isinstance(record, rec.Notice):
+        elif isinstance(record, records.Notice):
             notices.append(record.message)
     if not rows:
         print(

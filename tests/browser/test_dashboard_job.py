@@ -13,20 +13,22 @@ from dashboard_page import (
     Served,
 )
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 # --------------------------------------------------------------------------------------------------------------------
 # The job part (docs/multinode.md): a job's run, as its job hub wrote it (its clock and node records before a node's
 # own), replayed by tm view; one row per node, the straggler named, a lost node marked. A single-node run has none.
 
 AHEAD_S = {"node0": 0.0, "node1": 1000.0, "node2": 2000.0}
-JOB = rec.JobPlace(id="torchrun-exp7", node_rank=0, nnodes=3, hub="10.0.0.1:29401", found_by="torchrun flags")
+JOB = records.JobPlace(
+    id="torchrun-exp7", node_rank=0, nnodes=3, hub="10.0.0.1:29401", found_by="torchrun flags"
+)
 
 
 def job_run(run_dir) -> None:
     """A finished job of three nodes: node 2 reports every step 0.25 s late, then falls silent and is lost."""
-    records: list[rec.Record] = [
-        rec.RunStart(
+    logged: list[records.Record] = [
+        records.RunStart(
             t=100.0,
             wall=1.7e9,
             host="node0",
@@ -43,8 +45,8 @@ def job_run(run_dir) -> None:
     ]
     for k, host in enumerate(AHEAD_S):
         if k:
-            records.append(
-                rec.ClockMap(
+            logged.append(
+                records.ClockMap(
                     t=100.5,
                     host="node0",
                     node_rank=k,
@@ -55,9 +57,11 @@ def job_run(run_dir) -> None:
                     rtt_s=4e-4,
                 )
             )
-            records.append(rec.NodeEvent(t=100.5, host="node0", node_rank=k, node_host=host, event="joined"))
-        records.append(
-            rec.Fact(
+            logged.append(
+                records.NodeEvent(t=100.5, host="node0", node_rank=k, node_host=host, event="joined")
+            )
+        logged.append(
+            records.Fact(
                 t=101.0 + AHEAD_S[host],
                 host=host,
                 rank=k,
@@ -70,8 +74,8 @@ def job_run(run_dir) -> None:
     for step in range(1, 21):
         for k, host in enumerate(AHEAD_S):
             late = {"node0": 0.0, "node1": 0.01, "node2": 0.25}[host]
-            records.append(
-                rec.Step(
+            logged.append(
+                records.Step(
                     t=110.0 + step + late + AHEAD_S[host],
                     wall=1.7e9 + step,
                     host=host,
@@ -81,8 +85,8 @@ def job_run(run_dir) -> None:
                     tokens=1024,
                 )
             )
-    records.append(
-        rec.NodeEvent(
+    logged.append(
+        records.NodeEvent(
             t=137.0,
             host="node0",
             node_rank=2,
@@ -94,15 +98,15 @@ def job_run(run_dir) -> None:
             through=44,
         )
     )
-    records.append(rec.Tick(t=140.0, wall=1.7e9 + 40, host="node0", n=1, interval_s=1.0))
-    records.append(
-        rec.RunEnd(t=141.0, wall=1.7e9 + 41, host="node0", status=0, reason="exited", elapsed_s=41.0)
+    logged.append(records.Tick(t=140.0, wall=1.7e9 + 40, host="node0", n=1, interval_s=1.0))
+    logged.append(
+        records.RunEnd(t=141.0, wall=1.7e9 + 41, host="node0", status=0, reason="exited", elapsed_s=41.0)
     )
     run_dir.mkdir()
     lines = []
-    for seq, record in enumerate(records, 1):
-        record.seq, record.v, record.source = seq, rec.SCHEMA_VERSION, record.source or "launcher"
-        lines.append(rec.to_log_line(msgspec.to_builtins(record)))
+    for seq, record in enumerate(logged, 1):
+        record.seq, record.v, record.source = seq, records.SCHEMA_VERSION, record.source or "launcher"
+        lines.append(records.to_log_line(msgspec.to_builtins(record)))
     (run_dir / "events-0001.jsonl").write_bytes(b"".join(lines))
     (run_dir / "meta.json").write_text(json.dumps({"run_id": run_dir.name, "name": "job", "host": "node0"}))
 

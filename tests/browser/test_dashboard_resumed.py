@@ -12,7 +12,7 @@ from dashboard_page import (
 )
 from test_engine_attempts import Log
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 # ---------------------------------------------------------------------------------------------------------------------
 # A resumed run (tm --resume): the header says which attempt and how long the run was down, and every chart marks the
@@ -27,18 +27,18 @@ def resumed_run(run_dir):
     log = Log()
     log.start(100.0)
     for step in range(1, 11):
-        log.add(rec.Step(t=109.0 + step, step=step, tokens=100), wall_offset=RESUMED_WALL0)
+        log.add(records.Step(t=109.0 + step, step=step, tokens=100), wall_offset=RESUMED_WALL0)
         log.add(
-            rec.Metric(t=109.2 + step, values={"train_loss": 4.0 / step}, step=step),
+            records.Metric(t=109.2 + step, values={"train_loss": 4.0 / step}, step=step),
             wall_offset=RESUMED_WALL0,
         )
     log.tick(120.0, 1)
     log.start(150.0, attempt=2, resume_reason="--resume")
     for step in range(11, 21):
         fields = {"resumed_from": 10} if step == 11 else {"step_time_s": 1.0}
-        log.add(rec.Step(t=149.0 + step, step=step, tokens=100, **fields), wall_offset=RESUMED_WALL0)
+        log.add(records.Step(t=149.0 + step, step=step, tokens=100, **fields), wall_offset=RESUMED_WALL0)
         log.add(
-            rec.Metric(t=149.2 + step, values={"train_loss": 4.0 / step}, step=step),
+            records.Metric(t=149.2 + step, values={"train_loss": 4.0 / step}, step=step),
             wall_offset=RESUMED_WALL0,
         )
     log.tick(170.0, 2)
@@ -56,10 +56,10 @@ def resumed_run(run_dir):
     meta["attempts"] = [{"attempt": 1}, {"attempt": 2, "resume_reason": "--resume"}]
     (run_dir / "meta.json").write_text(json.dumps(meta))
     (run_dir / "events-0001.jsonl").write_bytes(
-        b"".join(rec.to_log_line(rec.to_builtins(r)) for r in log.records if r.seq < 25)
+        b"".join(records.to_log_line(records.to_builtins(r)) for r in log.records if r.seq < 25)
     )
     (run_dir / "events-0002.jsonl").write_bytes(
-        b"".join(rec.to_log_line(rec.to_builtins(r)) for r in log.records if r.seq >= 25)
+        b"".join(records.to_log_line(records.to_builtins(r)) for r in log.records if r.seq >= 25)
     )
 
 

@@ -19,19 +19,19 @@ from tm_runs import REPO
 
 from trainmeter_core import api, hookspecs
 from trainmeter_core.commands.cli import COMMANDS
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts.episodes import rule_config
 from trainmeter_core.plugins import Plugins
 
 
 def test_docs_bus_lists_every_kind_and_every_field():
     text = (REPO / "docs" / "bus.md").read_text()
-    for kind, cls in rec.KINDS.items():
+    for kind, cls in records.KINDS.items():
         section = text.split(f"### `{kind}`", 1)
         assert len(section) == 2, f"docs/bus.md has no section for {kind}"
         body = section[1].split("\n### ", 1)[0]
         for field in cls.__struct_fields__:
-            if field in rec.Record.__struct_fields__:
+            if field in records.Record.__struct_fields__:
                 assert f"| `{field}` |" in text  # the header table
             else:
                 assert f"| `{field}` |" in body, f"docs/bus.md does not document {kind}.{field}"
@@ -88,10 +88,10 @@ def test_every_hook_names_its_protocol_and_says_what_it_returns_and_when_it_is_c
 class StandInContext:
     """What a component sees of its context: the records given (then a stop), and what it published."""
 
-    def __init__(self, records):
+    def __init__(self, got):
         self.stopping = threading.Event()
         self.published = []
-        self._records = list(records)
+        self._records = list(got)
         self.meta, self.run_dir = {"run_id": "r1"}, None
 
     def recv(self, timeout_s):
@@ -124,15 +124,15 @@ class RecordingEmit:
 
 def exercise_components(answer, tmp_path, capsys):
     (cls,) = answer
-    ctx = StandInContext([rec.Step(step=n) for n in (1, 2, 3)])
+    ctx = StandInContext([records.Step(step=n) for n in (1, 2, 3)])
     cls().run(ctx)
     assert [(n.topic, n.message) for n in ctx.published] == [("step-counter", "3 steps seen")]
 
 
 def exercise_sinks(answer, tmp_path, capsys):
     (cls,) = answer
-    alert = rec.Alert(rule="hung", state="fired", severity="critical", message="no step for 300 s")
-    cls().run(StandInContext([rec.Tick(n=1, interval_s=1.0), alert]))
+    alert = records.Alert(rule="hung", state="fired", severity="critical", message="no step for 300 s")
+    cls().run(StandInContext([records.Tick(n=1, interval_s=1.0), alert]))
     assert capsys.readouterr().out == "hung fired: no step for 300 s\n"
 
 
@@ -141,12 +141,12 @@ def exercise_alert_rules(answer, tmp_path, capsys):
     state = api.RuleState(config=rule_config(rule, None))
 
     def median(value_s):
-        return rec.Snapshot(tick=1, metrics={"step_time_median_s": rec.MetricValue(value=value_s)})
+        return records.Snapshot(tick=1, metrics={"step_time_median_s": records.MetricValue(value=value_s)})
 
     assert (
         state.config["max_step_s"] == 5.0 and state.config["clear_after_s"] == 60.0
     )  # its own and the common
-    assert rule.evaluate(state, rec.Snapshot(tick=1)).held
+    assert rule.evaluate(state, records.Snapshot(tick=1)).held
     assert [c.message for c in rule.evaluate(state, median(6.0)).active] == ["steps take 6.0 s"]
     assert [c.message for c in rule.evaluate(state, median(2.0)).normal] == ["steps take 2.0 s again"]
 
@@ -350,6 +350,6 @@ def test_the_architecture_map_has_its_parts_and_names_every_record_kind():
     table = _section(text, "The record table")
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
     named = set(re.findall(r"`([a-z.]+)`", " ".join(rows)))
-    assert named == set(rec.KINDS), (
-        f"the record table misses {set(rec.KINDS) - named} or names {named - set(rec.KINDS)}"
+    assert named == set(records.KINDS), (
+        f"the record table misses {set(records.KINDS) - named} or names {named - set(records.KINDS)}"
     )

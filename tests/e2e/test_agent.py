@@ -21,7 +21,7 @@ from deadline import wait_for
 
 from trainmeter_agent._agent import PROBES
 from trainmeter_core.bus.hub import Hub
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ class Run:
     def records(self) -> list[dict]:
         """The agents' records in the run log, in hub order (the hub's own tick and bus.stats left out)."""
         if self._records is None:
-            self.hub.finish(rec.RunEnd(status=0, reason="exited", elapsed_s=1.0))
+            self.hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=1.0))
             self.recorder.close()
             lines = (self.run_dir / "events-0001.jsonl").read_text().splitlines()
             self._records = [r for r in map(json.loads, lines) if r.get("source") == "agent"]
@@ -88,8 +88,8 @@ class Run:
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-def kinds(records: list[dict], kind: str) -> list[dict]:
-    return [r for r in records if r["kind"] == kind]
+def kinds(logged: list[dict], kind: str) -> list[dict]:
+    return [r for r in logged if r["kind"] == kind]
 
 
 def tm_lines(stderr: str) -> list[str]:
@@ -147,15 +147,15 @@ def test_a_second_step_without_backward_is_the_same_iteration(run, torch):
 
 def test_hello_comes_first_with_the_protocol_version(run):
     run.python(["-c", "from trainmeter_agent import emit; emit(loss=1.0)"], run.env())
-    records = run.records()
-    assert [r["kind"] for r in records] == ["hello", "metric", "bye"]
+    logged = run.records()
+    assert [r["kind"] for r in logged] == ["hello", "metric", "bye"]
     # records.Hello omits fields equal to their default, and protocol's default is this version: the typed record
     # carries it back (a line without "protocol" means the reader's own PROTOCOL_VERSION).
-    hello = rec.from_mapping(records[0])
-    assert isinstance(hello, rec.Hello)
-    assert hello.protocol == rec.PROTOCOL_VERSION and hello.role == "trainer" and hello.agent_version
-    assert records[1]["values"] == {"loss": 1.0}
-    assert records[2]["sent"] == 2  # hello and metric
+    hello = records.from_mapping(logged[0])
+    assert isinstance(hello, records.Hello)
+    assert hello.protocol == records.PROTOCOL_VERSION and hello.role == "trainer" and hello.agent_version
+    assert logged[1]["values"] == {"loss": 1.0}
+    assert logged[2]["sent"] == 2  # hello and metric
 
 
 def test_a_process_that_never_reports_stays_silent_and_imports_nothing_heavy(run):
@@ -208,12 +208,12 @@ def test_a_complex_value_is_refused_alone_and_emit_stays_on(run, torch):
 
 def test_emitted_steps_drive_a_loop_without_torch_optim(run):
     run.python([str(SCRIPTS / "emit_steps.py")], run.env())
-    records = run.records()
-    steps = kinds(records, "step")
+    logged = run.records()
+    steps = kinds(logged, "step")
     assert [(s["step"], s["tokens"], s["tokens_source"]) for s in steps] == [
         (n, 4096, "emitted") for n in range(1, 6)
     ]
-    metrics = kinds(records, "metric")
+    metrics = kinds(logged, "metric")
     assert [(m["step"], sorted(m["values"])) for m in metrics] == [
         (n, k) for n in range(1, 6) for k in (["loss"], ["lr"])
     ]
@@ -281,15 +281,13 @@ def test_a_multiprocessing_spawn_child_stays_dormant(run):
 def test_fork_children_send_nothing_unless_they_emit(run, torch):
     done = run.python([str(SCRIPTS / "fork_children.py")], run.env(), byes=2)
     pids = json.loads(done.stdout)
-    records = run.records()
-    assert not [r for r in records if r["pid"] == pids["quiet"]]
-    child = [r for r in records if r["pid"] == pids["talking"]]
+    logged = run.records()
+    assert not [r for r in logged if r["pid"] == pids["quiet"]]
+    child = [r for r in logged if r["pid"] == pids["talking"]]
     assert [r["kind"] for r in child] == ["hello", "metric", "bye"]
     assert "step" not in child[1]  # the child's iteration count starts from zero
     parent_metric = [
-        r
-        for r in kinds(records, "metric")
-        if r["pid"] == pids["parent"] and r.get("origin", "emit") == "emit"
+        r for r in kinds(logged, "metric") if r["pid"] == pids["parent"] and r.get("origin", "emit") == "emit"
     ]
     assert parent_metric[0]["step"] == 3
 
@@ -364,11 +362,11 @@ def test_an_internal_error_in_a_probe_says_one_line_and_changes_no_loss(run, tor
 @heavy
 def test_a_stopped_step_probe_tells_the_run_and_the_rest_goes_on(run, torch):
     train(run, "all", TM_AGENT_FAULT="steps")
-    records = run.records()
-    assert not kinds(records, "step")
-    notices = kinds(records, "notice")
+    logged = run.records()
+    assert not kinds(logged, "step")
+    notices = kinds(logged, "notice")
     assert [n["topic"] for n in notices] == ["agent.steps"]
-    assert len(kinds(records, "metric")) >= 1 and records[-1]["kind"] == "bye"
+    assert len(kinds(logged, "metric")) >= 1 and logged[-1]["kind"] == "bye"
 
 
 @heavy
@@ -569,14 +567,14 @@ def _counted_through_torch(torch, optimizer_class, plan: str) -> tuple[list[dict
 
 def test_the_steady_lane_drops_the_post_hook_once_steps_leave_the_gradient_alone_and_counts_the_same(torch):
     plan = "sssssdscsssd"
-    records, post_registered = _counted_through_torch(torch, torch.optim.SGD, plan)
+    logged, post_registered = _counted_through_torch(torch, torch.optim.SGD, plan)
     # Iterations 1-3 are the lane's first three steps that leave the gradient as they found it (iteration 0 counts
     # the first step the general way): from iteration 4 on, no post-hook until the step(closure) takes it back.
     assert post_registered == [True] * 4 + [False] * 4 + [True] * 4
-    assert [r["step"] for r in records] == list(range(1, len(plan) + 1))
+    assert [r["step"] for r in logged] == list(range(1, len(plan) + 1))
     # Each record says how many steps the iteration before it took: a second step without a backward (iteration 5,
     # without the post-hook) joins its iteration.
-    assert [r.get("optimizers") for r in records] == [None, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1]
+    assert [r.get("optimizers") for r in logged] == [None, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1]
 
 
 def test_an_optimizer_that_touches_its_gradients_keeps_the_post_hook(torch):
@@ -596,10 +594,10 @@ def test_an_optimizer_that_touches_its_gradients_keeps_the_post_hook(torch):
                     param.add_(param.grad, alpha=-group["lr"])
             return loss
 
-    records, post_registered = _counted_through_torch(torch, Rescaling, "sssssdss")
+    logged, post_registered = _counted_through_torch(torch, Rescaling, "sssssdss")
     assert all(post_registered)
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert [r.get("optimizers") for r in records] == [None, 1, 1, 1, 1, 1, 2, 1]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [r.get("optimizers") for r in logged] == [None, 1, 1, 1, 1, 1, 2, 1]
 
 
 def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
@@ -631,19 +629,19 @@ class CollectingProducer:
         self.records.append(record)
         return True
 
-    def send_many(self, records) -> bool:
-        self.records.extend(records)
+    def send_many(self, logged) -> bool:
+        self.records.extend(logged)
         self.batches += 1
         return True
 
     def stamp(self, record, now_t: float, now_wall: float) -> None:
         pass
 
-    def send_window(self, items: list, records: int) -> bool:
+    def send_window(self, items: list, logged: int) -> bool:
         from trainmeter_core.model import agent_batch
 
         header = {
-            "v": rec.SCHEMA_VERSION,
+            "v": records.SCHEMA_VERSION,
             "source": "agent",
             "host": "here",
             "pid": 1,
@@ -654,11 +652,11 @@ class CollectingProducer:
         built = []
         for raw in raws:
             built.extend(
-                [rec.decode(bytes(raw))]
+                [records.decode(bytes(raw))]
                 if agent_batch.is_record(raw)
                 else agent_batch.expand(raw, header_struct)
             )
-        assert len(built) == records  # the window counts the records its items stand for
+        assert len(built) == logged  # the window counts the records its items stand for
         self.records.extend(built)
         self.batches += 1
         return True
@@ -681,7 +679,7 @@ def agent(monkeypatch):
 def sent(agent, kind: str) -> list:
     """What the agent has sent of a kind, once its open window has closed (the outbox flushes every 50 ms)."""
     agent.flush()
-    return [r for r in agent.producer.records if rec.kind_of(r) == kind]
+    return [r for r in agent.producer.records if records.kind_of(r) == kind]
 
 
 def test_emit_and_a_tracker_tap_keep_and_refuse_the_same_values(agent, torch):
@@ -751,9 +749,15 @@ def test_metrics_and_the_step_record_leave_in_one_batch_in_call_order_when_the_w
     agent.emit(
         {"loss": 5.0}
     )  # the sixth record closes the window: one batch, in the order the loop made them
-    assert [rec.kind_of(r) for r in agent.producer.records] == ["metric"] * 3 + ["step"] + ["metric"] * 2
+    assert [records.kind_of(r) for r in agent.producer.records] == ["metric"] * 3 + ["step"] + ["metric"] * 2
     assert agent.producer.batches == 1
-    assert [r.values["loss"] for r in agent.producer.records if rec.kind_of(r) == "metric"] == [1, 2, 3, 4, 5]
+    assert [r.values["loss"] for r in agent.producer.records if records.kind_of(r) == "metric"] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
 
 
 def test_a_window_closes_on_its_own_within_its_deadline_when_the_loop_goes_quiet(agent):

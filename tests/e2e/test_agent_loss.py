@@ -13,17 +13,17 @@ from deadline import wait_for
 from test_agent import kinds, tm_lines
 from test_agent_depth import _same_run, facts
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.runlog.reader import read_log
 
 heavy = pytest.mark.xdist_group("heavy")
 
 
-def backward_losses(records: list[dict]) -> dict[int, float]:
+def backward_losses(logged: list[dict]) -> dict[int, float]:
     """step -> train_loss, from the agent's metrics of origin ``backward``."""
     found: dict[int, float] = {}
-    for metric in kinds(records, "metric"):
+    for metric in kinds(logged, "metric"):
         if metric.get("origin") == "backward":
             assert metric["step"] not in found  # one value per iteration
             found[metric["step"]] = metric["values"]["train_loss"]
@@ -46,13 +46,13 @@ def test_with_one_micro_batch_train_loss_is_the_printed_loss_exactly_and_the_run
 ):
     measured, extra, _ = _same_run(tmp_path, run, ["--steps", "30"])
     assert extra == []
-    records = run.records()
-    losses = backward_losses(records)
+    logged = run.records()
+    losses = backward_losses(logged)
     printed = [float.fromhex(h) for h in measured["losses"]]
     assert sorted(losses) == list(range(1, 31))
     # loss / 1 is the loss itself: the value passed to backward, bit for bit.
     assert [losses[step] for step in range(1, 31)] == printed
-    found = facts(records)
+    found = facts(logged)
     assert found["probe.loss"]["value"] == "attached"
     assert found["loss_from_backward"]["value"] == 1
     assert "assumes" not in found["loss_from_backward"]["note"]
@@ -62,14 +62,14 @@ def test_with_one_micro_batch_train_loss_is_the_printed_loss_exactly_and_the_run
 def test_with_four_micro_batches_train_loss_is_their_mean_within_one_float32_ulp(run, torch, tmp_path):
     measured, extra, _ = _same_run(tmp_path, run, ["--steps", "12", "--accum", "4"])
     assert extra == []
-    records = run.records()
-    losses = backward_losses(records)
+    logged = run.records()
+    losses = backward_losses(logged)
     assert sorted(losses) == list(range(1, 13))
     for step, micro in enumerate(measured["micro_losses"], start=1):
         # The loop passes loss_i / 4 to backward for each of its 4 micro-batches; their sum is the mean of the 4.
         mean = sum(float.fromhex(h) for h in micro) / 4
         assert abs(losses[step] - mean) <= ulp32(mean), (step, losses[step], mean)
-    label = facts(records)["loss_from_backward"]
+    label = facts(logged)["loss_from_backward"]
     assert label["value"] == 4
     assert "assumes the loop divides each micro-batch loss by 4" in label["note"]
 
@@ -93,10 +93,10 @@ def test_a_loss_that_is_not_0_dim_is_absent_and_the_probe_says_why(run, torch):
     )
     done = run.python(["-c", code], run.env())
     assert tm_lines(done.stderr) == []
-    records = run.records()
-    assert backward_losses(records) == {}
+    logged = run.records()
+    assert backward_losses(logged) == {}
     why = "not attached: the tensor passed to backward() is float32 of shape (3,), not a 0-dim floating-point loss"
-    assert facts(records)["probe.loss"]["value"] == why
+    assert facts(logged)["probe.loss"]["value"] == why
     # The snapshot says so: no train_loss series, and the probe's reason among its facts.
     engine = Engine()
     for record in read_log(run.run_dir):
@@ -117,9 +117,9 @@ def test_several_backward_roots_in_one_iteration_give_no_loss(run, torch):
         "    out[:, 0].sum().backward(retain_graph=True)\n    out[:, 1].sum().backward()\n    opt.step()\n"
     )
     run.python(["-c", code], run.env())
-    records = run.records()
-    assert backward_losses(records) == {}
-    assert facts(records)["probe.loss"]["value"] == (
+    logged = run.records()
+    assert backward_losses(logged) == {}
+    assert facts(logged)["probe.loss"]["value"] == (
         "not attached: 2 backward() calls for 1 micro-batches: several backward roots in one iteration"
     )
 
@@ -133,9 +133,9 @@ def test_backward_on_a_list_of_tensors_is_several_roots(run, torch):
         "    opt.zero_grad()\n    torch.autograd.backward([w.sum(), (w * w).sum()])\n    opt.step()\n"
     )
     run.python(["-c", code], run.env())
-    records = run.records()
-    assert backward_losses(records) == {}
-    assert facts(records)["probe.loss"]["value"] == (
+    logged = run.records()
+    assert backward_losses(logged) == {}
+    assert facts(logged)["probe.loss"]["value"] == (
         "not attached: backward() was called on 2 tensors at once: several backward roots"
     )
 
@@ -233,12 +233,12 @@ def test_a_gpu_loss_is_sent_in_step_order_once_every_copy_of_its_iteration_has_l
 # The engine: emit() > a tapped tracker > the loss from backward()
 
 
-def metric(values: dict[str, float], origin: str, step: int, t: float) -> rec.Metric:
-    return rec.Metric(values=values, origin=origin, step=step, t=t)
+def metric(values: dict[str, float], origin: str, step: int, t: float) -> records.Metric:
+    return records.Metric(values=values, origin=origin, step=step, t=t)
 
 
 def next_iteration(engine: Engine, step: int, t: float) -> None:
-    engine.feed(rec.Step(step=step, t=t))
+    engine.feed(records.Step(step=step, t=t))
 
 
 def test_the_loss_from_backward_is_train_loss_until_a_tracker_reports_it():
@@ -264,12 +264,12 @@ def test_the_loops_own_loss_of_an_iteration_replaces_the_one_read_at_backward():
     # iteration is held until the iteration is over, so the chart gets the loop's value once, not both.
     engine = Engine()
     engine.feed(metric({"train_loss": 2.5}, "backward", 1, 1.0))
-    engine.feed(rec.Step(step=1, t=1.1))
+    engine.feed(records.Step(step=1, t=1.1))
     engine.feed(metric({"train_loss": 2.5}, "emit", 1, 1.2))
     engine.feed(metric({"train_loss": 2.25}, "backward", 2, 2.0))  # emit's series now: dropped at once
-    engine.feed(rec.Step(step=2, t=2.1))
+    engine.feed(records.Step(step=2, t=2.1))
     engine.feed(metric({"train_loss": 2.25}, "emit", 2, 2.2))
-    engine.feed(rec.Step(step=3, t=3.1))
+    engine.feed(records.Step(step=3, t=3.1))
     points = engine.history.query("train_loss", "step")
     assert [(p.x, p.value) for p in points] == [(1.0, 2.5), (2.0, 2.25)]
 
@@ -278,10 +278,10 @@ def test_a_loss_only_read_at_backward_goes_in_at_the_next_step_tick_or_end():
     engine = Engine()
     engine.feed(metric({"train_loss": 3.0}, "backward", 1, 1.0))
     assert "train_loss" not in engine.snapshot().series  # held while its iteration may still report its own
-    engine.feed(rec.Tick(n=1, interval_s=1.0, t=1.5))
+    engine.feed(records.Tick(n=1, interval_s=1.0, t=1.5))
     assert engine.snapshot().series["train_loss"].value == 3.0
     engine.feed(metric({"train_loss": 2.0}, "backward", 2, 2.0))
-    (final,) = engine.feed(rec.RunEnd(status=0, reason="exited", elapsed_s=2.5, t=2.5))
+    (final,) = engine.feed(records.RunEnd(status=0, reason="exited", elapsed_s=2.5, t=2.5))
     assert final.series["train_loss"].value == 2.0
     assert [p.value for p in engine.history.query("train_loss", "step")] == [3.0, 2.0]
 

@@ -11,7 +11,7 @@ from test_plugins import fake_distribution
 from tm_runs import run_tm
 
 from trainmeter_core.commands import cli
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts import BUILTIN_RULES
 
 
@@ -79,7 +79,7 @@ def test_tail_with_an_unknown_kind_is_an_error_listing_every_kind(capsys, tmp_pa
     code, out, err = run_main(["tail", "--runs-dir", str(tmp_path), "--kind", "stepp"], capsys)
     assert code == 2 and out == ""
     assert err.startswith("tm: no record kind stepp (did you mean step?): the kinds are run.start, run.end,")
-    for kind in rec.KINDS:
+    for kind in records.KINDS:
         assert kind in err
     assert len(err.splitlines()) == 1
 

@@ -14,15 +14,15 @@ import pytest
 from deadline import wait_for
 from tm_runs import run_tm
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 WALL0 = 1_700_000_000.0
 
 
 def write_run(runs: Path, name: str, command: list[str], steps: int = 5, lr: float = 1e-3) -> Path:
     """A finished run of ``steps`` steps of 100 tokens with a falling loss, as tm's recorder writes it."""
-    records: list[rec.Record] = [
-        rec.RunStart(
+    logged: list[records.Record] = [
+        records.RunStart(
             run_id=name,
             name="demo",
             run_dir=str(runs / name),
@@ -32,17 +32,17 @@ def write_run(runs: Path, name: str, command: list[str], steps: int = 5, lr: flo
             python="3.11.7",
             platform="Linux",
         ),  # fmt: skip
-        rec.Fact(name="convention", value="titan", provenance="declared", origin="--convention"),
-        rec.Fact(name="flop_per_token", value=600.0, provenance="declared", origin="--flops-per-token"),
+        records.Fact(name="convention", value="titan", provenance="declared", origin="--convention"),
+        records.Fact(name="flop_per_token", value=600.0, provenance="declared", origin="--flops-per-token"),
     ]
     for step in range(1, steps + 1):
-        records += [
-            rec.Step(step=step, tokens_global=100, step_time_s=0.5),
-            rec.Metric(values={"train_loss": 4.0 / step, "lr": lr}, step=step),
-            rec.Tick(n=step, interval_s=1.0),
+        logged += [
+            records.Step(step=step, tokens_global=100, step_time_s=0.5),
+            records.Metric(values={"train_loss": 4.0 / step, "lr": lr}, step=step),
+            records.Tick(n=step, interval_s=1.0),
         ]
-    records.append(rec.RunEnd(status=0, reason="exited", exit_code=0, elapsed_s=float(steps)))
-    for i, record in enumerate(records, start=1):
+    logged.append(records.RunEnd(status=0, reason="exited", exit_code=0, elapsed_s=float(steps)))
+    for i, record in enumerate(logged, start=1):
         record.seq, record.t, record.wall = i, float(i), WALL0 + i
     run_dir = runs / name
     run_dir.mkdir(parents=True)
@@ -57,7 +57,7 @@ def write_run(runs: Path, name: str, command: list[str], steps: int = 5, lr: flo
     (run_dir / "meta.json").write_text(json.dumps(meta))
     (run_dir / "summary.json").write_text(json.dumps({"state": "finished", "exit_status": 0}))
     (run_dir / "events-0001.jsonl").write_bytes(
-        b"".join(rec.to_log_line(rec.to_builtins(r)) for r in records)
+        b"".join(records.to_log_line(records.to_builtins(r)) for r in logged)
     )
     return run_dir
 

@@ -10,7 +10,7 @@ import pytest
 from test_engine import Run, feed
 from tm_runs import run_tm
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 # An MLP 64 -> 256 -> 10 on a float batch of 512, counted by FlopCounterMode in one training step:
 # forward 2·512·64·256 + 2·512·256·10 = 16,777,216 + 2,621,440 = 19,398,656;
@@ -49,7 +49,7 @@ def counted_run(tokens_per_step=None, ranks=1, dp=None):
     return run
 
 
-def counted_metric(run) -> tuple[rec.MetricValue, rec.Explain]:
+def counted_metric(run) -> tuple[records.MetricValue, records.Explain]:
     _, snapshots = feed(run.records)
     snapshot = snapshots[-1]
     return snapshot.metrics["flop_per_token.counted"], snapshot.explain["flop_per_token.counted"]

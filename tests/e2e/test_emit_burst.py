@@ -21,13 +21,13 @@ def test_a_burst_of_200k_emits_is_all_accounted_for(tm_env, tmp_path):
     result = run_tm(["--", sys.executable, "-c", code], tm_env, timeout=300)
     assert result.returncode == 0, result.stderr
     run = only_run(tmp_path / "runs")
-    records = log_records(run)
-    logged = [r for r in records if r["kind"] == "metric" and "burst" in r["values"]]
+    got = log_records(run)
+    logged = [r for r in got if r["kind"] == "metric" and "burst" in r["values"]]
     summary = json.loads((run / "summary.json").read_text())
     dropped = summary["bus"]["dropped_total"]
     assert len(logged) + dropped == BURST
     # The drops are also on the bus: the final bus.stats carries the same count.
-    final_stats = [r for r in records if r["kind"] == "bus.stats" and r.get("final")]
+    final_stats = [r for r in got if r["kind"] == "bus.stats" and r.get("final")]
     assert final_stats and final_stats[-1].get("dropped_total", 0) == dropped
     values = [r["values"]["burst"] for r in logged]
     assert values == sorted(values)  # in order, nothing duplicated
@@ -38,7 +38,7 @@ def test_a_burst_of_200k_emits_is_all_accounted_for(tm_env, tmp_path):
 def test_with_the_hub_gone_the_process_stays_small_and_counts_exactly(tm_env, tmp_path, short_dir):
     """The hub is absent while the loop emits (60 s by default, TM_HUB_GONE_S to shorten), then comes back."""
     from trainmeter_core.bus.hub import Hub
-    from trainmeter_core.model import records as rec
+    from trainmeter_core.model import records
     from trainmeter_core.runlog.recorder import Recorder
 
     gone_s = float(os.environ.get("TM_HUB_GONE_S", "60"))
@@ -84,10 +84,10 @@ def test_with_the_hub_gone_the_process_stays_small_and_counts_exactly(tm_env, tm
     back.write_text("1")
     assert proc.wait(60) == 0
     wait_for(lambda: not hub.open_producers and hub.kinds.get("bye"), what="the agent's bye")
-    hub.finish(rec.RunEnd(status=0, reason="exited", elapsed_s=gone_s))
+    hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=gone_s))
     recorder.close()
-    records = log_records(tmp_path)
-    kept = sum(1 for r in records if r["kind"] == "metric" and "gone" in r["values"])
-    (bye,) = [r for r in records if r["kind"] == "bye"]
+    got = log_records(tmp_path)
+    kept = sum(1 for r in got if r["kind"] == "metric" and "gone" in r["values"])
+    (bye,) = [r for r in got if r["kind"] == "bye"]
     assert kept + bye.get("dropped", 0) == BURST
     print(f"hub gone {gone_s} s: grew {grew_mb} MB, kept {kept}, dropped {bye.get('dropped', 0)}")

@@ -14,7 +14,7 @@ import pytest
 from deadline import wait_for
 from tm_runs import TM, run_tm
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.run.summary import format_range, summary_line, view_command
 
 SUMMARY = {
@@ -26,8 +26,8 @@ SUMMARY = {
 }
 
 
-def snapshot_with(**metrics: rec.MetricValue) -> rec.Snapshot:
-    return rec.Snapshot(tick=1, final=True, steps=40, metrics=metrics)
+def snapshot_with(**metrics: records.MetricValue) -> records.Snapshot:
+    return records.Snapshot(tick=1, final=True, steps=40, metrics=metrics)
 
 
 def test_both_ends_of_a_range_have_the_same_precision():
@@ -47,9 +47,9 @@ def test_a_range_whose_ends_read_the_same_collapses_to_one_value():
 def test_the_summary_line_shows_ranges_with_an_en_dash_and_one_value_when_the_conventions_agree(tmp_path):
     snapshot = snapshot_with(
         # 0.05 and 0.060123 as percents: 5.00 and 6.01
-        mfu_avg=rec.MetricValue(low=0.05, high=0.060123, label="measured"),
+        mfu_avg=records.MetricValue(low=0.05, high=0.060123, label="measured"),
         # an MLP has no attention term: the four conventions give one number
-        spent_flop=rec.MetricValue(low=1.3101e10, high=1.3102e10, unit="FLOP"),
+        spent_flop=records.MetricValue(low=1.3101e10, high=1.3102e10, unit="FLOP"),
     )
     line = summary_line(tmp_path / "runs" / "r1", SUMMARY, snapshot)
     assert "MFU 5.00\u20136.01% (measured, range over conventions)" in line
@@ -58,7 +58,7 @@ def test_the_summary_line_shows_ranges_with_an_en_dash_and_one_value_when_the_co
 
 
 def test_an_mfu_range_that_collapses_keeps_its_peak_label(tmp_path):
-    snapshot = snapshot_with(mfu_avg=rec.MetricValue(low=0.08671, high=0.08672, label="measured"))
+    snapshot = snapshot_with(mfu_avg=records.MetricValue(low=0.08671, high=0.08672, label="measured"))
     assert "MFU 8.67% (measured, the conventions agree)" in summary_line(tmp_path / "r", SUMMARY, snapshot)
 
 

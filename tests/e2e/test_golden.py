@@ -12,13 +12,13 @@ from schema1 import upgrade_snapshot
 from test_replay_unchanged import reconcile
 from tm_runs import REPO, run_tm
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.runlog import replay
 
 GOLDEN = REPO / "tests" / "fixtures" / "golden"
 NAMES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
-HEADER = set(rec.Record.__struct_fields__) - {"t", "wall"}
+HEADER = set(records.Record.__struct_fields__) - {"t", "wall"}
 FUZZ_CASES = 1000
 
 
@@ -26,8 +26,8 @@ def body(snapshot: dict) -> dict:
     return {k: v for k, v in snapshot.items() if k not in HEADER}
 
 
-def as_json(snapshot: rec.Snapshot) -> dict:
-    return json.loads(msgspec.json.encode(rec.to_builtins(snapshot)))
+def as_json(snapshot: records.Snapshot) -> dict:
+    return json.loads(msgspec.json.encode(records.to_builtins(snapshot)))
 
 
 def test_there_are_several_golden_logs_including_two_ranks_and_no_budget():
@@ -80,8 +80,8 @@ def test_the_two_rank_run_has_two_ranks_one_step_clock_and_dp_two():
 
 def _malformed(line: bytes) -> bool:
     try:
-        rec.from_log_line(line)
-    except rec.MalformedRecord:
+        records.from_log_line(line)
+    except records.MalformedRecord:
         return True
     return False
 
@@ -118,8 +118,8 @@ def final_of(lines: list[bytes]) -> dict:
     engine = Engine()
     for line in lines:
         try:
-            record = rec.from_log_line(line)
-        except rec.MalformedRecord:
+            record = records.from_log_line(line)
+        except records.MalformedRecord:
             continue
         engine.feed(record, snapshots=False)
     return as_json(engine.snapshot())

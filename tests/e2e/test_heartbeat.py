@@ -14,7 +14,7 @@ import pytest
 from tm_runs import TM, only_run
 
 from trainmeter_core.components.heartbeat import HeartbeatSink, Pacer, interval_s, ping
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 
 class Receiver:
@@ -67,12 +67,14 @@ def closed_port_url() -> str:
 
 
 def mv(value):
-    return rec.MetricValue(value=value)
+    return records.MetricValue(value=value)
 
 
 def snapshot(t, since=0.1, alive=1.0, final=False):
     metrics = {"since_step_s": mv(since), "step_time_median_s": mv(0.1), "child_alive": mv(alive)}
-    return rec.Snapshot(tick=int(t), t=float(t), final=final, steps=10, metrics=metrics, elapsed_s=float(t))
+    return records.Snapshot(
+        tick=int(t), t=float(t), final=final, steps=10, metrics=metrics, elapsed_s=float(t)
+    )
 
 
 def test_the_pacer_asks_once_per_interval_of_snapshot_time_and_only_while_stepping():
@@ -105,12 +107,12 @@ def test_ping_reaches_the_server_and_failures_never_name_the_url(receiver):
 
 
 class StandIn:
-    def __init__(self, run_dir, records):
+    def __init__(self, run_dir, logged):
         self.run_dir = run_dir
         self.meta = {"cwd": str(run_dir), "command": ["x"], "script_mode": False}
         self.stopping = threading.Event()
         self.published = []
-        self._records = deque(records)
+        self._records = deque(logged)
 
     def recv(self, timeout_s):
         if self._records:
@@ -136,7 +138,7 @@ def test_the_heartbeat_sink_pings_while_stepping_and_warns_once_when_it_cannot(
     monkeypatch.setenv("TM_HEARTBEAT_URL", closed_port_url())
     ctx = StandIn(tmp_path, [snapshot(t) for t in (1, 2, 3)])
     HeartbeatSink().run(ctx)
-    (notice,) = [r for r in ctx.published if isinstance(r, rec.Notice)]
+    (notice,) = [r for r in ctx.published if isinstance(r, records.Notice)]
     assert notice.topic == "heartbeat" and notice.message.startswith("heartbeat request failed (")
     assert "127.0.0.1" not in notice.message
 

@@ -13,10 +13,10 @@ import pytest
 from deadline import wait_for
 from tm_runs import REPO, TM, log_records, only_run
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog import replay
 
-HEADER = set(rec.Record.__struct_fields__) - {
+HEADER = set(records.Record.__struct_fields__) - {
     "t",
     "wall",
 }  # who sent it and when it went differ; the numbers must not
@@ -33,7 +33,7 @@ def replayed_by_seq(run_dir) -> dict[int, dict]:
     out = {}
     for snapshot in replay.snapshots(run_dir):
         # Through the same JSON encoding as the live capture, so both sides compare alike (NaN -> null on both).
-        out[snapshot.through_seq] = json.loads(encoder.encode(rec.to_builtins(snapshot)))
+        out[snapshot.through_seq] = json.loads(encoder.encode(records.to_builtins(snapshot)))
     return out
 
 

@@ -17,12 +17,12 @@ from deadline import wait_for
 from tm_runs import REPO, TM, log_records, only_run, run_tm
 from torch_required import require_torch
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog import replay
 
 LOOP = str(REPO / "tests" / "scripts" / "resume_loop.py")
 TOKENS_PER_STEP = 64
-HEADER = set(rec.Record.__struct_fields__) - {"t", "wall"}  # what the hub stamps on the engine's snapshot
+HEADER = set(records.Record.__struct_fields__) - {"t", "wall"}  # what the hub stamps on the engine's snapshot
 
 
 def gone(pid: int) -> bool:

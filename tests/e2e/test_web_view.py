@@ -14,27 +14,32 @@ import pytest
 from deadline import wait_for
 from tm_runs import TM, log_records, only_run
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_web import view
 
 WALL0 = 1_700_000_000.0
 
 
-def write_run(run_dir: Path, steps: int, ended: bool) -> list[rec.Record]:
-    recs: list[rec.Record] = []
+def write_run(run_dir: Path, steps: int, ended: bool) -> list[records.Record]:
+    recs: list[records.Record] = []
     for step in range(1, steps + 1):
-        recs += [rec.Step(step=step, tokens_global=100), rec.Metric(values={"loss": 1.0 / step}, step=step)]
-        recs.append(rec.Tick(n=step, interval_s=1.0))
+        recs += [
+            records.Step(step=step, tokens_global=100),
+            records.Metric(values={"loss": 1.0 / step}, step=step),
+        ]
+        recs.append(records.Tick(n=step, interval_s=1.0))
     if ended:
-        recs.append(rec.RunEnd(status=0, reason="exited", exit_code=0, elapsed_s=float(steps)))
+        recs.append(records.RunEnd(status=0, reason="exited", exit_code=0, elapsed_s=float(steps)))
     for i, record in enumerate(recs, start=1):
         record.seq, record.t, record.wall = i, float(i), WALL0 + i
     run_dir.mkdir(parents=True)
     (run_dir / "meta.json").write_text(
         json.dumps({"run_id": run_dir.name, "name": "demo", "command": ["demo.py"]})
     )
-    (run_dir / "events-0001.jsonl").write_bytes(b"".join(rec.to_log_line(rec.to_builtins(r)) for r in recs))
+    (run_dir / "events-0001.jsonl").write_bytes(
+        b"".join(records.to_log_line(records.to_builtins(r)) for r in recs)
+    )
     return recs
 
 
@@ -45,7 +50,7 @@ def test_json_prints_the_final_snapshot_of_a_replay(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     engine = Engine()
     expected = [s for r in recs for s in engine.feed(r)][-1]
-    assert printed == json.loads(msgspec.json.encode(rec.to_builtins(expected)))
+    assert printed == json.loads(msgspec.json.encode(records.to_builtins(expected)))
     assert printed["final"] is True and printed["state"] == "finished"
 
 

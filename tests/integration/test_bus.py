@@ -14,12 +14,12 @@ from test_hub import END, raw_push, running_hub
 from tm_runs import log_records
 
 from trainmeter_core.bus import client as bus
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.rundir import RunLock
 
 
-def _steps(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["kind"] == "step"]
+def _steps(items: list[dict]) -> list[dict]:
+    return [r for r in items if r["kind"] == "step"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -31,7 +31,7 @@ def test_producer_without_a_hub_drops_and_counts_exactly_and_the_bye_makes_the_b
 ):
     attempted = 100
     producer = bus.Producer(f"ipc://{short_dir}/in", "agent", hwm=10)
-    results = [producer.send(rec.Step(step=i)) for i in range(attempted)]
+    results = [producer.send(records.Step(step=i)) for i in range(attempted)]
     # Nobody listens: the queue takes about hwm messages and the rest are dropped, each one counted.
     assert producer.sent + producer.dropped == attempted
     assert producer.sent == results.count(True) and producer.dropped == results.count(False)
@@ -51,14 +51,14 @@ def test_producer_without_a_hub_drops_and_counts_exactly_and_the_bye_makes_the_b
     assert all(s.get("dropped", 0) == 0 for s in steps)
     stats = [r for r in log if r["kind"] == "bus.stats"][-1]
     assert stats["final"] is True
-    assert stats["dropped"] == {rec.producer_key("agent", bus.HOSTNAME, os.getpid()): producer.dropped}
+    assert stats["dropped"] == {records.producer_key("agent", bus.HOSTNAME, os.getpid()): producer.dropped}
     assert stats["dropped_total"] == producer.dropped
 
 
 def test_send_never_raises_with_a_bogus_endpoint():
     producer = bus.Producer("not-an-endpoint", "agent")
-    assert producer.send(rec.Step(step=1)) is False
-    assert producer.send_many([rec.Step(step=2), rec.Step(step=3)]) is False
+    assert producer.send(records.Step(step=1)) is False
+    assert producer.send_many([records.Step(step=2), records.Step(step=3)]) is False
     producer.close()
     # 1 single + a batch of 2 = 3 records dropped, none sent; the reason is kept for diagnosis.
     assert (producer.sent, producer.dropped) == (0, 3)
@@ -67,10 +67,10 @@ def test_send_never_raises_with_a_bogus_endpoint():
 
 def test_send_after_close_is_counted_and_never_raises(short_dir):
     producer = bus.Producer(f"ipc://{short_dir}/in", "agent", linger_ms=0)
-    assert producer.send(rec.Step(step=1)) is True
+    assert producer.send(records.Step(step=1)) is True
     producer.close(linger_ms=0)
-    assert producer.send(rec.Step(step=2)) is False
-    assert producer.send_many([rec.Step(step=3), rec.Step(step=4)]) is False
+    assert producer.send(records.Step(step=2)) is False
+    assert producer.send_many([records.Step(step=3), records.Step(step=4)]) is False
     producer.close()  # twice is harmless
     assert (producer.sent, producer.dropped) == (1, 3)
 
@@ -85,8 +85,8 @@ def test_an_empty_batch_sends_nothing_and_drops_nothing(short_dir):
 def test_producer_stamps_the_header_and_keeps_what_the_caller_set(short_dir, tmp_path):
     with running_hub(short_dir, tmp_path) as hub:
         producer = bus.Producer(hub.in_endpoint, "agent", rank=3)
-        producer.send(rec.Step(step=1))
-        producer.send(rec.Step(step=2, source="tap", rank=1, t=5.0))
+        producer.send(records.Step(step=1))
+        producer.send(records.Step(step=2, source="tap", rank=1, t=5.0))
         producer.close()
         wait_for(lambda: hub.kinds.get("bye"), what="the producer's bye")
     first, second = _steps(log_records(tmp_path))
@@ -97,22 +97,22 @@ def test_producer_stamps_the_header_and_keeps_what_the_caller_set(short_dir, tmp
         bus.HOSTNAME,
     )
     assert first["t"] > 0 and first["wall"] > 0
-    assert first["v"] == second["v"] == rec.SCHEMA_VERSION
+    assert first["v"] == second["v"] == records.SCHEMA_VERSION
     assert (second["source"], second["rank"], second["t"]) == ("tap", 1, 5.0)
 
 
 def test_forked_child_sends_through_the_parents_producer_with_its_own_pid(short_dir, tmp_path):
     with running_hub(short_dir, tmp_path) as hub:
         producer = bus.Producer(hub.in_endpoint, "agent")
-        assert producer.send(rec.Step(step=1))  # the parent's socket exists before the fork
+        assert producer.send(records.Step(step=1))  # the parent's socket exists before the fork
         pid = os.fork()
         if pid == 0:  # the child: the inherited socket must never be used; a fresh one is made on first send
-            ok = producer.send(rec.Step(step=2))
+            ok = producer.send(records.Step(step=2))
             producer.close()
             os._exit(0 if ok and producer.sent == 1 else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert producer.send(rec.Step(step=3))  # the parent's producer still works
+        assert producer.send(records.Step(step=3))  # the parent's producer still works
         producer.close()
         wait_for(lambda: hub.kinds.get("bye", 0) >= 2, what="both byes")
     log = log_records(tmp_path)
@@ -132,7 +132,7 @@ def _subscribed(sock, sub, probe: bytes) -> None:
 
 
 def test_subscriber_yields_only_the_kinds_asked_for_with_their_seq(short_dir, tmp_path):
-    probe = rec.encode(rec.Step(step=-1))
+    probe = records.encode(records.Step(step=-1))
     with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
         sub = bus.Subscriber(hub.out_endpoint, ["step"])
         try:
@@ -140,10 +140,10 @@ def test_subscriber_yields_only_the_kinds_asked_for_with_their_seq(short_dir, tm
             # "step.x" passes the SUB prefix filter; the subscriber must still refuse it.
             for payload in (
                 msgspec.msgpack.encode({"kind": "step.x", "n": 1}),
-                rec.encode(rec.Step(step=10)),
-                rec.encode(rec.Metric(values={"loss": 1.0})),
+                records.encode(records.Step(step=10)),
+                records.encode(records.Metric(values={"loss": 1.0})),
                 msgspec.msgpack.encode({"kind": "step.x", "n": 2}),
-                rec.encode(rec.Step(step=11)),
+                records.encode(records.Step(step=11)),
             ):
                 sock.send_multipart([b"x", payload])
             got = []
@@ -154,7 +154,7 @@ def test_subscriber_yields_only_the_kinds_asked_for_with_their_seq(short_dir, tm
                     got.append(record)
         finally:
             sub.close()
-    assert [type(r) for r in got] == [rec.Step, rec.Step]
+    assert [type(r) for r in got] == [records.Step, records.Step]
     assert [r.step for r in got] == [10, 11]
     # The hub numbered metric and step.x in between: 11's seq is 10's + 3.
     assert got[0].seq is not None and got[1].seq == got[0].seq + 3
@@ -163,12 +163,12 @@ def test_subscriber_yields_only_the_kinds_asked_for_with_their_seq(short_dir, tm
 
 
 def test_subscriber_without_a_filter_gets_every_kind_and_run_end(short_dir, tmp_path):
-    probe = rec.encode(rec.Notice(topic="probe", message="p"))
+    probe = records.encode(records.Notice(topic="probe", message="p"))
     with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
         sub = bus.Subscriber(hub.out_endpoint)
         try:
             _subscribed(sock, sub, probe)
-            sock.send_multipart([b"x", rec.encode(rec.Step(step=1))])
+            sock.send_multipart([b"x", records.encode(records.Step(step=1))])
             # finish() drains what reached the hub, not what is still in flight (the launcher waits for byes).
             wait_for(lambda: hub.kinds.get("step"), what="the step")
             hub.finish(END)
@@ -176,7 +176,7 @@ def test_subscriber_without_a_filter_gets_every_kind_and_run_end(short_dir, tmp_
             while not kinds or kinds[-1] != "run.end":
                 record = sub.recv(30)
                 assert record is not None, "timed out waiting for run.end"
-                kinds.append(rec.kind_of(record))
+                kinds.append(records.kind_of(record))
         finally:
             sub.close()
     kinds = [k for k in kinds if k not in ("notice", "tick")]
@@ -197,7 +197,7 @@ def test_subscribe_iterates_a_live_run_and_ends_at_run_end(short_dir, tmp_path):
             n = 0
             while not stop_feeding.wait(0.05):
                 n += 1
-                hub.inject(rec.Step(step=n))
+                hub.inject(records.Step(step=n))
 
         feeder = threading.Thread(target=feed)
         feeder.start()
@@ -213,7 +213,7 @@ def test_subscribe_iterates_a_live_run_and_ends_at_run_end(short_dir, tmp_path):
             feeder.join()
     lock.release()
     # The loop ended on its own (run.end came, and was not yielded: only steps were asked for).
-    assert got and {rec.kind_of(r) for r in got} == {"step"}
+    assert got and {records.kind_of(r) for r in got} == {"step"}
     assert [r.step for r in got] == sorted(r.step for r in got)
 
 
@@ -223,7 +223,7 @@ def test_subscribe_ends_when_the_launcher_lock_is_free(short_dir, tmp_path):
     (run_dir / "endpoints.json").write_text(f'{{"out": "ipc://{short_dir}/nobody"}}')
     lock = RunLock(run_dir)
     lock.acquire()
-    records = bus.subscribe(run_dir, idle_check_s=0.05)
+    items = bus.subscribe(run_dir, idle_check_s=0.05)
     threading.Timer(0.3, lock.release).start()
     # Nobody publishes: the iterator idles until the lock is free, then stops instead of waiting forever.
-    assert list(records) == []
+    assert list(items) == []

@@ -18,11 +18,10 @@ from tm_runs import log_records
 from trainmeter_core.bus import client as bus
 from trainmeter_core.bus.hub import Hub
 from trainmeter_core.bus.publish import PUBLISH_GROUP_MAX
-from trainmeter_core.model import agent_batch
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import agent_batch, records
 from trainmeter_core.runlog.recorder import Recorder
 
-END = rec.RunEnd(status=0, reason="exited", elapsed_s=1.0)
+END = records.RunEnd(status=0, reason="exited", elapsed_s=1.0)
 
 
 @contextlib.contextmanager
@@ -79,7 +78,7 @@ FUZZ_FRAMES = 10_000
 BIG_FRAMES = 3  # 10 MB each
 VALID_EVERY = 10  # one valid step (or batch of steps) between every 10 fuzz frames
 
-_GOOD = rec.Step(step=1, source="agent", host="h", pid=1, tokens=4096, step_time_s=0.25)
+_GOOD = records.Step(step=1, source="agent", host="h", pid=1, tokens=4096, step_time_s=0.25)
 _WRONG_TYPES = [
     {"kind": "step", "step": "x"},
     {"kind": "step", "step": 1.5},
@@ -104,33 +103,35 @@ def _hub_would_count_malformed(frames: list[bytes]) -> int:
     if frames[0] == agent_batch.WINDOW_TOPIC:
         try:
             header, items = agent_batch.split_window(frames[1])
-        except rec.MalformedRecord:
+        except records.MalformedRecord:
             return 1
         bad = 0
         for item in items:
             try:
-                rec.check(bytes(item)) if agent_batch.is_record(item) else agent_batch.expand(item, header)
-            except rec.MalformedRecord:
+                records.check(bytes(item)) if agent_batch.is_record(item) else agent_batch.expand(
+                    item, header
+                )
+            except records.MalformedRecord:
                 bad += 1
         return bad if items and bad == len(items) else -1
     if frames[0] == bus.BATCH_TOPIC:
         try:
-            items = rec.split_batch(frames[1])
-        except rec.MalformedRecord:
+            items = records.split_batch(frames[1])
+        except records.MalformedRecord:
             return 1
     else:
         items = [frames[1]]
     bad = 0
     for item in items:
         try:
-            rec.check(item)
-        except rec.MalformedRecord:
+            records.check(item)
+        except records.MalformedRecord:
             bad += 1
     return bad if bad == len(items) else -1  # -1: some item is valid, so this is no clean fuzz frame
 
 
 _WINDOW_HEADER = {
-    "v": rec.SCHEMA_VERSION,
+    "v": records.SCHEMA_VERSION,
     "source": "fuzz",
     "host": "h",
     "pid": 1,
@@ -146,7 +147,7 @@ def _STEADY(step: int) -> tuple:  # noqa: N802 - reads as the item it builds
 
 def _fuzz_frame(rng: random.Random) -> list[bytes]:
     """One message the hub must count as exactly one malformed record."""
-    good = rec.encode(_GOOD)
+    good = records.encode(_GOOD)
     choice = rng.randrange(13)
     if choice == 10:  # an agent's window that is not [header, items]
         return [
@@ -172,7 +173,7 @@ def _fuzz_frame(rng: random.Random) -> list[bytes]:
     if choice == 4:  # a batch frame that is not an array
         return [bus.BATCH_TOPIC, rng.choice([good, msgspec.msgpack.encode(5), b"\x80"])]
     if choice == 5:  # a batch cut short
-        batch = rec.encode_many([_GOOD, _GOOD, _GOOD])
+        batch = records.encode_many([_GOOD, _GOOD, _GOOD])
         return [bus.BATCH_TOPIC, batch[: rng.randrange(1, len(batch))]]
     if choice == 6:  # a batch holding one record of the wrong type
         return [bus.BATCH_TOPIC, msgspec.msgpack.encode([rng.choice(_WRONG_TYPES)])]
@@ -214,20 +215,23 @@ def test_ten_thousand_fuzzed_frames_are_each_counted_malformed_and_the_valid_one
                 draw = rng.random()
                 if draw < 0.4:
                     step += 1
-                    sock.send_multipart([b"step", rec.encode(rec.Step(step=step, source="fuzz"))])
+                    sock.send_multipart([b"step", records.encode(records.Step(step=step, source="fuzz"))])
                     expected_steps.append(step)
                 elif (
                     draw < 0.6
                 ):  # an agent's window: two steady steps and a whole record, five records in all
-                    items = [_STEADY(step + 1), rec.Notice(topic="fuzz", message="m"), _STEADY(step + 2)]
+                    items = [_STEADY(step + 1), records.Notice(topic="fuzz", message="m"), _STEADY(step + 2)]
                     sock.send_multipart(
                         [agent_batch.WINDOW_TOPIC, agent_batch.encode_window(_WINDOW_HEADER, items)]
                     )
                     expected_steps += [step + 1, step + 2]
                     step += 2
                 else:
-                    batch = [rec.Step(step=step + 1, source="fuzz"), rec.Step(step=step + 2, source="fuzz")]
-                    sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(batch)])
+                    batch = [
+                        records.Step(step=step + 1, source="fuzz"),
+                        records.Step(step=step + 2, source="fuzz"),
+                    ]
+                    sock.send_multipart([bus.BATCH_TOPIC, records.encode_many(batch)])
                     expected_steps += [step + 1, step + 2]
                     step += 2
         print(f"fuzz frames={sent_fuzz} rerolled={rerolled} valid steps={len(expected_steps)}")
@@ -256,7 +260,7 @@ def test_ten_thousand_fuzzed_frames_are_each_counted_malformed_and_the_valid_one
 
 def _wait_subscribed(sock, receive) -> None:
     """A SUB joins late: send notice probes until one comes back."""
-    probe = rec.encode(rec.Notice(topic="probe", message="p"))
+    probe = records.encode(records.Notice(topic="probe", message="p"))
     wait_for(lambda: sock.send_multipart([b"notice", probe]) or receive(), what="the subscription")
 
 
@@ -273,18 +277,22 @@ def test_a_burst_is_published_in_groups_in_order_with_consecutive_seq(short_dir,
             poller.register(sub_raw, zmq.POLLIN)
             _wait_subscribed(sock, lambda: poller.poll(50) and sub_raw.recv_multipart())
             wait_for(
-                lambda: sock.send_multipart([b"step", rec.encode(rec.Step(step=-1))]) or typed.recv(0.05)
+                lambda: (
+                    sock.send_multipart([b"step", records.encode(records.Step(step=-1))]) or typed.recv(0.05)
+                )
             )
             # One batch frame is drained in one go, so the steps leave as consecutive groups of at most 1000.
-            sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many([rec.Step(step=i) for i in range(n)])])
+            sock.send_multipart(
+                [bus.BATCH_TOPIC, records.encode_many([records.Step(step=i) for i in range(n)])]
+            )
             groups = []  # (first seq, records in the message)
             while sum(size for _, size in groups) < n:
                 assert poller.poll(30_000), "timed out waiting for the burst"
                 topic, seq, body = sub_raw.recv_multipart()
                 if topic != b"step":
                     continue
-                items = rec.split_batch(body) if body[:1] == b"\xdd" else [body]
-                if rec.decode(bytes(items[0])).step == -1:
+                items = records.split_batch(body) if body[:1] == b"\xdd" else [body]
+                if records.decode(bytes(items[0])).step == -1:
                     continue  # a probe
                 groups.append((int.from_bytes(seq, "big"), len(items)))
             typed_steps = []
@@ -304,19 +312,19 @@ def test_a_burst_is_published_in_groups_in_order_with_consecutive_seq(short_dir,
     assert [r.seq for r in typed_steps] == list(range(first, first + n))
 
 
-def _loop_records(n: int, first_step: int) -> list[rec.Record]:
+def _loop_records(n: int, first_step: int) -> list[records.Record]:
     """What a training loop sends per iteration, interleaved: its data wait, its loss, its step."""
-    out: list[rec.Record] = []
+    out: list[records.Record] = []
     for i in range(first_step, first_step + n):
-        out.append(rec.Phase(phase="data_wait", start_t=i, end_t=i + 0.1, step=i, probe="dataloader"))
-        out.append(rec.Metric(values={"train_loss": 1.0}, step=i, origin="backward"))
-        out.append(rec.Step(step=i))
+        out.append(records.Phase(phase="data_wait", start_t=i, end_t=i + 0.1, step=i, probe="dataloader"))
+        out.append(records.Metric(values={"train_loss": 1.0}, step=i, origin="backward"))
+        out.append(records.Step(step=i))
     return out
 
 
 def _is_probe(record) -> bool:
     """A notice or a negative step: what the test sent to learn that a subscription is live."""
-    return isinstance(record, rec.Notice) or (isinstance(record, rec.Step) and record.step < 0)
+    return isinstance(record, records.Notice) or (isinstance(record, records.Step) and record.step < 0)
 
 
 def _received(sub, n: int, who: str) -> list:
@@ -338,12 +346,13 @@ def _published(poller, sub_raw, n: int) -> list[tuple[bytes, int, list[str]]]:
         assert poller.poll(30_000), "timed out waiting for the loop's records"
         topic, seq, body = sub_raw.recv_multipart()
         items = [
-            rec.decode(bytes(item)) for item in (rec.split_batch(body) if body[:1] == b"\xdd" else [body])
+            records.decode(bytes(item))
+            for item in (records.split_batch(body) if body[:1] == b"\xdd" else [body])
         ]
         if any(_is_probe(r) for r in items):
             assert len(items) == 1, "a probe shares a message with the loop's records"
             continue
-        messages.append((topic, int.from_bytes(seq, "big"), [rec.kind_of(r) for r in items]))
+        messages.append((topic, int.from_bytes(seq, "big"), [records.kind_of(r) for r in items]))
     return messages
 
 
@@ -363,15 +372,15 @@ def test_kinds_no_subscriber_filters_for_leave_together_and_a_filtered_kind_leav
             poller.register(sub_raw, zmq.POLLIN)
             _wait_subscribed(sock, lambda: poller.poll(50) and sub_raw.recv_multipart())
             _wait_subscribed(sock, lambda: every.recv(0.05))
-            probe = [b"step", rec.encode(rec.Step(step=-1))]
+            probe = [b"step", records.encode(records.Step(step=-1))]
             wait_for(lambda: sock.send_multipart(probe) or steps_only.recv(0.05), what="the step filter")
             wait_for(lambda: b"step" in hub.topics, what="the hub to see the step filter")
-            sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(_loop_records(100, 0))])
+            sock.send_multipart([bus.BATCH_TOPIC, records.encode_many(_loop_records(100, 0))])
             filtered = _published(poller, sub_raw, 300)
             steps = _received(steps_only, 100, "the filtered subscriber")
             steps_only.close()
             wait_for(lambda: b"step" not in hub.topics, what="the hub to see the step filter go")
-            sock.send_multipart([bus.BATCH_TOPIC, rec.encode_many(_loop_records(100, 100))])
+            sock.send_multipart([bus.BATCH_TOPIC, records.encode_many(_loop_records(100, 100))])
             together = _published(poller, sub_raw, 300)
             seen = _received(every, 600, "the subscriber of every kind")
         finally:
@@ -390,10 +399,10 @@ def test_kinds_no_subscriber_filters_for_leave_together_and_a_filtered_kind_leav
     # Without it: the whole burst in one message.
     assert [(topic, kinds) for topic, _, kinds in together] == [(b"*", ["phase", "metric", "step"] * 100)]
     # The subscriber of every kind took all of them in the hub's order, numbered without a hole.
-    assert [rec.kind_of(r) for r in seen] == ["phase", "metric", "step"] * 200
+    assert [records.kind_of(r) for r in seen] == ["phase", "metric", "step"] * 200
     assert [r.seq for r in seen[:300]] == list(range(filtered[0][1], filtered[0][1] + 300))
     assert [r.seq for r in seen[300:]] == list(range(together[0][1], together[0][1] + 300))
-    assert [r.step for r in seen if isinstance(r, rec.Step)] == list(range(200))
+    assert [r.step for r in seen if isinstance(r, records.Step)] == list(range(200))
 
 
 def test_records_of_one_kind_published_one_by_one_each_carry_their_own_seq(short_dir, tmp_path):
@@ -402,11 +411,11 @@ def test_records_of_one_kind_published_one_by_one_each_carry_their_own_seq(short
     with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
         sub = bus.Subscriber(hub.out_endpoint, ["step"])
         try:
-            probe = [b"step", rec.encode(rec.Step(step=-1))]
+            probe = [b"step", records.encode(records.Step(step=-1))]
             wait_for(lambda: sock.send_multipart(probe) or sub.recv(0.05), what="the subscription")
             got = {}
             for i in (1, 2, 3):
-                sock.send_multipart([b"step", rec.encode(rec.Step(step=i))])
+                sock.send_multipart([b"step", records.encode(records.Step(step=i))])
                 while i not in got:
                     record = sub.recv(30)
                     assert record is not None, f"timed out waiting for step {i}"
@@ -421,11 +430,11 @@ def test_snapshots_are_published_but_never_written_to_the_log(short_dir, tmp_pat
     with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
         sub = bus.Subscriber(hub.out_endpoint, ["snapshot"])
         try:
-            probe = [b"snapshot", rec.encode(rec.Snapshot(tick=-1))]
+            probe = [b"snapshot", records.encode(records.Snapshot(tick=-1))]
             wait_for(lambda: sock.send_multipart(probe) or sub.recv(0.05), what="the subscription")
-            sock.send_multipart([b"step", rec.encode(rec.Step(step=1))])
-            sock.send_multipart([b"snapshot", rec.encode(rec.Snapshot(tick=7, steps=1))])
-            sock.send_multipart([b"step", rec.encode(rec.Step(step=2))])
+            sock.send_multipart([b"step", records.encode(records.Step(step=1))])
+            sock.send_multipart([b"snapshot", records.encode(records.Snapshot(tick=7, steps=1))])
+            sock.send_multipart([b"step", records.encode(records.Step(step=2))])
             snapshot = None
             while snapshot is None or snapshot.tick == -1:
                 snapshot = sub.recv(30)
@@ -460,7 +469,7 @@ def test_unknown_kinds_and_fields_reach_the_log_verbatim_and_are_counted_unknown
 
 
 def test_a_batch_with_one_malformed_record_loses_that_one_alone(short_dir, tmp_path):
-    good = [rec.to_builtins(rec.Step(step=i, source="agent")) for i in (1, 2)]
+    good = [records.to_builtins(records.Step(step=i, source="agent")) for i in (1, 2)]
     newer_kind = {"kind": "gpu.power_cap", "watts": 300.5}
     batch = [good[0], {"kind": "step", "step": "x"}, newer_kind, good[1]]
     with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
@@ -475,15 +484,17 @@ def test_history_records_are_derived_too_and_after_the_end_only_derived_kinds_an
     short_dir, tmp_path
 ):
     derived = [
-        rec.HistoryRequest(reason="start"),
-        rec.HistorySync(incarnation="e1", n=1, checkpoint="engine.ckpt"),
-        rec.HistoryDelta(incarnation="e1", n=2, series=["train_loss"], points=[(0, 1.0, 2.0, 3.0, 4.0, 5.0)]),
+        records.HistoryRequest(reason="start"),
+        records.HistorySync(incarnation="e1", n=1, checkpoint="engine.ckpt"),
+        records.HistoryDelta(
+            incarnation="e1", n=2, series=["train_loss"], points=[(0, 1.0, 2.0, 3.0, 4.0, 5.0)]
+        ),
     ]
     late = [
-        rec.Snapshot(tick=9, final=True),
-        rec.HistoryDelta(incarnation="e1", n=3),
-        rec.Alert(rule="died", state="fired", message="the training process died"),
-        rec.Step(step=99),
+        records.Snapshot(tick=9, final=True),
+        records.HistoryDelta(incarnation="e1", n=3),
+        records.Alert(rule="died", state="fired", message="the training process died"),
+        records.Step(step=99),
     ]
     recorder = Recorder(tmp_path)
     hub = Hub(f"ipc://{short_dir}/in", f"ipc://{short_dir}/out", recorder)
@@ -494,21 +505,21 @@ def test_history_records_are_derived_too_and_after_the_end_only_derived_kinds_an
     )
     try:
         with raw_push(hub.in_endpoint) as sock:
-            probe = [b"history", rec.encode(rec.HistoryDelta(incarnation="probe", n=0))]
+            probe = [b"history", records.encode(records.HistoryDelta(incarnation="probe", n=0))]
             wait_for(lambda: sock.send_multipart(probe) or sub.recv(0.05), what="the subscription")
             for record in derived:
-                sock.send_multipart([rec.topic(rec.kind_of(record)), rec.encode(record)])
+                sock.send_multipart([records.topic(records.kind_of(record)), records.encode(record)])
             wait_for(lambda: hub.kinds.get("history.sync"), what="the derived records")
             hub.end(END)
             for record in late:
-                sock.send_multipart([rec.topic(rec.kind_of(record)), rec.encode(record)])
+                sock.send_multipart([records.topic(records.kind_of(record)), records.encode(record)])
             wait_for(lambda: hub.late_alerts and hub.late, what="the late records")
         got = []
         while len(got) < 6:
             record = sub.recv(30)
             assert record is not None, "timed out waiting for the published records"
-            if getattr(record, "incarnation", "") != "probe" and rec.kind_of(record) != "run.end":
-                got.append(rec.kind_of(record))
+            if getattr(record, "incarnation", "") != "probe" and records.kind_of(record) != "run.end":
+                got.append(records.kind_of(record))
     finally:
         sub.close()
         hub.stop()
@@ -547,7 +558,7 @@ def test_bus_stats_come_periodically_and_the_final_one_balances_the_books(short_
     with running_hub(short_dir, tmp_path, stats_every_s=0.2) as hub, raw_push(hub.in_endpoint) as sock:
         wait_for(lambda: hub.kinds.get("bus.stats"), what="a periodic bus.stats")
         for i in range(3):
-            sock.send_multipart([b"step", rec.encode(rec.Step(step=i))])
+            sock.send_multipart([b"step", records.encode(records.Step(step=i))])
         sock.send_multipart([b"step", b"\xc1"])  # malformed
         sock.send_multipart([b"zz", msgspec.msgpack.encode({"kind": "zz"})])  # unknown
         wait_for(lambda: hub.kinds.get("zz") and hub.malformed, what="the last two frames")
@@ -578,7 +589,7 @@ def test_the_final_bus_stats_report_the_flush_of_every_record_before_them(short_
         raw_push(hub.in_endpoint) as sock,
     ):
         for i in range(3):
-            sock.send_multipart([b"step", rec.encode(rec.Step(step=i))])
+            sock.send_multipart([b"step", records.encode(records.Step(step=i))])
         wait_for(lambda: hub.kinds.get("step", 0) == 3, what="the three steps")
     log = log_records(tmp_path)
     assert [r["kind"] for r in log] == ["step", "step", "step", "bus.stats", "run.end"]
@@ -587,15 +598,15 @@ def test_the_final_bus_stats_report_the_flush_of_every_record_before_them(short_
 
 def test_injected_records_are_numbered_recorded_and_stamped_as_the_hubs(short_dir, tmp_path):
     with running_hub(short_dir, tmp_path) as hub:
-        hub.inject(rec.Notice(topic="launcher", message="child started"))
-        hub.inject(rec.Fact(name="gpus", value=0, provenance="detected", origin="launcher"))
+        hub.inject(records.Notice(topic="launcher", message="child started"))
+        hub.inject(records.Fact(name="gpus", value=0, provenance="detected", origin="launcher"))
         wait_for(lambda: hub.kinds.get("fact"), what="the injected fact")
     log = log_records(tmp_path)
     notice, fact = [r for r in log if r["kind"] in ("notice", "fact")]
     assert (notice["message"], fact["name"]) == ("child started", "gpus")
     assert notice["seq"] < fact["seq"]
     assert notice["source"] == "hub" and notice["pid"] > 0 and notice["t"] > 0
-    assert notice["v"] == fact["v"] == rec.SCHEMA_VERSION  # the hub stamps the schema on its own records
+    assert notice["v"] == fact["v"] == records.SCHEMA_VERSION  # the hub stamps the schema on its own records
     assert log[-1]["kind"] == "run.end"
 
 
@@ -605,7 +616,7 @@ def test_the_runs_steps_are_its_lowest_ranks_so_a_node_without_rank_0_counts_its
         # Rank 3 reports steps 1-3, rank 2 steps 1-5 with step 4 skipped: 5 steps, 1 skipped (not 3, nor 8).
         for step in range(1, 6):
             for rank in (3, 2) if step <= 3 else (2,):
-                record = rec.Step(step=step, rank=rank, skipped=step == 4, source="agent", pid=10 + rank)
-                push.send_multipart([b"step", rec.encode(record)])
+                record = records.Step(step=step, rank=rank, skipped=step == 4, source="agent", pid=10 + rank)
+                push.send_multipart([b"step", records.encode(record)])
         wait_for(lambda: hub.kinds.get("step") == 8, what="the eight step records")
         assert (hub.steps, hub.skipped_steps) == (5, 1)

@@ -25,10 +25,10 @@ from trainmeter_core.bus import jobwire as wire
 from trainmeter_core.bus.forward import Forwarder
 from trainmeter_core.bus.hub import Hub
 from trainmeter_core.bus.jobhub import ACK_EVERY_S
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import Recorder
 
-END = rec.RunEnd(status=0, reason="exited", elapsed_s=1.0)
+END = records.RunEnd(status=0, reason="exited", elapsed_s=1.0)
 NODE = "node1"  # the forwarding node's host name (the job hub's is this machine's)
 
 
@@ -88,8 +88,8 @@ def steps(endpoint: str, n: int, host: str = NODE, start: int = 1) -> None:
     sock.setsockopt(zmq.LINGER, 5000)
     sock.connect(endpoint)
     for i in range(start, start + n):
-        step = rec.Step(step=i, host=host, tokens=8, step_time_s=0.5, source="agent", pid=7, rank=1, v=2)
-        sock.send_multipart([b"step", rec.encode(step)])
+        step = records.Step(step=i, host=host, tokens=8, step_time_s=0.5, source="agent", pid=7, rank=1, v=2)
+        sock.send_multipart([b"step", records.encode(step)])
     sock.close()
     ctx.term()
 
@@ -315,7 +315,7 @@ FUZZ_FRAMES = 10_000
 
 def _fuzz_message(rng: random.Random, head: int) -> list[bytes]:
     """One message that is malformed whatever the dice say: each shape below breaks the link's protocol or the schema."""
-    good = rec.encode(rec.Step(step=1, host=NODE, source="agent", pid=7, v=2))
+    good = records.encode(records.Step(step=1, host=NODE, source="agent", pid=7, v=2))
     shape = rng.randrange(6)
     if shape == 0:  # an unknown verb
         return [rng.randbytes(rng.randrange(1, 8)).replace(b"r", b"x"), b"payload"]
@@ -351,7 +351,7 @@ def test_ten_thousand_fuzzed_frames_from_an_authenticated_node_are_counted_malfo
             sock, monitor = _joined(ctx, hub, keys)
             for _ in range(FUZZ_FRAMES):
                 sock.send_multipart(_fuzz_message(rng, 1))
-            good = rec.encode(rec.Step(step=42, host=NODE, source="agent", pid=7, v=2))
+            good = records.encode(records.Step(step=42, host=NODE, source="agent", pid=7, v=2))
             sock.send_multipart([wire.RECS, wire.number(1), wire.group([good])])
             link = next(iter(hub.job.links.values()))
             wait_for(
@@ -376,14 +376,14 @@ def test_a_node_may_not_speak_for_the_hubs_host_nor_in_the_hubs_own_kinds(tmp_pa
         with job_hub(short_dir, tmp_path / "hub", keys) as hub:
             sock, monitor = _joined(ctx, hub, keys)
             forged = [
-                rec.RunEnd(
+                records.RunEnd(
                     status=1, reason="exited", elapsed_s=1.0, host="elsewhere", source="launcher", v=2
                 ),
-                rec.Tick(n=1, interval_s=1.0, host=NODE, v=2),
-                rec.NodeEvent(node_rank=2, node_host="node2", event="lost", host=NODE, v=2),
-                rec.Step(step=1, host=NODE, v=2),
+                records.Tick(n=1, interval_s=1.0, host=NODE, v=2),
+                records.NodeEvent(node_rank=2, node_host="node2", event="lost", host=NODE, v=2),
+                records.Step(step=1, host=NODE, v=2),
             ]
-            sock.send_multipart([wire.RECS, wire.number(1), wire.group([rec.encode(r) for r in forged])])
+            sock.send_multipart([wire.RECS, wire.number(1), wire.group([records.encode(r) for r in forged])])
             link = next(iter(hub.job.links.values()))
             wait_for(lambda: link.expect == 5, what="the four records")
             assert link.malformed == 3

@@ -10,7 +10,7 @@ import time
 import pytest
 from live_run import feed
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_web.dashboard_state import DashboardState
 from trainmeter_web.guard import Guard
 from trainmeter_web.server import Server
@@ -23,9 +23,9 @@ def feed_run(model: DashboardState, steps: int, first_seq: int = 1) -> None:
     seq = first_seq
     for step in range(1, steps + 1):
         for record in (
-            rec.Step(step=step, tokens_global=1000),
-            rec.Metric(values={"train/loss": 4.0 / step, "<img src=x onerror=alert(1)>": 1.0}, step=step),
-            rec.Tick(n=step, interval_s=1.0),
+            records.Step(step=step, tokens_global=1000),
+            records.Metric(values={"train/loss": 4.0 / step, "<img src=x onerror=alert(1)>": 1.0}, step=step),
+            records.Tick(n=step, interval_s=1.0),
         ):
             record.seq, record.t, record.wall = seq, 10.0 + seq, WALL0 + 10.0 + seq
             feed(model, record)

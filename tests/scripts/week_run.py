@@ -17,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history import History, HistoryState
 from trainmeter_core.runlog.checkpoint import save_checkpoint
@@ -37,13 +37,13 @@ def loss_at(step: float) -> float:
     return 2.0 + 1.0 / math.log(step + 2.0)
 
 
-def facts() -> list[rec.Record]:
-    out: list[rec.Record] = [
-        rec.Fact(name="convention", value="titan", provenance="declared", origin="--convention"),
-        rec.Fact(
+def facts() -> list[records.Record]:
+    out: list[records.Record] = [
+        records.Fact(name="convention", value="titan", provenance="declared", origin="--convention"),
+        records.Fact(
             name="flop_per_token", value=FLOP_PER_TOKEN, provenance="declared", origin="--flops-per-token"
         ),
-        rec.Fact(
+        records.Fact(
             name="budget_tokens",
             value=TOKENS_PER_STEP * 1.2e6,
             provenance="declared",
@@ -61,18 +61,20 @@ def facts() -> list[rec.Record]:
             "memory_bandwidth_bps": 3.35e12,
         }
         out.append(
-            rec.Fact(
+            records.Fact(
                 name="gpu", device=f"{HOST}/gpu{i}", provenance="detected", origin="sampler:nvml", value=gpu
             )
         )
         device = {"type": "cuda", "index": i, "uuid": f"GPU-{i}"}
-        out.append(rec.Fact(name="device", rank=i, provenance="detected", origin="agent:model", value=device))
+        out.append(
+            records.Fact(name="device", rank=i, provenance="detected", origin="agent:model", value=device)
+        )
     return out
 
 
-def gpu_sample(i: int, k: float) -> rec.SampleGpu:
+def gpu_sample(i: int, k: float) -> records.SampleGpu:
     phase = math.sin(k / 300 + i)
-    return rec.SampleGpu(
+    return records.SampleGpu(
         index=i, uuid=f"GPU-{i}", util_gpu=0.97, sm_active=0.8 + 0.05 * phase, tensor_active=0.5 + 0.05 * phase,
         dram_active=0.3 + 0.02 * phase, clock_sm_mhz=1830.0, power_w=650.0 + 20 * phase, gpm_window_s=1.0,
     )  # fmt: skip
@@ -123,13 +125,13 @@ class Log:
         self.file = open(run_dir / "events-0001.jsonl", "wb")  # noqa: SIM115 (closed in close())
         self.seq = 0
 
-    def write(self, record: rec.Record, t: float) -> rec.Record:
+    def write(self, record: records.Record, t: float) -> records.Record:
         self.seq += 1
-        record.seq, record.t, record.wall, record.v = self.seq, t, WALL0 + t, rec.SCHEMA_VERSION
+        record.seq, record.t, record.wall, record.v = self.seq, t, WALL0 + t, records.SCHEMA_VERSION
         record.host = record.host or HOST
-        data = rec.to_builtins(record)
+        data = records.to_builtins(record)
         data["seq"] = data.pop("seq")  # the hub writes seq last on every line
-        self.file.write(rec.to_log_line(data))
+        self.file.write(records.to_log_line(data))
         return record
 
     def close(self) -> None:
@@ -146,7 +148,7 @@ def build(run_dir: Path) -> None:
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     log = Log(run_dir)
     engine = Engine()
-    start = rec.RunStart(run_id=meta["run_id"], name="week", run_dir=str(run_dir), command=COMMAND, cwd="/work",
+    start = records.RunStart(run_id=meta["run_id"], name="week", run_dir=str(run_dir), command=COMMAND, cwd="/work",
                          tm_version="0.1.0", python="3.11.7", platform="Linux", source="launcher")  # fmt: skip
     engine.feed(log.write(start, 0.0))
     for fact in facts():
@@ -171,17 +173,18 @@ def build(run_dir: Path) -> None:
             for rank in range(GPUS):
                 tokens = {"tokens_global": TOKENS_PER_STEP} if rank == 0 else {}
                 log.write(
-                    rec.Step(step=step, rank=rank, step_time_s=STEP_S, source="agent", **tokens), next_step_t
+                    records.Step(step=step, rank=rank, step_time_s=STEP_S, source="agent", **tokens),
+                    next_step_t,
                 )
             values = {"train_loss": loss_at(step), "lr": 3e-4, "grad_norm": 0.3}
             if step % 50 == 0:
                 values["val_loss"] = loss_at(step) + 0.05
-            log.write(rec.Metric(values=values, step=step, rank=0, source="agent"), next_step_t)
+            log.write(records.Metric(values=values, step=step, rank=0, source="agent"), next_step_t)
             next_step_t += STEP_S
         for i in range(GPUS):
             log.write(gpu_sample(i, second), float(second))
-        log.write(rec.Tick(n=second, interval_s=1.0, source="hub"), float(second))
-    end = rec.RunEnd(
+        log.write(records.Tick(n=second, interval_s=1.0, source="hub"), float(second))
+    end = records.RunEnd(
         status=0, reason="exited", exit_code=0, elapsed_s=float(WEEK_S), steps=step, source="launcher"
     )
     log.write(end, WEEK_S + 0.5)

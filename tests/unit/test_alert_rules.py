@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts import (
     BUILTIN_RULES,
     Died,
@@ -28,17 +28,17 @@ from trainmeter_core.model.alerts.episodes import Alerter, rule_config
 from trainmeter_core.model.alerts.training import hung_threshold_s, is_stepping
 
 
-def mv(value: float | None, label: str | None = None, absent: str | None = None) -> rec.MetricValue:
-    return rec.MetricValue(value=value, label=label, absent=absent if value is None else None)
+def mv(value: float | None, label: str | None = None, absent: str | None = None) -> records.MetricValue:
+    return records.MetricValue(value=value, label=label, absent=absent if value is None else None)
 
 
-def snap(t: float, final: bool = False, steps: int = 0, ranks=(), series=None, **metrics) -> rec.Snapshot:
+def snap(t: float, final: bool = False, steps: int = 0, ranks=(), series=None, **metrics) -> records.Snapshot:
     """A snapshot at time ``t`` (tick ``t`` too); keyword metrics take a number, or a MetricValue for a label.
     A "." in a metric key is written "__" here (``disk_free__run`` is ``disk_free.run``)."""
     values = {
-        k.replace("__", "."): v if isinstance(v, rec.MetricValue) else mv(v) for k, v in metrics.items()
+        k.replace("__", "."): v if isinstance(v, records.MetricValue) else mv(v) for k, v in metrics.items()
     }
-    return rec.Snapshot(
+    return records.Snapshot(
         tick=int(t),
         t=float(t),
         final=final,
@@ -197,7 +197,7 @@ def test_a_stall_does_not_move_the_throughput_median():
 
 def loss(t, value, nonfinite, step=None):
     series = {
-        "train_loss": rec.SeriesPoint(
+        "train_loss": records.SeriesPoint(
             canonical="train_loss", raw_key="loss", value=value, step=step or int(t)
         )
     }
@@ -251,7 +251,9 @@ def test_loss_spike_holds_until_it_has_min_points_and_between_losses():
 
 
 def ranks(t, *step_times, steps=30):
-    stats = [rec.RankStat(rank=i, host="n1", steps=steps, step_time_s=s) for i, s in enumerate(step_times)]
+    stats = [
+        records.RankStat(rank=i, host="n1", steps=steps, step_time_s=s) for i, s in enumerate(step_times)
+    ]
     return snap(t, ranks=stats)
 
 

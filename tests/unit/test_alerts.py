@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts.episodes import (
     COMMON_DEFAULTS,
     AlertConfigError,
@@ -28,7 +28,7 @@ class Scripted(Rule):
     severity = "warning"
     defaults = {"clear_after_s": 3.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         value = snapshot.metrics.get("on")
         if value is None:
             return Verdict(held=True)
@@ -37,9 +37,9 @@ class Scripted(Rule):
         return Verdict(normal=[Condition("off", {"tick": float(snapshot.tick)})])
 
 
-def snap(tick: int, on: bool | None, final: bool = False) -> rec.Snapshot:
-    metrics = {} if on is None else {"on": rec.MetricValue(value=1.0 if on else 0.0)}
-    return rec.Snapshot(tick=tick, t=100.0 + tick, wall=1e9 + tick, metrics=metrics, final=final)
+def snap(tick: int, on: bool | None, final: bool = False) -> records.Snapshot:
+    metrics = {} if on is None else {"on": records.MetricValue(value=1.0 if on else 0.0)}
+    return records.Snapshot(tick=tick, t=100.0 + tick, wall=1e9 + tick, metrics=metrics, final=final)
 
 
 def run(alerter: Alerter, pattern: str, start: int = 1) -> list[tuple[int, str, int]]:
@@ -136,7 +136,9 @@ def test_subjects_have_episodes_of_their_own():
     alerter = Alerter([TwoGpus()])
     seen = []
     for tick, on in enumerate([["gpu0"], ["gpu0", "gpu1"], ["gpu1"], []], start=1):
-        seen += [(a.subject, a.state) for a in alerter.observe(rec.Snapshot(tick=tick, t=tick, warnings=on))]
+        seen += [
+            (a.subject, a.state) for a in alerter.observe(records.Snapshot(tick=tick, t=tick, warnings=on))
+        ]
     assert seen == [("gpu0", "fired"), ("gpu1", "fired"), ("gpu0", "cleared"), ("gpu1", "cleared")]
 
 
@@ -164,9 +166,9 @@ def test_a_rule_that_raises_is_turned_off_and_said_once():
 def test_restore_keeps_open_episodes_open_and_numbering_going():
     alerter = Alerter([Scripted()])
     logged = [
-        rec.Alert(rule="scripted", state="fired", message="m", episode=1, t=10.0, since_t=9.0),
-        rec.Alert(rule="scripted", state="cleared", message="m", episode=1, t=20.0),
-        rec.Alert(rule="scripted", state="fired", message="m", episode=2, t=30.0, since_t=30.0),
+        records.Alert(rule="scripted", state="fired", message="m", episode=1, t=10.0, since_t=9.0),
+        records.Alert(rule="scripted", state="cleared", message="m", episode=1, t=20.0),
+        records.Alert(rule="scripted", state="fired", message="m", episode=2, t=30.0, since_t=30.0),
     ]
     alerter.restore(logged)
     assert alerter.open_episodes() == [("scripted", None)]

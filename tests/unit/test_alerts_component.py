@@ -10,18 +10,18 @@ import pytest
 
 from trainmeter_core.components import alerts as alerts_component
 from trainmeter_core.components.alerts import AlertsComponent, collect_rules, tm_toml_path
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts import BUILTIN_RULES
 from trainmeter_core.plugins import Plugins
 
 
 class StandIn:
-    def __init__(self, run_dir, meta, records):
+    def __init__(self, run_dir, meta, logged):
         self.run_dir = run_dir
         self.meta = meta
         self.stopping = threading.Event()
         self.published = []
-        self._records = deque(records)
+        self._records = deque(logged)
 
     def recv(self, timeout_s):
         if self._records:
@@ -41,7 +41,7 @@ def short_drain(monkeypatch):
 
 
 def mv(value):
-    return rec.MetricValue(value=value)
+    return records.MetricValue(value=value)
 
 
 def stepping(t, since, final=False, **extra):
@@ -51,7 +51,7 @@ def stepping(t, since, final=False, **extra):
         "child_alive": mv(0.0 if final else 1.0),
     }
     metrics.update({k: mv(v) for k, v in extra.items()})
-    return rec.Snapshot(tick=int(t), t=float(t), final=final, steps=30, metrics=metrics)
+    return records.Snapshot(tick=int(t), t=float(t), final=final, steps=30, metrics=metrics)
 
 
 def script_run(tmp_path, toml: str | None):
@@ -61,7 +61,7 @@ def script_run(tmp_path, toml: str | None):
     return {"cwd": str(tmp_path), "command": ["job/train.py", "--lr", "3e-4"], "script_mode": True}
 
 
-def published(ctx, kind=rec.Alert):
+def published(ctx, kind=records.Alert):
     return [r for r in ctx.published if isinstance(r, kind)]
 
 
@@ -121,14 +121,14 @@ def test_thresholds_from_tm_toml_scale_the_hung_rule(tmp_path):
         ("hung", "fired", 13.0),
         ("hung", "cleared", 15.0),
     ]
-    assert published(ctx, rec.Notice) == []
+    assert published(ctx, records.Notice) == []
 
 
 def test_an_unusable_alerts_entry_is_one_notice_and_the_rule_keeps_its_defaults(tmp_path, capsys):
     meta = script_run(tmp_path, "[alerts.hung]\nfloor_s = 'soon'\n")
     ctx = StandIn(tmp_path, meta, [stepping(10 + i, since=float(i)) for i in range(4)])
     AlertsComponent().run(ctx)
-    (notice,) = published(ctx, rec.Notice)
+    (notice,) = published(ctx, records.Notice)
     where = tmp_path / "job" / "tm.toml"
     assert notice.level == "error" and notice.topic == "alerts"
     assert (
@@ -141,8 +141,10 @@ def test_an_unusable_alerts_entry_is_one_notice_and_the_rule_keeps_its_defaults(
 
 def test_after_a_restart_an_open_episode_is_not_fired_again(tmp_path):
     meta = script_run(tmp_path, "[alerts.hung]\nfloor_s = 2\nclear_after_s = 1\n")
-    before = rec.Alert(seq=5, rule="hung", state="fired", message="no step", t=12.0, since_t=12.0, episode=1)
-    (tmp_path / "events-0001.jsonl").write_bytes(rec.to_log_line(rec.to_builtins(before)))
+    before = records.Alert(
+        seq=5, rule="hung", state="fired", message="no step", t=12.0, since_t=12.0, episode=1
+    )
+    (tmp_path / "events-0001.jsonl").write_bytes(records.to_log_line(records.to_builtins(before)))
     ctx = StandIn(tmp_path, meta, [stepping(20, 8.0), stepping(21, 0.1), stepping(22, 0.1)])
     AlertsComponent().run(ctx)
     assert [(a.state, a.episode) for a in published(ctx)] == [("cleared", 1)]

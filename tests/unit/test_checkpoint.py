@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history import NoHistory
 from trainmeter_core.model.history_sync import JournaledHistory
@@ -23,13 +23,13 @@ def fed_engine(steps: int = 20) -> Engine:
     seq = 0
     for step in range(1, steps + 1):
         for record in (
-            rec.Step(step=step, tokens_global=10),
-            rec.Metric(values={"loss": 1.0 / step}, step=step),
+            records.Step(step=step, tokens_global=10),
+            records.Metric(values={"loss": 1.0 / step}, step=step),
         ):
             seq += 1
             record.seq, record.t, record.wall = seq, float(seq), 1e9 + seq
             engine.feed(record)
-    engine.feed(rec.Tick(n=1, interval_s=1.0, seq=seq + 1, t=float(seq + 1), wall=1e9 + seq + 1))
+    engine.feed(records.Tick(n=1, interval_s=1.0, seq=seq + 1, t=float(seq + 1), wall=1e9 + seq + 1))
     return engine
 
 

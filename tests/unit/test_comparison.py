@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.comparison import (
     RunSide,
     choose_convention,
@@ -17,11 +17,11 @@ from trainmeter_core.model.comparison import (
     parse_command,
 )
 
-EI = rec.ExplainInput
+EI = records.ExplainInput
 
 
-def fact(name: str, value, provenance: str = "detected", **kw) -> rec.Fact:
-    return rec.Fact(name=name, value=value, provenance=provenance, origin=f"test:{name}", **kw)
+def fact(name: str, value, provenance: str = "detected", **kw) -> records.Fact:
+    return records.Fact(name=name, value=value, provenance=provenance, origin=f"test:{name}", **kw)
 
 
 def side(
@@ -44,7 +44,7 @@ def side(
             else f.name
         )
         table[key] = f
-    snapshot = rec.Snapshot(tick=1, facts=table, metrics=metrics or {}, explain=explain or {}, **snap)
+    snapshot = records.Snapshot(tick=1, facts=table, metrics=metrics or {}, explain=explain or {}, **snap)
     return RunSide(name, {"command": list(command), **(meta or {})}, snapshot, state)
 
 
@@ -133,13 +133,13 @@ def test_where_tm_kept_the_runs_is_no_difference():
 # One convention, each run's own peak
 
 
-def fpt(**values) -> dict[str, rec.MetricValue]:
-    return {f"flop_per_token.{c}": rec.MetricValue(value=v, unit="FLOP/token") for c, v in values.items()}
+def fpt(**values) -> dict[str, records.MetricValue]:
+    return {f"flop_per_token.{c}": records.MetricValue(value=v, unit="FLOP/token") for c, v in values.items()}
 
 
-def own(convention: str, value: float) -> dict[str, rec.MetricValue]:
+def own(convention: str, value: float) -> dict[str, records.MetricValue]:
     """The FLOPs per token the run's engine settled on, under its convention."""
-    return {"flop_per_token": rec.MetricValue(value=value, unit="FLOP/token", convention=convention)}
+    return {"flop_per_token": records.MetricValue(value=value, unit="FLOP/token", convention=convention)}
 
 
 def test_the_convention_is_the_one_asked_for_else_the_one_every_runs_flops_are_under_else_the_first_all_can_use():
@@ -168,7 +168,7 @@ def test_the_convention_is_the_one_asked_for_else_the_one_every_runs_flops_are_u
 
 def test_mfu_is_put_under_the_comparisons_convention_against_the_runs_own_peak():
     explain = {
-        "mfu_avg": rec.Explain(
+        "mfu_avg": records.Explain(
             formula="...",
             inputs={
                 "window_tokens": EI(value=1e6),
@@ -176,14 +176,14 @@ def test_mfu_is_put_under_the_comparisons_convention_against_the_runs_own_peak()
                 "peak_total_flop_per_s": EI(value=1e15),
             },
         ),
-        "mfu": rec.Explain(
+        "mfu": records.Explain(
             formula="...", inputs={"tokens_per_s": EI(value=2e5), "peak_total_flop_per_s": EI(value=1e15)}
         ),
     }
     metrics = {
         **fpt(titan=6e8, megatron=5e8),
-        "mfu_avg": rec.MetricValue(value=0.06, convention="titan"),
-        "mfu": rec.MetricValue(value=0.12, convention="titan"),
+        "mfu_avg": records.MetricValue(value=0.06, convention="titan"),
+        "mfu": records.MetricValue(value=0.12, convention="titan"),
     }
     run = side(metrics=metrics, explain=explain)
     assert mfu_under(run.snapshot, "mfu_avg", "titan") == (0.06, None)  # the run's own number, as it is
@@ -191,15 +191,17 @@ def test_mfu_is_put_under_the_comparisons_convention_against_the_runs_own_peak()
     assert mfu_under(run.snapshot, "mfu_avg", "megatron") == (pytest.approx(0.05), None)
     # 5e8 FLOP/token × 2e5 tokens/s / 1e15 FLOP/s = 1e14 / 1e15 = 0.1
     assert mfu_under(run.snapshot, "mfu", "megatron") == (pytest.approx(0.1), None)
-    no_peak = side(metrics={**fpt(titan=6e8), "mfu_avg": rec.MetricValue(absent="no peak for a cpu device")})
+    no_peak = side(
+        metrics={**fpt(titan=6e8), "mfu_avg": records.MetricValue(absent="no peak for a cpu device")}
+    )
     assert mfu_under(no_peak.snapshot, "mfu_avg", "titan") == (None, "no peak for a cpu device")
     assert mfu_under(run.snapshot, "mfu_avg", "hf") == (None, "no FLOPs per token under hf")
 
 
 def test_the_headline_gives_each_runs_number_and_its_difference_and_ratio_against_the_first():
-    a = side(metrics={"tokens": rec.MetricValue(value=1000.0, unit="tokens"), **fpt(titan=6.0)}, steps=10)
-    b = side(metrics={"tokens": rec.MetricValue(value=1500.0, unit="tokens"), **fpt(titan=6.0)}, steps=15)
-    c = side(metrics={"tokens": rec.MetricValue(absent="tokens per step unknown")}, steps=0)
+    a = side(metrics={"tokens": records.MetricValue(value=1000.0, unit="tokens"), **fpt(titan=6.0)}, steps=10)
+    b = side(metrics={"tokens": records.MetricValue(value=1500.0, unit="tokens"), **fpt(titan=6.0)}, steps=15)
+    c = side(metrics={"tokens": records.MetricValue(absent="tokens per step unknown")}, steps=0)
     rows = {row["key"]: row for row in compare([a, b, c])["headline"]}
     assert rows["tokens"]["values"] == [1000.0, 1500.0, None]
     assert rows["tokens"]["difference"] == [None, 500.0, None]  # 1500 − 1000
@@ -215,17 +217,17 @@ def test_the_headline_gives_each_runs_number_and_its_difference_and_ratio_agains
 
 
 def test_a_loss_that_ended_as_nan_is_absent_with_its_reason_not_a_number_json_cannot_carry():
-    nan = rec.SeriesPoint(canonical="train_loss", raw_key="loss", value=float("nan"))
+    nan = records.SeriesPoint(canonical="train_loss", raw_key="loss", value=float("nan"))
     rows = {r["key"]: r for r in compare([side(series={"train_loss": nan}), side()])["headline"]}
     assert rows["train_loss"]["values"] == [None, None]
     assert rows["train_loss"]["absent"][0].startswith("the run's last value was nan")
 
 
 def test_notes_say_where_conventions_peaks_and_devices_differ_and_which_run_is_not_finished():
-    peak = rec.Explain(
+    peak = records.Explain(
         formula="...", inputs={"peak_flop_per_s_per_device": EI(value=989e12, source="H100, datasheet")}
     )
-    measured = rec.Explain(
+    measured = records.Explain(
         formula="...", inputs={"peak_flop_per_s_per_device": EI(value=799e12, source="H200, measured")}
     )
     a = side(metrics={**own("titan", 6.0), **fpt(titan=6.0)}, explain={"mfu": peak})

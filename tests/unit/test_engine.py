@@ -9,7 +9,7 @@ import random
 import msgspec
 import pytest
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 
 H100_URL = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
@@ -39,7 +39,7 @@ class Run:
         self.host = host
         self.records: list = []
         self.add(
-            rec.RunStart(
+            records.RunStart(
                 t=start_t, host=host, run_id="r1", name="test", run_dir="/runs/r1", command=["python", "train.py"],
                 cwd="/work", tm_version="0.1.0", python="3.11", platform="linux", env=env or {},
             )
@@ -53,7 +53,9 @@ class Run:
     def fact(self, name, value, provenance="declared", origin=None, **header):
         header.setdefault("host", self.host)
         return self.add(
-            rec.Fact(name=name, value=value, provenance=provenance, origin=origin or f"--{name}", **header)
+            records.Fact(
+                name=name, value=value, provenance=provenance, origin=origin or f"--{name}", **header
+            )
         )
 
     def shape(self, convention=None, **overrides):
@@ -78,7 +80,7 @@ class Run:
 
     def step(self, t, step, rank=None, step_time_s=None, **fields):
         return self.add(
-            rec.Step(t=t, host=self.host, rank=rank, step=step, step_time_s=step_time_s, **fields)
+            records.Step(t=t, host=self.host, rank=rank, step=step, step_time_s=step_time_s, **fields)
         )
 
     def steps(self, first, n, dt=0.5, start_t=110.0, **fields):
@@ -89,16 +91,16 @@ class Run:
         return start_t + dt * (n - 1)
 
     def tick(self, t, n):
-        return self.add(rec.Tick(t=t, n=n, interval_s=1.0))
+        return self.add(records.Tick(t=t, n=n, interval_s=1.0))
 
     def end(self, t):
-        return self.add(rec.RunEnd(t=t, status=0, reason="exited", exit_code=0, elapsed_s=t - 100.0))
+        return self.add(records.RunEnd(t=t, status=0, reason="exited", exit_code=0, elapsed_s=t - 100.0))
 
 
-def feed(records, engine=None):
+def feed(logged, engine=None):
     engine = engine or Engine()
     snapshots = []
-    for record in records:
+    for record in logged:
         snapshots.extend(engine.feed(record))
     return engine, snapshots
 
@@ -279,8 +281,8 @@ def test_the_final_snapshot_comes_at_run_end():
 
 
 def test_every_metric_of_the_spec_is_in_every_snapshot_with_its_explain():
-    for records in (Run().records + [rec.Tick(t=101.0, n=1, interval_s=1.0, seq=99)], gpu_run().records):
-        _, snaps = feed(records)
+    for logged in (Run().records + [records.Tick(t=101.0, n=1, interval_s=1.0, seq=99)], gpu_run().records):
+        _, snaps = feed(logged)
         for key in SPEC_METRICS:
             metric = snaps[-1].metrics[key]
             assert key in snaps[-1].explain
@@ -304,8 +306,8 @@ def test_records_the_engine_does_not_use_change_nothing_but_the_seq():
     run = gpu_run()
     engine, _ = feed(run.records[:-1])
     before = engine.snapshot()
-    engine.feed(rec.Notice(topic="probe", message="quiet", seq=500))
-    engine.feed(rec.Unknown(kind="from.the.future", data={}, seq=501))
+    engine.feed(records.Notice(topic="probe", message="quiet", seq=500))
+    engine.feed(records.Unknown(kind="from.the.future", data={}, seq=501))
     after = engine.snapshot()
     assert after.through_seq == 501
     after.through_seq = before.through_seq
@@ -332,16 +334,16 @@ def rich_run():
         for rank in (0, 1):
             run.step(t + 0.001 * rank, i, rank=rank, step_time_s=None if i == 1 else 0.5 + 0.1 * rank,
                      tokens=8192, dp=2)  # fmt: skip
-        run.add(rec.Metric(t=t, step=i, values={"loss": 3.0 - 0.01 * i, "lr": 1e-3, "acc": 0.5}))
-        run.add(rec.Metric(t=t, step=i, values={"train/loss": 9.0, "grad_norm": 1.0}, origin="wandb"))
+        run.add(records.Metric(t=t, step=i, values={"loss": 3.0 - 0.01 * i, "lr": 1e-3, "acc": 0.5}))
+        run.add(records.Metric(t=t, step=i, values={"train/loss": 9.0, "grad_norm": 1.0}, origin="wandb"))
         if i % 5 == 0:
-            run.add(rec.Phase(t=t, start_t=t - 0.2, end_t=t - 0.1, phase="data_wait", rank=0))
+            run.add(records.Phase(t=t, start_t=t - 0.2, end_t=t - 0.1, phase="data_wait", rank=0))
         if i % 2 == 0:
             for g in (0, 1):
-                run.add(rec.SampleGpu(t=t, host="n1", index=g, uuid=f"GPU-{g}", util_gpu=0.9, sm_active=0.8,
+                run.add(records.SampleGpu(t=t, host="n1", index=g, uuid=f"GPU-{g}", util_gpu=0.9, sm_active=0.8,
                                       tensor_active=0.5, dram_active=0.25, clock_sm_mhz=1500.0, power_w=600.0,
                                       gpm_window_s=1.0))  # fmt: skip
-            run.add(rec.SampleHost(t=t, root_pid=1, procs=3, cpu_cores=2.5, rss_b=10**9))
+            run.add(records.SampleHost(t=t, root_pid=1, procs=3, cpu_cores=2.5, rss_b=10**9))
             run.tick(t + 0.05, i // 2)
         t += 0.5
     run.end(t + 1.0)
@@ -349,21 +351,21 @@ def rich_run():
 
 
 def test_a_restored_engine_fed_the_rest_gives_equal_snapshots():
-    records = rich_run().records
-    full, expected = feed(records)
+    logged = rich_run().records
+    full, expected = feed(logged)
     assert len(expected) == 21
-    for cut in range(1, len(records)):
-        engine, head = feed(records[:cut])
+    for cut in range(1, len(logged)):
+        engine, head = feed(logged[:cut])
         state = engine.state_bytes()
         assert Engine.from_state(state).snapshot() == engine.snapshot()
         restored = Engine.from_state(state)
-        _, tail = feed(records[cut:], restored)
+        _, tail = feed(logged[cut:], restored)
         # field for field, floats with ==: msgspec Structs compare every field
         assert head + tail == expected, f"cut at {cut}"
         assert restored.snapshot() == full.snapshot()
         # catching up quietly (no snapshots built) leaves the very same state behind
         quiet = Engine()
-        for record in records[:cut]:
+        for record in logged[:cut]:
             assert quiet.feed(record, snapshots=False) == []
         assert quiet.state_bytes() == state
         for series in ("train_loss", "tm:mfu", "tm:gpu:n1/gpu0:tensor_active", "tm:rank:1:step_time_s"):
@@ -373,8 +375,8 @@ def test_a_restored_engine_fed_the_rest_gives_equal_snapshots():
 
 
 def test_the_same_records_give_the_same_snapshots():
-    records = rich_run().records
-    assert feed(records)[1] == feed(records)[1]
+    logged = rich_run().records
+    assert feed(logged)[1] == feed(logged)[1]
 
 
 def test_state_bytes_that_are_not_a_state_are_refused():
@@ -417,17 +419,17 @@ def test_a_moe_model_warns_that_total_parameters_overstate_flops():
 
 def test_series_map_by_alias_keep_the_raw_key_and_emit_beats_a_tracker():
     run = Run()
-    run.add(rec.Metric(t=110.0, step=1, values={"loss": 2.0, "learning_rate": 1e-3}, origin="wandb"))
-    run.add(rec.Metric(t=110.5, step=2, values={"train/loss": 1.5}, origin="emit"))
+    run.add(records.Metric(t=110.0, step=1, values={"loss": 2.0, "learning_rate": 1e-3}, origin="wandb"))
+    run.add(records.Metric(t=110.5, step=2, values={"train/loss": 1.5}, origin="emit"))
     run.add(
-        rec.Metric(
+        records.Metric(
             t=111.0, step=3, values={"loss": 1.0, "train_loss": 9.9, "custom/thing": 7.0}, origin="wandb"
         )
     )
     run.tick(112.0, 1)
     engine, (snap,) = feed(run.records)
     # the tracker's train_loss after emit's is ignored; its bare "loss" is now a custom series
-    assert snap.series["train_loss"] == rec.SeriesPoint(canonical="train_loss", raw_key="train/loss", value=1.5,
+    assert snap.series["train_loss"] == records.SeriesPoint(canonical="train_loss", raw_key="train/loss", value=1.5,
                                                         step=2, t=110.5)  # fmt: skip
     assert snap.series["loss"].value == 1.0
     assert snap.series["lr"].raw_key == "learning_rate"
@@ -439,9 +441,11 @@ def test_series_map_by_alias_keep_the_raw_key_and_emit_beats_a_tracker():
 def test_goodput_counts_compute_and_data_wait_and_the_time_split_adds_up():
     run = Run()
     run.steps(1, 21, tokens=100)  # 110 .. 120
-    run.add(rec.Phase(t=113.0, start_t=112.0, end_t=113.0, phase="data_wait"))
-    run.add(rec.Phase(t=116.0, start_t=114.0, end_t=116.0, phase="checkpoint"))
-    run.add(rec.Phase(t=105.0, start_t=104.0, end_t=105.0, phase="compile"))  # before the first step: startup
+    run.add(records.Phase(t=113.0, start_t=112.0, end_t=113.0, phase="data_wait"))
+    run.add(records.Phase(t=116.0, start_t=114.0, end_t=116.0, phase="checkpoint"))
+    run.add(
+        records.Phase(t=105.0, start_t=104.0, end_t=105.0, phase="compile")
+    )  # before the first step: startup
     run.tick(121.0, 1)
     _, (snap,) = feed(run.records)
     # elapsed 21 s; startup 10; window 11 s = 1 data wait + 2 checkpoint + 8 compute
@@ -477,7 +481,7 @@ def test_counters_average_over_the_run_gpus_and_ofu_uses_the_tensor_clock():
     run = gpu_run()
     run.gpu(1, "GPU-1")  # sampled but no rank computes on it
     for index, tensor_active, clock in ((0, 0.5, 1500.0), (1, 0.9, 1980.0)):
-        run.add(rec.SampleGpu(t=121.0, host="n1", index=index, uuid=f"GPU-{index}", util_gpu=0.9, sm_active=0.7,
+        run.add(records.SampleGpu(t=121.0, host="n1", index=index, uuid=f"GPU-{index}", util_gpu=0.9, sm_active=0.7,
                               tensor_active=tensor_active, dram_active=0.4, clock_sm_mhz=clock, power_w=500.0,
                               gpm_window_s=1.0))  # fmt: skip
     run.tick(121.5, 2)
@@ -504,7 +508,7 @@ def test_a_cpu_only_run_on_a_node_with_gpus_is_never_scored_against_them():
     run.shape("titan")
     run.gpu(0, "GPU-0")
     run.device(0, "cpu")
-    run.add(rec.SampleGpu(t=111.0, host="n1", index=0, uuid="GPU-0", util_gpu=1.0, tensor_active=0.9,
+    run.add(records.SampleGpu(t=111.0, host="n1", index=0, uuid="GPU-0", util_gpu=1.0, tensor_active=0.9,
                           clock_sm_mhz=1980.0, gpm_window_s=1.0))  # fmt: skip
     run.tick(run.steps(1, 5, tokens=100) + 0.1, 1)
     _, (snap,) = feed(run.records)
@@ -516,7 +520,7 @@ def test_a_cpu_only_run_on_a_node_with_gpus_is_never_scored_against_them():
 
 def test_a_gpu_without_gpm_has_ofu_absent_with_the_samplers_reason():
     run = gpu_run()
-    run.add(rec.SampleGpu(t=121.0, host="n1", index=0, util_gpu=0.9, clock_sm_mhz=1500.0,
+    run.add(records.SampleGpu(t=121.0, host="n1", index=0, util_gpu=0.9, clock_sm_mhz=1500.0,
                           absent={"tensor_active": "GPM blocked by the provider"}))  # fmt: skip
     run.tick(121.5, 2)
     _, snaps = feed(run.records)
@@ -593,14 +597,14 @@ def nonsense_run(seed):
                      tokens_global=rng.choice([None, 0, 32768, -4]), tokens=rng.choice([None, 5]),
                      dp=rng.choice([None, 0, 2]), profiled=rng.random() < 0.1)  # fmt: skip
         elif kind == 1:
-            run.add(rec.SampleGpu(t=t, host="n1", index=rng.choice([0, 1]), tensor_active=rng.choice(number),
+            run.add(records.SampleGpu(t=t, host="n1", index=rng.choice([0, 1]), tensor_active=rng.choice(number),
                                   clock_sm_mhz=rng.choice(number), util_gpu=rng.choice(number),
                                   power_w=rng.choice(number), dram_active=rng.choice(number),
                                   gpm_window_s=rng.choice(number)))  # fmt: skip
         elif kind == 2:
             phase = rng.choice(["data_wait", "compile", "eval", "checkpoint", "profiler", "startup"])
             start_t = t - rng.choice([1.0, -1.0, math.nan])
-            run.add(rec.Phase(t=t, start_t=start_t, end_t=t, phase=phase, rank=rng.choice([None, 0, 1])))
+            run.add(records.Phase(t=t, start_t=start_t, end_t=t, phase=phase, rank=rng.choice([None, 0, 1])))
         elif kind == 3:
             name = rng.choice(FACT_NAMES)
             value = rng.choice(WEIRD)
@@ -626,12 +630,12 @@ def nonsense_run(seed):
             )
         elif kind == 4:
             key = rng.choice(["loss", "train/loss", "lr", "x"])
-            run.add(rec.Metric(t=t, values={key: rng.choice([1.0, math.nan, math.inf])}, step=rng.choice([None, i]),
+            run.add(records.Metric(t=t, values={key: rng.choice([1.0, math.nan, math.inf])}, step=rng.choice([None, i]),
                                origin=rng.choice(["emit", "wandb"])))  # fmt: skip
         elif kind == 5:
             run.tick(t, i)
         else:
-            run.add(rec.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=rng.choice([None, 1.0])))
+            run.add(records.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=rng.choice([None, 1.0])))
     run.end(300.0)
     return run
 

@@ -6,31 +6,31 @@ from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import STEP_WINDOW, Engine
 
 
-def feed(engine: Engine, *records) -> list[rec.Snapshot]:
-    out: list[rec.Snapshot] = []
-    for seq, record in enumerate(records, start=(engine.state.through_seq or 0) + 1):
+def feed(engine: Engine, *logged) -> list[records.Snapshot]:
+    out: list[records.Snapshot] = []
+    for seq, record in enumerate(logged, start=(engine.state.through_seq or 0) + 1):
         record.seq = seq
         out += engine.feed(record)
     return out
 
 
-def tick(n: int, t: float, alive: bool = True) -> rec.Tick:
-    return rec.Tick(n=n, interval_s=1.0, child_alive=alive, t=t, wall=1e9 + t)
+def tick(n: int, t: float, alive: bool = True) -> records.Tick:
+    return records.Tick(n=n, interval_s=1.0, child_alive=alive, t=t, wall=1e9 + t)
 
 
-def value(snapshot: rec.Snapshot, key: str) -> float | None:
+def value(snapshot: records.Snapshot, key: str) -> float | None:
     return snapshot.metrics[key].value
 
 
-def steps(start_t: float, intervals: list[float], tokens: int = 1000) -> list[rec.Step]:
-    out, t = [rec.Step(step=1, t=start_t, tokens=tokens)], start_t
+def steps(start_t: float, intervals: list[float], tokens: int = 1000) -> list[records.Step]:
+    out, t = [records.Step(step=1, t=start_t, tokens=tokens)], start_t
     for i, interval in enumerate(intervals, start=2):
         t += interval
-        out.append(rec.Step(step=i, t=t, step_time_s=interval, tokens=tokens))
+        out.append(records.Step(step=i, t=t, step_time_s=interval, tokens=tokens))
     return out
 
 
@@ -38,7 +38,7 @@ def test_time_since_the_last_step_grows_with_ticks_while_no_step_comes():
     engine = Engine()
     (first,) = feed(
         engine,
-        rec.RunStart(
+        records.RunStart(
             t=0.0,
             run_id="r",
             name="r",
@@ -71,8 +71,8 @@ def test_the_medians_look_at_the_latest_steps_only_and_ignore_one_long_step():
 
 def test_tokens_per_s_median_is_absent_without_tokens():
     engine = Engine()
-    records = [rec.Step(step=1, t=0.0), rec.Step(step=2, t=0.5, step_time_s=0.5)]
-    (snap,) = feed(engine, *records, tick(1, 1.0))
+    logged = [records.Step(step=1, t=0.0), records.Step(step=2, t=0.5, step_time_s=0.5)]
+    (snap,) = feed(engine, *logged, tick(1, 1.0))
     assert value(snap, "step_time_median_s") == 0.5
     assert snap.metrics["tokens_per_s_median"].absent == "tokens per step unknown: pass --tokens-per-step"
 
@@ -81,7 +81,7 @@ def test_child_alive_follows_the_ticks_and_is_zero_once_the_run_ended():
     engine = Engine()
     (alive,) = feed(engine, tick(1, 1.0))
     (gone,) = feed(engine, tick(2, 2.0, alive=False))
-    (final,) = feed(engine, rec.RunEnd(status=0, reason="exited", exit_code=0, elapsed_s=2.5, t=2.5))
+    (final,) = feed(engine, records.RunEnd(status=0, reason="exited", exit_code=0, elapsed_s=2.5, t=2.5))
     assert (value(alive, "child_alive"), value(gone, "child_alive"), value(final, "child_alive")) == (
         1.0,
         0.0,
@@ -92,9 +92,9 @@ def test_child_alive_follows_the_ticks_and_is_zero_once_the_run_ended():
 def test_since_pause_names_the_latest_eval_or_checkpoint_span_of_rank_0():
     engine = Engine()
     spans = [
-        rec.Phase(phase="eval", start_t=10.0, end_t=14.0, t=14.0),
-        rec.Phase(phase="data_wait", start_t=15.0, end_t=16.0, t=16.0),  # not a pause of the training
-        rec.Phase(
+        records.Phase(phase="eval", start_t=10.0, end_t=14.0, t=14.0),
+        records.Phase(phase="data_wait", start_t=15.0, end_t=16.0, t=16.0),  # not a pause of the training
+        records.Phase(
             phase="checkpoint", start_t=20.0, end_t=21.0, t=21.0, rank=1
         ),  # another rank's: not the clock's
     ]
@@ -106,7 +106,8 @@ def test_since_pause_names_the_latest_eval_or_checkpoint_span_of_rank_0():
 def test_nan_losses_are_counted_and_the_tick_keeps_its_largest_finite_loss():
     engine = Engine()
     losses = [
-        rec.Metric(values={"loss": v}, t=float(i)) for i, v in enumerate([2.5, math.nan, 3.1, math.inf, 2.0])
+        records.Metric(values={"loss": v}, t=float(i))
+        for i, v in enumerate([2.5, math.nan, 3.1, math.inf, 2.0])
     ]
     (snap,) = feed(engine, *losses, tick(1, 5.0))
     assert value(snap, "loss_nonfinite") == 2.0 and value(snap, "loss_tick_max") == 3.1
@@ -121,11 +122,11 @@ def test_nan_losses_are_counted_and_the_tick_keeps_its_largest_finite_loss():
 def test_gpu_health_per_gpu_throttle_xid_ecc_and_lost():
     engine = Engine()
     samples = [
-        rec.SampleGpu(index=0, host="n1", t=1.0, throttle=["sw_power_cap"], xid=[13], ecc_uncorrected=0),
-        rec.SampleGpu(
+        records.SampleGpu(index=0, host="n1", t=1.0, throttle=["sw_power_cap"], xid=[13], ecc_uncorrected=0),
+        records.SampleGpu(
             index=0, host="n1", t=2.0, throttle=["hw_slowdown", "sw_thermal"], xid=[79, 48], ecc_uncorrected=2
         ),
-        rec.SampleGpu(
+        records.SampleGpu(
             index=1,
             host="n1",
             t=2.0,
@@ -155,19 +156,23 @@ def test_gpu_health_per_gpu_throttle_xid_ecc_and_lost():
 def test_free_space_per_role_is_the_fullest_filesystem_and_memory_takes_the_tighter_cgroup():
     engine = Engine()
     gib = 2**30
-    node = rec.SampleNode(
+    node = records.SampleNode(
         t=1.0,
         mem_total_b=100 * gib,
         mem_available_b=50 * gib,
         cgroup_mem_limit_b=40 * gib,
         cgroup_mem_used_b=38 * gib,
         filesystems=[
-            rec.FsStat(
+            records.FsStat(
                 role="run", path="/home/u/runs/r", mount="/home", total_b=1000 * gib, avail_b=400 * gib
             ),
-            rec.FsStat(role="checkpoints", path="/a/ckpt", mount="/a", total_b=100 * gib, avail_b=30 * gib),
-            rec.FsStat(role="checkpoints", path="/b/ckpt", mount="/b", total_b=200 * gib, avail_b=10 * gib),
-            rec.FsStat(
+            records.FsStat(
+                role="checkpoints", path="/a/ckpt", mount="/a", total_b=100 * gib, avail_b=30 * gib
+            ),
+            records.FsStat(
+                role="checkpoints", path="/b/ckpt", mount="/b", total_b=200 * gib, avail_b=10 * gib
+            ),
+            records.FsStat(
                 role="shm",
                 path="/dev/shm",
                 mount="/dev/shm",
@@ -194,11 +199,11 @@ def test_the_final_snapshot_carries_the_exit_code_or_the_signal():
     assert running.metrics["exit_code"].absent == "the run has not ended"
     (final,) = feed(
         engine,
-        rec.RunEnd(status=137, reason="signaled", signal=9, signal_name="SIGKILL", elapsed_s=2.0, t=2.0),
+        records.RunEnd(status=137, reason="signaled", signal=9, signal_name="SIGKILL", elapsed_s=2.0, t=2.0),
     )
     assert (value(final, "exit_signal"), final.metrics["exit_signal"].label) == (9.0, "SIGKILL")
     assert final.metrics["exit_code"].absent == "no exit code: the command was signalled or never started"
-    (exited,) = feed(Engine(), rec.RunEnd(status=1, reason="exited", exit_code=1, elapsed_s=1.0, t=1.0))
+    (exited,) = feed(Engine(), records.RunEnd(status=1, reason="exited", exit_code=1, elapsed_s=1.0, t=1.0))
     assert (
         value(exited, "exit_code") == 1.0
         and exited.metrics["exit_signal"].absent == "no signal: the command exited"
@@ -207,12 +212,12 @@ def test_the_final_snapshot_carries_the_exit_code_or_the_signal():
 
 def test_alert_inputs_survive_a_checkpoint_and_restore():
     engine = Engine()
-    records = [*steps(0.0, [0.2] * 10), rec.Metric(values={"train_loss": math.nan}, t=2.1)]
-    records += [
-        rec.SampleGpu(index=0, host="n1", t=2.2, xid=[79]),
-        rec.Phase(phase="checkpoint", start_t=2.3, end_t=2.4, t=2.4),
+    logged = [*steps(0.0, [0.2] * 10), records.Metric(values={"train_loss": math.nan}, t=2.1)]
+    logged += [
+        records.SampleGpu(index=0, host="n1", t=2.2, xid=[79]),
+        records.Phase(phase="checkpoint", start_t=2.3, end_t=2.4, t=2.4),
     ]
-    feed(engine, *records)
+    feed(engine, *logged)
     restored = Engine.from_state(engine.state_bytes())
     (a,) = feed(engine, tick(1, 3.0))
     (b,) = feed(restored, tick(1, 3.0))
@@ -245,7 +250,7 @@ def test_alert_inputs_have_an_explain_like_every_metric():
 
 def test_a_gpu_no_longer_sampled_has_its_health_absent_rather_than_frozen():
     engine = Engine()
-    throttled = rec.SampleGpu(index=3, host="n1", t=1.0, throttle=["sw_thermal"])
+    throttled = records.SampleGpu(index=3, host="n1", t=1.0, throttle=["sw_thermal"])
     (fresh,) = feed(engine, throttled, tick(1, 30.0))
     (stale,) = feed(engine, tick(2, 32.0))
     assert value(fresh, "gpu_thermal_throttle.n1/gpu3") == 1.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 
 WALL = 900.0  # every record's wall time is its t + 900 s: one host, one clock, unless a test says otherwise
@@ -28,7 +28,7 @@ class Log:
 
     def start(self, t, attempt=1, **header):
         return self.add(
-            rec.RunStart(
+            records.RunStart(
                 t=t, run_id="r1", name="train", run_dir="/runs/r1", command=["python", "train.py"], cwd="/w",
                 tm_version="0.1.0", python="3.11", platform="linux", attempt=attempt, **header,
             )
@@ -38,25 +38,25 @@ class Log:
         """Steps ``first..last`` of rank 0, one every ``dt`` from ``t0``; the first has no step time (a new process)."""
         for i, step in enumerate(range(first, last + 1)):
             fields = dict(first_fields or {}) if i == 0 else {"step_time_s": dt}
-            self.add(rec.Step(t=t0 + i * dt, step=step, tokens=tokens, **fields, **header))
+            self.add(records.Step(t=t0 + i * dt, step=step, tokens=tokens, **fields, **header))
 
     def phase(self, name, start_t, end_t, step=None, **header):
-        return self.add(rec.Phase(t=end_t, phase=name, start_t=start_t, end_t=end_t, step=step, **header))
+        return self.add(records.Phase(t=end_t, phase=name, start_t=start_t, end_t=end_t, step=step, **header))
 
     def tick(self, t, n, **header):
-        return self.add(rec.Tick(t=t, n=n, interval_s=1.0, **header))
+        return self.add(records.Tick(t=t, n=n, interval_s=1.0, **header))
 
     def end(self, t, **fields):
         fields.setdefault("status", 0)
         fields.setdefault("reason", "exited")
         fields.setdefault("exit_code", 0)
-        return self.add(rec.RunEnd(t=t, elapsed_s=0.0, **fields))
+        return self.add(records.RunEnd(t=t, elapsed_s=0.0, **fields))
 
 
-def feed(records, engine=None):
+def feed(logged, engine=None):
     engine = engine or Engine()
     out = []
-    for record in records:
+    for record in logged:
         out.extend(engine.feed(record))
     return engine, out
 
@@ -176,15 +176,15 @@ def test_without_a_checkpoint_mark_the_recent_steps_give_the_exact_point_to_go_b
 def test_an_attempt_on_another_clock_joins_the_timeline_by_the_wall_clock():
     same = preempted_after_checkpoint()
     other = Log()
-    for record in msgspec.json.decode(msgspec.json.encode(same.records), type=list[rec.AnyRecord]):
+    for record in msgspec.json.decode(msgspec.json.encode(same.records), type=list[records.AnyRecord]):
         if record.seq >= 14:  # attempt 2 from its run.start: a rebooted node, whose monotonic clock restarted
             record.t -= 145.0
             record.host = "n2"
-            if isinstance(record, rec.Phase):
+            if isinstance(record, records.Phase):
                 record.start_t -= 145.0
                 record.end_t -= 145.0
         other.records.append(record)
-    assert isinstance(other.records[13], rec.RunStart) and other.records[13].t == 5.0
+    assert isinstance(other.records[13], records.RunStart) and other.records[13].t == 5.0
     _, a = feed(same.records)
     _, b = feed(other.records)
     for key in ("goodput", "steps", "tokens"):
@@ -245,14 +245,14 @@ def test_steps_that_start_again_at_one_are_all_superseded_and_the_warning_says_h
 
 def test_counters_over_the_training_window_leave_the_time_between_attempts_out():
     log = preempted_after_checkpoint()
-    records = log.records
+    logged = log.records
     cpu = [
-        *(rec.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=1.0, window_s=1.0) for t in range(111, 120)),
-        *(rec.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=0.1, window_s=1.0) for t in range(151, 160)),
-        *(rec.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=1.0, window_s=1.0) for t in range(161, 170)),
+        *(records.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=1.0, window_s=1.0) for t in range(111, 120)),
+        *(records.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=0.1, window_s=1.0) for t in range(151, 160)),
+        *(records.SampleHost(t=t, root_pid=1, procs=1, cpu_cores=1.0, window_s=1.0) for t in range(161, 170)),
     ]
     merged = Log()
-    for record in sorted([*records, *cpu], key=lambda r: (r.t, 0 if isinstance(r, rec.RunStart) else 1)):
+    for record in sorted([*logged, *cpu], key=lambda r: (r.t, 0 if isinstance(r, records.RunStart) else 1)):
         record.seq = None
         merged.add(record)
     _, snapshots = feed(merged.records)
@@ -261,12 +261,12 @@ def test_counters_over_the_training_window_leave_the_time_between_attempts_out()
 
 
 def test_a_restored_engine_continues_a_resumed_run_exactly():
-    records = preempted_after_checkpoint().records
-    _, whole = feed(records)
+    logged = preempted_after_checkpoint().records
+    _, whole = feed(logged)
     for cut in (5, 14, 17):
-        engine, head = feed(records[:cut])
+        engine, head = feed(logged[:cut])
         restored = Engine.from_state(engine.state_bytes())
-        _, tail = feed(records[cut:], restored)
+        _, tail = feed(logged[cut:], restored)
         assert [msgspec.json.encode(s) for s in head + tail] == [msgspec.json.encode(s) for s in whole]
 
 
@@ -285,17 +285,17 @@ def test_a_run_started_once_lists_no_attempts_and_no_resume_numbers():
 def test_the_mfu_over_the_training_window_leaves_the_joins_out():
     log = preempted_after_checkpoint()
     facts = [
-        rec.Fact(t=101.0, name="flop_per_token", value=1e9, provenance="declared", origin="--flops-per-token"),
-        rec.Fact(t=101.0, name="device", value={"type": "cpu"}, provenance="detected", origin="agent", rank=0),
-        rec.Fact(
+        records.Fact(t=101.0, name="flop_per_token", value=1e9, provenance="declared", origin="--flops-per-token"),
+        records.Fact(t=101.0, name="device", value={"type": "cpu"}, provenance="detected", origin="agent", rank=0),
+        records.Fact(
             t=101.0, name="peak", provenance="detected", origin="tm peak", device="n1/cpu",
             value={"flop_per_s": 1e12, "label": "measured", "source": "tm peak", "device_type": "cpu"},
         ),
     ]  # fmt: skip
-    records = [log.records[0], *facts, *log.records[1:]]
-    for index, record in enumerate(records):
+    logged = [log.records[0], *facts, *log.records[1:]]
+    for index, record in enumerate(logged):
         record.seq, record.host = index + 1, "n1"
-    _, snapshots = feed(records)
+    _, snapshots = feed(logged)
     avg = snapshots[-1].metrics["mfu_avg"]
     # window: 110 → 169 less the join 119 → 160 = 18 s; its tokens, those of each attempt's steps after its first
     # (whose work lies before the window): 9 + 9 steps × 100 = 1,800. 1e9 × 1,800 / (1e12 × 18) = 0.1
@@ -307,19 +307,19 @@ def test_the_mfu_over_the_training_window_leaves_the_joins_out():
 # Alerts: the attempt before, said while the next one restarts
 
 
-def alerts_of(records) -> list[rec.Alert]:
+def alerts_of(logged) -> list[records.Alert]:
     from trainmeter_core.model.alerts import Died, Hung
     from trainmeter_core.model.alerts.episodes import Alerter
 
     alerter = Alerter([Died(), Hung()])
-    _, snapshots = feed(records)
+    _, snapshots = feed(logged)
     return [alert for snapshot in snapshots for alert in alerter.observe(snapshot)]
 
 
 def test_a_lost_attempt_is_reported_while_the_next_restarts_and_cleared_once_it_steps():
     log = preempted_after_checkpoint()
-    records = log.records[:14]  # through attempt 2's run.start (t 150)
-    log.records = records
+    logged = log.records[:14]  # through attempt 2's run.start (t 150)
+    log.records = logged
     log.tick(151.0, 2)  # restarting
     log.steps(11, 12, 160.0, first_fields={"resumed_from": 10})
     log.tick(170.0, 3)  # stepping again, 20 s into attempt 2
@@ -359,7 +359,9 @@ def test_progress_and_eta_go_on_from_the_steps_the_run_kept():
     log = Log()
     log.start(100.0)
     log.add(
-        rec.Fact(t=100.5, name="budget_tokens", value=4000, provenance="declared", origin="--budget-tokens")
+        records.Fact(
+            t=100.5, name="budget_tokens", value=4000, provenance="declared", origin="--budget-tokens"
+        )
     )
     log.steps(1, 15, 110.0)  # killed after step 15, resumed from the checkpoint of step 10
     log.tick(124.5, 1)

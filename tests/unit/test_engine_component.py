@@ -4,20 +4,20 @@ exactly, and a checkpoint holds exactly the deltas published before it."""
 from __future__ import annotations
 
 from trainmeter_core.components.engine import LiveEngine, Saved
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history import History
 from trainmeter_core.model.history_sync import HistoryReplica, JournaledHistory
 from trainmeter_core.runlog.checkpoint import CHECKPOINT, load_history
 
 
-def run_records(steps: int, tick_every: int = 5) -> list[rec.Record]:
-    out: list[rec.Record] = []
+def run_records(steps: int, tick_every: int = 5) -> list[records.Record]:
+    out: list[records.Record] = []
     for step in range(1, steps + 1):
-        out.append(rec.Step(step=step, tokens_global=64))
-        out.append(rec.Metric(values={"train_loss": 5.0 / step, "lr": 1e-3}, step=step))
+        out.append(records.Step(step=step, tokens_global=64))
+        out.append(records.Metric(values={"train_loss": 5.0 / step, "lr": 1e-3}, step=step))
         if step % tick_every == 0:
-            out.append(rec.Tick(n=step // tick_every, interval_s=1.0))
+            out.append(records.Tick(n=step // tick_every, interval_s=1.0))
     for i, record in enumerate(out, start=1):
         record.seq, record.t, record.wall = i, float(i), 1e9 + i
     return out
@@ -31,9 +31,9 @@ def small_live() -> LiveEngine:
 def test_each_snapshot_is_followed_by_the_history_delta_and_a_copy_fed_the_deltas_is_the_engines_history():
     live = small_live()
     published = [out for record in run_records(600) for out in live.feed(record)]
-    kinds = [rec.kind_of(r) for r in published]
+    kinds = [records.kind_of(r) for r in published]
     assert kinds == ["snapshot", "history"] * 120  # 600 steps, a tick every 5
-    deltas = [r for r in published if isinstance(r, rec.HistoryDelta)]
+    deltas = [r for r in published if isinstance(r, records.HistoryDelta)]
     assert [d.n for d in deltas] == list(range(1, 121)) and {d.incarnation for d in deltas} == {
         live.incarnation
     }
@@ -46,18 +46,18 @@ def test_each_snapshot_is_followed_by_the_history_delta_and_a_copy_fed_the_delta
 
 def test_a_record_already_reflected_or_derived_publishes_nothing():
     live = small_live()
-    records = run_records(5)
-    assert live.feed(records[-1])  # the tick
-    assert live.feed(records[-1]) == []  # the same sequence number again
-    assert live.feed(rec.Snapshot(tick=9, seq=99)) == []
-    assert live.feed(rec.HistoryRequest(seq=100)) == []
+    logged = run_records(5)
+    assert live.feed(logged[-1])  # the tick
+    assert live.feed(logged[-1]) == []  # the same sequence number again
+    assert live.feed(records.Snapshot(tick=9, seq=99)) == []
+    assert live.feed(records.HistoryRequest(seq=100)) == []
 
 
 class Published:
     def __init__(self) -> None:
-        self.records: list[rec.Record] = []
+        self.records: list[records.Record] = []
 
-    def publish(self, record: rec.Record) -> bool:
+    def publish(self, record: records.Record) -> bool:
         self.records.append(record)
         return True
 
@@ -67,12 +67,12 @@ def test_a_checkpoint_first_publishes_the_points_not_yet_in_a_delta_so_it_holds_
 ):
     live = small_live()
     ctx = Published()
-    records = run_records(12)
-    for record in records[:-2]:  # 12 steps and 2 ticks; all but step 12's two records
+    logged = run_records(12)
+    for record in logged[:-2]:  # 12 steps and 2 ticks; all but step 12's two records
         for out in live.feed(record):
             ctx.publish(out)
     Saved(tmp_path, live).now(ctx)  # type: ignore[arg-type]
-    kinds = [rec.kind_of(r) for r in ctx.records]
+    kinds = [records.kind_of(r) for r in ctx.records]
     assert kinds == ["snapshot", "history", "snapshot", "history", "history", "history.sync"]
     extra, sync = ctx.records[-2:]
     # after tick 2 (at step 10): step 11's time on rank 0, and its loss and lr
@@ -82,7 +82,7 @@ def test_a_checkpoint_first_publishes_the_points_not_yet_in_a_delta_so_it_holds_
     saved = load_history(tmp_path)
     assert saved is not None and (saved.incarnation, saved.history_n) == (live.incarnation, 3)
     assert saved.history.to_state() == live.history.to_state()
-    assert saved.snapshot == [r for r in ctx.records if isinstance(r, rec.Snapshot)][-1]
+    assert saved.snapshot == [r for r in ctx.records if isinstance(r, records.Snapshot)][-1]
 
 
 def test_asking_again_with_nothing_new_rewrites_no_file(tmp_path):
@@ -97,4 +97,4 @@ def test_asking_again_with_nothing_new_rewrites_no_file(tmp_path):
     inode = (tmp_path / CHECKPOINT).stat().st_ino
     saved.now(ctx)  # type: ignore[arg-type]
     assert (tmp_path / CHECKPOINT).stat().st_ino == inode and first
-    assert [rec.kind_of(r) for r in ctx.records].count("history.sync") == 2  # answered both times
+    assert [records.kind_of(r) for r in ctx.records].count("history.sync") == 2  # answered both times

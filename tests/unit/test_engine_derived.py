@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine.derived import MAX_TOKENS_PER_STEP, Derived
 from trainmeter_core.model.engine.state import EngineState
 
 
-def fact(name: str, value, provenance: str = "declared") -> rec.Fact:
-    return rec.Fact(name=name, value=value, provenance=provenance, origin=f"--{name}", t=0.0, wall=0.0)
+def fact(name: str, value, provenance: str = "declared") -> records.Fact:
+    return records.Fact(name=name, value=value, provenance=provenance, origin=f"--{name}", t=0.0, wall=0.0)
 
 
 def test_the_values_are_recomputed_only_when_a_fact_changed():

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import pytest
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts import NodeLost
 from trainmeter_core.model.alerts.episodes import Alerter, rule_config
 from trainmeter_core.model.engine import Engine
 
 AHEAD_S = {"node1": 1000.0, "node2": 2000.0}
-JOB = rec.JobPlace(id="j", node_rank=0, nnodes=3, hub="10.0.0.1:29401", found_by="torchrun flags")
+JOB = records.JobPlace(id="j", node_rank=0, nnodes=3, hub="10.0.0.1:29401", found_by="torchrun flags")
 
 
 class Job:
     def __init__(self) -> None:
-        self.records: list[rec.Record] = []
+        self.records: list[records.Record] = []
         self.add(
-            rec.RunStart(
+            records.RunStart(
                 t=100.0,
                 host="node0",
                 run_id="r0",
@@ -39,7 +39,7 @@ class Job:
             if host != "node0":
                 node_rank = int(host[-1])
                 self.add(
-                    rec.ClockMap(
+                    records.ClockMap(
                         t=100.5,
                         host="node0",
                         node_rank=node_rank,
@@ -50,11 +50,13 @@ class Job:
                     )
                 )
                 self.add(
-                    rec.NodeEvent(t=100.5, host="node0", node_rank=node_rank, node_host=host, event="joined")
+                    records.NodeEvent(
+                        t=100.5, host="node0", node_rank=node_rank, node_host=host, event="joined"
+                    )
                 )
             device = {"type": "cpu", "index": None, "uuid": None}
             self.add(
-                rec.Fact(
+                records.Fact(
                     t=101.0 + AHEAD_S.get(host, 0.0),
                     host=host,
                     rank=rank,
@@ -65,22 +67,24 @@ class Job:
                 )
             )
 
-    def add(self, record: rec.Record) -> rec.Record:
+    def add(self, record: records.Record) -> records.Record:
         record.seq = len(self.records) + 1
         self.records.append(record)
         return record
 
     def step(self, host: str, rank: int, step: int, hub_t: float) -> None:
         """A step of ``rank`` on ``host`` at ``hub_t`` on the hub's clock, stamped with its own host's clock."""
-        self.add(rec.Step(t=hub_t + AHEAD_S.get(host, 0.0), host=host, rank=rank, step=step, step_time_s=1.0))
+        self.add(
+            records.Step(t=hub_t + AHEAD_S.get(host, 0.0), host=host, rank=rank, step=step, step_time_s=1.0)
+        )
 
     def tick(self, n: int, t: float) -> None:
-        self.add(rec.Tick(t=t, host="node0", n=n, interval_s=1.0))
+        self.add(records.Tick(t=t, host="node0", n=n, interval_s=1.0))
 
 
-def snapshots(records: list[rec.Record]) -> list[rec.Snapshot]:
+def snapshots(logged: list[records.Record]) -> list[records.Snapshot]:
     engine = Engine()
-    return [snap for record in records for snap in engine.feed(record)]
+    return [snap for record in logged for snap in engine.feed(record)]
 
 
 def test_a_nodes_records_are_read_on_the_hubs_clock_and_the_straggler_is_the_node_that_reports_last():
@@ -115,7 +119,7 @@ def test_a_nodes_records_are_read_on_the_hubs_clock_and_the_straggler_is_the_nod
 def test_unmapped_the_same_steps_would_make_node_two_two_thousand_seconds_late():
     # The control: the same records without the hub's clock records. Node 2 now looks 2000 s late.
     job = Job()
-    job.records = [r for r in job.records if not isinstance(r, rec.ClockMap)]
+    job.records = [r for r in job.records if not isinstance(r, records.ClockMap)]
     for step in range(1, 4):
         for rank, host in enumerate(("node0", "node1", "node2")):
             job.step(host, rank, step, 110.0 + step)
@@ -127,10 +131,10 @@ def test_unmapped_the_same_steps_would_make_node_two_two_thousand_seconds_late()
 def test_another_nodes_run_end_and_host_samples_never_pass_for_the_hubs():
     job = Job()
     job.step("node0", 0, 1, 111.0)
-    job.add(rec.SampleHost(t=2111.0, host="node2", root_pid=1, procs=3, cpu_cores=7.0))
-    job.add(rec.SampleHost(t=111.5, host="node0", root_pid=1, procs=3, cpu_cores=1.5))
-    job.add(rec.SampleHost(t=2112.0, host="node2", root_pid=1, procs=3, cpu_cores=9.0))
-    job.add(rec.RunEnd(t=2112.0, host="node2", status=0, reason="exited", elapsed_s=12.0))
+    job.add(records.SampleHost(t=2111.0, host="node2", root_pid=1, procs=3, cpu_cores=7.0))
+    job.add(records.SampleHost(t=111.5, host="node0", root_pid=1, procs=3, cpu_cores=1.5))
+    job.add(records.SampleHost(t=2112.0, host="node2", root_pid=1, procs=3, cpu_cores=9.0))
+    job.add(records.RunEnd(t=2112.0, host="node2", status=0, reason="exited", elapsed_s=12.0))
     job.tick(1, 113.0)
     (snap,) = snapshots(job.records)
     assert not snap.final and snap.state == "running"
@@ -141,7 +145,7 @@ def test_lost_behind_and_gap_show_per_node_and_node_lost_fires_once_per_episode(
     job = Job()
     job.tick(1, 101.0)
     job.add(
-        rec.NodeEvent(
+        records.NodeEvent(
             t=110.0,
             host="node0",
             node_rank=1,
@@ -155,18 +159,24 @@ def test_lost_behind_and_gap_show_per_node_and_node_lost_fires_once_per_episode(
     )
     for n in range(2, 6):
         job.tick(n, 109.0 + n)
-    job.add(rec.NodeEvent(t=116.0, host="node0", node_rank=1, node_host="node1", event="resumed", through=80))
     job.add(
-        rec.NodeEvent(
+        records.NodeEvent(t=116.0, host="node0", node_rank=1, node_host="node1", event="resumed", through=80)
+    )
+    job.add(
+        records.NodeEvent(
             t=116.0, host="node0", node_rank=1, node_host="node1", event="behind", through=80, behind=40
         )
     )
     job.add(
-        rec.NodeEvent(t=116.1, host="node0", node_rank=1, node_host="node1", event="gap", through=80, lost=7)
+        records.NodeEvent(
+            t=116.1, host="node0", node_rank=1, node_host="node1", event="gap", through=80, lost=7
+        )
     )
     job.tick(6, 116.5)
     job.add(
-        rec.NodeEvent(t=117.0, host="node0", node_rank=1, node_host="node1", event="caught_up", through=120)
+        records.NodeEvent(
+            t=117.0, host="node0", node_rank=1, node_host="node1", event="caught_up", through=120
+        )
     )
     for n in range(7, 60):
         job.tick(n, 110.0 + n)

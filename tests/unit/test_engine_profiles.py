@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from test_engine import Run, feed
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 
 def trace(rank, window_s, split, flop=None, trace_id=None, host="n1"):
-    return rec.ProfileImport(
+    return records.ProfileImport(
         importer="kineto", file=f"rank{rank}.json", profiler="torch.profiler", scope="trace",
         trace_id=trace_id or f"t{rank}", host=host, rank=rank, window_s=window_s, split_s=split,
         flop=flop, absent={} if flop is not None else {"flop": "no op in the trace carries FLOPs"},
@@ -18,7 +18,7 @@ def trace(rank, window_s, split, flop=None, trace_id=None, host="n1"):
 
 
 def step(rank, number, run_step, trace_id=None):
-    return rec.ProfileImport(
+    return records.ProfileImport(
         importer="kineto", file=f"rank{rank}.json", profiler="torch.profiler", scope="step",
         trace_id=trace_id or f"t{rank}", host="n1", rank=rank, profiler_step=number, step=run_step, window_s=0.1,
     )  # fmt: skip

@@ -9,12 +9,12 @@ import random
 import pytest
 from test_engine import Run, feed
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine, training_window
 
 
 def sample(t, window_s, **readings):
-    return rec.SampleGpu(t=t, host="n1", index=0, uuid="GPU-0", gpm_window_s=window_s, **readings)
+    return records.SampleGpu(t=t, host="n1", index=0, uuid="GPU-0", gpm_window_s=window_s, **readings)
 
 
 def windowed_run():
@@ -88,7 +88,7 @@ def test_while_the_run_lives_the_counters_are_the_latest_samples_and_say_so():
 def test_the_final_gap_and_intensity_pair_the_windows_ofu_and_dram_with_the_windows_mfu():
     run = windowed_run()
     for record in run.records:
-        if isinstance(record, rec.SampleGpu):
+        if isinstance(record, records.SampleGpu):
             record.dram_active = 0.5
     _, snaps = feed(run.records)
     final = snaps[-1].metrics
@@ -99,11 +99,11 @@ def test_the_final_gap_and_intensity_pair_the_windows_ofu_and_dram_with_the_wind
 
 
 def test_the_window_state_survives_a_checkpoint_at_every_record():
-    records = windowed_run().records
-    _, expected = feed(records)
-    for cut in range(1, len(records)):
-        engine, head = feed(records[:cut])
-        _, tail = feed(records[cut:], Engine.from_state(engine.state_bytes()))
+    logged = windowed_run().records
+    _, expected = feed(logged)
+    for cut in range(1, len(logged)):
+        engine, head = feed(logged[:cut])
+        _, tail = feed(logged[cut:], Engine.from_state(engine.state_bytes()))
         assert head + tail == expected, f"cut at {cut}"
 
 
@@ -128,7 +128,9 @@ def test_the_host_counters_are_averaged_over_the_window_too():
     for t, cores, rss in ((110.5, 1.0, 100), (113.0, 3.0, 300), (116.0, 2.0, 200)):
         if t > 115.5:
             run.tick(115.5, 1)
-        run.add(rec.SampleHost(t=t, host="n1", root_pid=1, procs=1, cpu_cores=cores, rss_b=rss, window_s=2.5))
+        run.add(
+            records.SampleHost(t=t, host="n1", root_pid=1, procs=1, cpu_cores=cores, rss_b=rss, window_s=2.5)
+        )
     run.end(116.5)
     _, (live, final) = feed(run.records)
     assert live.metrics["host_cpu_cores"].value == 3.0  # the latest sample at the tick (113.0)
@@ -144,10 +146,10 @@ def test_the_host_counters_are_averaged_over_the_window_too():
 
 def test_goodput_names_its_lost_time_and_the_compiling_inside_the_startup():
     run = Run()  # starts at 100
-    run.add(rec.Phase(t=108.0, start_t=104.0, end_t=108.0, phase="compile"))  # before the first step
+    run.add(records.Phase(t=108.0, start_t=104.0, end_t=108.0, phase="compile"))  # before the first step
     run.steps(1, 21, tokens=100)  # 110 .. 120
-    run.add(rec.Phase(t=116.0, start_t=114.0, end_t=116.0, phase="checkpoint"))
-    run.add(rec.Phase(t=118.0, start_t=117.5, end_t=118.0, phase="data_wait"))
+    run.add(records.Phase(t=116.0, start_t=114.0, end_t=116.0, phase="checkpoint"))
+    run.add(records.Phase(t=118.0, start_t=117.5, end_t=118.0, phase="data_wait"))
     run.end(121.0)
     _, (final,) = feed(run.records)
     explain = final.explain["goodput"]

@@ -3,7 +3,7 @@ order, from the engine it copied, leaving itself untouched by anything else."""
 
 from __future__ import annotations
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.history import History
 from trainmeter_core.model.history_sync import HistoryReplica, JournaledHistory
 
@@ -26,9 +26,9 @@ def test_a_copy_ignores_what_it_already_has_and_stays_untouched_by_a_delta_out_o
     replica = HistoryReplica()
     assert not replica.synced
     replica.load(History(), "e1", 4)
-    delta = rec.HistoryDelta(incarnation="e1", n=4, series=["x"], points=[(0, 1.0, NAN, NAN, 1.0, 9.0)])
+    delta = records.HistoryDelta(incarnation="e1", n=4, series=["x"], points=[(0, 1.0, NAN, NAN, 1.0, 9.0)])
     assert replica.apply(delta) == "already"
-    bad = rec.HistoryDelta(
+    bad = records.HistoryDelta(
         incarnation="e1",
         n=5,
         series=["x"],
@@ -36,8 +36,8 @@ def test_a_copy_ignores_what_it_already_has_and_stays_untouched_by_a_delta_out_o
     )
     assert replica.apply(bad) == "out of step"  # point 2 names a series the delta does not list
     assert replica.history.added_points("x") == 0 and replica.n == 4  # not even its first point was taken
-    good = rec.HistoryDelta(incarnation="e1", n=5, series=["x"], points=[(0, 1.0, NAN, NAN, 1.0, 9.0)])
+    good = records.HistoryDelta(incarnation="e1", n=5, series=["x"], points=[(0, 1.0, NAN, NAN, 1.0, 9.0)])
     assert replica.apply(good) == "applied" and replica.n == 5
-    assert replica.apply(rec.HistoryDelta(incarnation="e2", n=6)) == "out of step"  # another engine's
-    assert replica.apply(rec.HistoryDelta(incarnation="e1", n=7)) == "out of step"  # delta 6 is missing
+    assert replica.apply(records.HistoryDelta(incarnation="e2", n=6)) == "out of step"  # another engine's
+    assert replica.apply(records.HistoryDelta(incarnation="e1", n=7)) == "out of step"  # delta 6 is missing
     assert replica.history.added_points("x") == 1

@@ -8,30 +8,30 @@ from __future__ import annotations
 import gzip
 import random
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log, segments
 from trainmeter_core.runlog.tail import last_seq, tail_records
 
 
-def _line(record: rec.Record, seq: int) -> bytes:
-    data = rec.check(rec.encode(record)).data
+def _line(record: records.Record, seq: int) -> bytes:
+    data = records.check(records.encode(record)).data
     data["seq"] = seq
-    return rec.to_log_line(data)
+    return records.to_log_line(data)
 
 
 def _steps(first: int, last: int) -> list[bytes]:
-    return [_line(rec.Step(step=i), i) for i in range(first, last + 1)]
+    return [_line(records.Step(step=i), i) for i in range(first, last + 1)]
 
 
 def test_each_bad_line_is_skipped_and_counted_with_its_reason(tmp_path):
     lines = [
-        _line(rec.Step(step=1), 1),
+        _line(records.Step(step=1), 1),
         b'{"kind":"step","step":2,"source":"\xff\xfe"}\n',  # not UTF-8
-        _line(rec.Step(step=3), 3),
+        _line(records.Step(step=3), 3),
         b'[{"kind":"step","step":4}]\n',  # a JSON array
         b'{"kind":"step","step":"x"}\n',  # a wrong payload type
         b"{not json\n",
-        _line(rec.Step(step=7), 7),
+        _line(records.Step(step=7), 7),
         b'{"kind":"step","step":8,"se',  # the last line, cut by a SIGKILL
     ]
     (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines))
@@ -49,15 +49,15 @@ def test_each_bad_line_is_skipped_and_counted_with_its_reason(tmp_path):
 
 def test_unknown_kinds_are_kept_and_counted(tmp_path):
     lines = [
-        _line(rec.Step(step=1), 1),
+        _line(records.Step(step=1), 1),
         b'{"kind":"gpu.power_cap","watts":300,"seq":2}\n',
-        _line(rec.Tick(n=1, interval_s=1.0), 3),
+        _line(records.Tick(n=1, interval_s=1.0), 3),
     ]
     (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines))
     stats: dict = {}
     got = list(read_log(tmp_path, stats=stats))
-    assert [rec.kind_of(r) for r in got] == ["step", "gpu.power_cap", "tick"]
-    assert isinstance(got[1], rec.Unknown) and got[1].data["watts"] == 300 and got[1].seq == 2
+    assert [records.kind_of(r) for r in got] == ["step", "gpu.power_cap", "tick"]
+    assert isinstance(got[1], records.Unknown) and got[1].data["watts"] == 300 and got[1].seq == 2
     assert (stats["unknown"], stats["skipped"]) == (1, 0)
 
 
@@ -98,16 +98,22 @@ def test_a_corrupt_gzipped_segment_ends_early_and_the_next_segment_is_still_read
 
 
 def test_kinds_filter_yields_only_those_kinds(tmp_path):
-    lines = [_line(rec.Step(step=1), 1), _line(rec.Tick(n=1, interval_s=1.0), 2), _line(rec.Step(step=2), 3)]
+    lines = [
+        _line(records.Step(step=1), 1),
+        _line(records.Tick(n=1, interval_s=1.0), 2),
+        _line(records.Step(step=2), 3),
+    ]
     (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines))
-    assert [rec.kind_of(r) for r in read_log(tmp_path, kinds={"tick"})] == ["tick"]
+    assert [records.kind_of(r) for r in read_log(tmp_path, kinds={"tick"})] == ["tick"]
     assert [r.step for r in read_log(tmp_path, kinds={"step"})] == [1, 2]
 
 
 def test_a_kinds_filter_passes_other_kinds_by_their_tag_but_still_counts_lines_that_are_no_record(tmp_path):
     lines = [
-        _line(rec.Step(step=1), 1),
-        _line(rec.Tick(n=1, interval_s=1.0), 2),  # another kind, tag first: passed undecoded, its seq noted
+        _line(records.Step(step=1), 1),
+        _line(
+            records.Tick(n=1, interval_s=1.0), 2
+        ),  # another kind, tag first: passed undecoded, its seq noted
         b"\x00\xff this is not a log\n",  # no tag to pass it by: decoded, and counted
         b'{"kind": 7}\n',  # likewise (the tag is not the recorder's)
         b'{"step":2,"kind":"step","seq":5}\n',  # a step written with its tag later: still found
@@ -127,7 +133,7 @@ def test_fuzzed_lines_are_skipped_exactly_and_the_rest_equals_the_clean_log(tmp_
     print(f"seed={seed}")
     rng = random.Random(seed)
     clean = [
-        _line(rng.choice([rec.Step(step=i), rec.Metric(values={"loss": rng.random()}, step=i)]), i)
+        _line(rng.choice([records.Step(step=i), records.Metric(values={"loss": rng.random()}, step=i)]), i)
         for i in range(1, 401)
     ]
     mutated = set(rng.sample(range(len(clean)), 60))
@@ -144,8 +150,10 @@ def test_fuzzed_lines_are_skipped_exactly_and_the_rest_equals_the_clean_log(tmp_
             lines[i] = clean[i].replace(b'"seq":', b'"seq":"x","was":', 1)
     (tmp_path / "events-0001.jsonl").write_bytes(b"".join(lines))
     stats: dict = {}
-    got = [rec.to_builtins(r) for r in read_log(tmp_path, stats=stats)]
-    expected = [rec.to_builtins(rec.from_log_line(line)) for i, line in enumerate(clean) if i not in mutated]
+    got = [records.to_builtins(r) for r in read_log(tmp_path, stats=stats)]
+    expected = [
+        records.to_builtins(records.from_log_line(line)) for i, line in enumerate(clean) if i not in mutated
+    ]
     assert stats["skipped"] == len(mutated) == 60
     assert got == expected
 
@@ -156,17 +164,19 @@ def _mixed_log(rng: random.Random, n: int) -> list[bytes]:
     for seq in range(1, n + 1):
         which = rng.randrange(10)
         if which < 4:
-            record = rec.Step(step=seq, step_time_s=0.01, t=seq / 100)
+            record = records.Step(step=seq, step_time_s=0.01, t=seq / 100)
         elif which < 8:
-            record = rec.Metric(values={"train_loss": rng.random()}, step=seq, t=seq / 100)
+            record = records.Metric(values={"train_loss": rng.random()}, step=seq, t=seq / 100)
         elif which == 8:
-            record = rec.SampleGpu(
+            record = records.SampleGpu(
                 index=rng.randrange(8), power_w=600.0, sm_active=0.7, t=seq / 100, host="h"
             )
         elif seq % 3:
-            record = rec.Alert(rule="r", state="fired", severity="warning", message="m" * rng.randrange(80))
+            record = records.Alert(
+                rule="r", state="fired", severity="warning", message="m" * rng.randrange(80)
+            )
         else:
-            record = rec.Tick(n=seq, interval_s=1.0, t=seq / 100)
+            record = records.Tick(n=seq, interval_s=1.0, t=seq / 100)
         lines.append(_line(record, seq))
     return lines
 
@@ -197,11 +207,11 @@ def test_a_log_decoded_piece_by_piece_gives_what_the_line_by_line_reader_gives_d
         (run_dir / "events-0001.jsonl").write_bytes(b"".join(lines))
         for kinds in (None, {"step"}, {"step", "metric", "tick", "sample.gpu"}, {"step", "no.such.kind"}):
             by_piece: dict = {}
-            got = [rec.to_builtins(r) for r in read_log(run_dir, kinds, by_piece)]
+            got = [records.to_builtins(r) for r in read_log(run_dir, kinds, by_piece)]
             with monkeypatch.context() as patched:
                 patched.setattr(reader, "_decoded_piece", lambda *args: None)
                 by_line: dict = {}
-                expected = [rec.to_builtins(r) for r in read_log(run_dir, kinds, by_line)]
+                expected = [records.to_builtins(r) for r in read_log(run_dir, kinds, by_line)]
             assert got == expected, (name, kinds)
             assert by_piece == by_line, (name, kinds)
             assert by_piece["last_seq"] == 30_000
@@ -254,7 +264,7 @@ def test_before_seq_stops_at_the_first_record_it_names(tmp_path):
 
 def test_a_line_whose_seq_is_not_last_is_decoded_to_be_placed(tmp_path):
     # Written by hand (or by an older writer): the cheap look cannot place it, a full decode can.
-    odd = rec.to_log_line({"kind": "step", "seq": 3, "step": 3})
+    odd = records.to_log_line({"kind": "step", "seq": 3, "step": 3})
     (tmp_path / "events-0001.jsonl").write_bytes(b"".join([*_steps(1, 2), odd, *_steps(4, 5)]))
     stats: dict = {}
     assert [r.step for r in read_log(tmp_path, stats=stats, after_seq=2)] == [3, 4, 5]
@@ -350,11 +360,13 @@ def _rare_alerts_log(tmp_path, damaged: bool) -> None:
     lines = []
     for seq in range(1, 40_001):
         if seq % 997 == 0 or seq == 20_000:
-            record = rec.Alert(rule=f"rule{seq}", state="fired", severity="warning", message="m", subject="s")
+            record = records.Alert(
+                rule=f"rule{seq}", state="fired", severity="warning", message="m", subject="s"
+            )
         elif seq % 2:
-            record = rec.Step(step=seq)
+            record = records.Step(step=seq)
         else:
-            record = rec.Metric(values={"loss": seq / 7}, step=seq)
+            record = records.Metric(values={"loss": seq / 7}, step=seq)
         lines.append(_line(record, seq))
     if damaged:
         lines[25_000] = b"{not json\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tm_runs import REPO
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.platform_adapters import NO_NVML
 from trainmeter_core.runlog import replay
@@ -22,7 +22,7 @@ GPU_METRICS = (
 )  # fmt: skip
 
 
-def gpu_values(snapshot: rec.Snapshot) -> dict[str, rec.MetricValue]:
+def gpu_values(snapshot: records.Snapshot) -> dict[str, records.MetricValue]:
     """The GPU metrics of a snapshot that hold a number (there must be none)."""
     found = {}
     for key, metric in snapshot.metrics.items():
@@ -32,26 +32,26 @@ def gpu_values(snapshot: rec.Snapshot) -> dict[str, rec.MetricValue]:
     return found
 
 
-def cpu_run_without_nvml() -> list[rec.Record]:
-    records: list = [
-        rec.RunStart(t=100.0, host="n1", run_id="r", name="t", run_dir="/r", command=["python"], cwd="/",
+def cpu_run_without_nvml() -> list[records.Record]:
+    logged: list = [
+        records.RunStart(t=100.0, host="n1", run_id="r", name="t", run_dir="/r", command=["python"], cwd="/",
                      tm_version="0", python="3.11", platform="linux"),
-        rec.Fact(name="flop_per_token", value=1e6, provenance="declared", origin="--flops-per-token", host="n1"),
-        rec.Fact(name="device", value={"type": "cpu"}, provenance="detected", origin="agent", host="n1", rank=0),
+        records.Fact(name="flop_per_token", value=1e6, provenance="declared", origin="--flops-per-token", host="n1"),
+        records.Fact(name="device", value={"type": "cpu"}, provenance="detected", origin="agent", host="n1", rank=0),
     ]  # fmt: skip
     row = no_nvml_row(NO_NVML)
     row.t, row.host = 100.5, "n1"
-    records.append(row)
+    logged.append(row)
     for step in range(1, 6):
-        records.append(rec.Step(t=100.0 + step, host="n1", step=step, tokens=100, step_time_s=1.0))
-        records.append(
-            rec.SampleHost(t=100.2 + step, host="n1", root_pid=1, procs=1, cpu_cores=1.0, window_s=1.0)
+        logged.append(records.Step(t=100.0 + step, host="n1", step=step, tokens=100, step_time_s=1.0))
+        logged.append(
+            records.SampleHost(t=100.2 + step, host="n1", root_pid=1, procs=1, cpu_cores=1.0, window_s=1.0)
         )
-        records.append(rec.Tick(t=100.5 + step, n=step, interval_s=1.0))
-    records.append(rec.RunEnd(t=106.0, status=0, reason="exited", exit_code=0, elapsed_s=6.0))
-    for seq, record in enumerate(records, 1):
+        logged.append(records.Tick(t=100.5 + step, n=step, interval_s=1.0))
+    logged.append(records.RunEnd(t=106.0, status=0, reason="exited", exit_code=0, elapsed_s=6.0))
+    for seq, record in enumerate(logged, 1):
         record.seq = seq
-    return records
+    return logged
 
 
 def test_a_cpu_run_on_a_node_without_nvml_has_no_gpu_metric_with_a_value():
@@ -71,8 +71,8 @@ def test_a_cpu_run_on_a_node_without_nvml_has_no_gpu_metric_with_a_value():
 
 def test_before_a_rank_reports_its_device_the_gpu_numbers_name_the_missing_nvml():
     engine = Engine()
-    records = [r for r in cpu_run_without_nvml() if not (isinstance(r, rec.Fact) and r.name == "device")]
-    snapshots = [s for r in records for s in engine.feed(r)]
+    logged = [r for r in cpu_run_without_nvml() if not (isinstance(r, records.Fact) and r.name == "device")]
+    snapshots = [s for r in logged for s in engine.feed(r)]
     metrics = snapshots[0].metrics
     for key in ("util_gpu", "tensor_active", "ofu", "energy_j", "util_gpu_avg"):
         assert metrics[key].value is None and metrics[key].absent == "no GPU on this node: no NVML", key

@@ -7,39 +7,39 @@ from __future__ import annotations
 import pytest
 from manual_clock import ManualClock
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.rig import RigDevice, ofu_clock
 from trainmeter_sources.gpu import fake_pynvml as nvml
 from trainmeter_sources.gpu.sampler import GpuSession
 
 
-def run_on(spec: str, clock: ManualClock, **readings) -> tuple[dict, list[rec.Snapshot]]:
+def run_on(spec: str, clock: ManualClock, **readings) -> tuple[dict, list[records.Snapshot]]:
     """One GPU of ``spec`` reading constant ``readings``; rank 0 computes on it and steps at 1000.5, 1001.5, 1002.5 s
     while the sampler samples at 1000, 1001, 1002 and 1003 s. Returns the gpu fact's value and every snapshot."""
     machine = nvml.install(nvml.FakeMachine(spec))
     gpu = machine.gpus[0]
     gpu.set(**readings)
     session = GpuSession.open({"TM_FAKE_GPUS": spec}, host="node1")
-    records: list = [
-        rec.RunStart(t=999.0, host="node1", run_id="r", name="t", run_dir="/r", command=["python"], cwd="/",
+    logged: list = [
+        records.RunStart(t=999.0, host="node1", run_id="r", name="t", run_dir="/r", command=["python"], cwd="/",
                      tm_version="0", python="3.11", platform="linux"),
         *session.facts(),
-        rec.Fact(name="device", value={"type": "cuda", "index": 0, "uuid": gpu.uuid}, provenance="detected",
+        records.Fact(name="device", value={"type": "cuda", "index": 0, "uuid": gpu.uuid}, provenance="detected",
                  origin="agent", host="node1", rank=0),
         *session.sample(clock.now_s),
     ]  # fmt: skip
     for step in (1, 2, 3):
         clock.now_s += 1.0
-        records.append(rec.Step(t=clock.now_s - 0.5, host="node1", step=step, tokens_global=1000))
-        records.extend(session.sample(clock.now_s))
-        records.append(rec.Tick(t=clock.now_s + 0.1, n=step, interval_s=1.0))
-    records.append(rec.RunEnd(t=clock.now_s + 0.2, status=0, reason="exited", exit_code=0, elapsed_s=4.2))
+        logged.append(records.Step(t=clock.now_s - 0.5, host="node1", step=step, tokens_global=1000))
+        logged.extend(session.sample(clock.now_s))
+        logged.append(records.Tick(t=clock.now_s + 0.1, n=step, interval_s=1.0))
+    logged.append(records.RunEnd(t=clock.now_s + 0.2, status=0, reason="exited", exit_code=0, elapsed_s=4.2))
     engine = Engine()
-    for record in records:
+    for record in logged:
         record.host = "node1"  # the sampler's producer stamps the host on the bus; here it is one machine
     snapshots = []
-    for seq, record in enumerate(records, 1):
+    for seq, record in enumerate(logged, 1):
         record.seq = seq
         snapshots.extend(engine.feed(record))
     return session.facts()[0].value, snapshots

@@ -9,13 +9,13 @@ import gzip
 import math
 import os
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.recorder import Recorder
 
 
-def _data(record: rec.Record, seq: int) -> dict:
-    data = rec.check(rec.encode(record)).data
+def _data(record: records.Record, seq: int) -> dict:
+    data = records.check(records.encode(record)).data
     data["seq"] = seq
     return data
 
@@ -25,7 +25,7 @@ def test_segments_rotate_at_the_limit_closed_ones_are_gzipped_and_all_read_back_
     recorder.start()
     for seq in range(1001, 1301):
         # '{"kind":"step","source":"agent","step":1001,"seq":1001}\n' is 56 bytes for every 4-digit step and seq.
-        assert recorder.put(_data(rec.Step(step=seq, source="agent"), seq))
+        assert recorder.put(_data(records.Step(step=seq, source="agent"), seq))
     recorder.close()
     # 35 lines are 1960 B < 2000, 36 are 2016 B: a segment closes after 36 lines. 300 = 8 × 36 + 12: 8 closed
     # segments, and the 9th (still plain) holds the last 12 lines.
@@ -47,8 +47,8 @@ def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_co
     warnings = []
     # A reserve of 2**62 B (4 EiB) is more than any disk has free: the recorder is below it from the start.
     recorder = Recorder(tmp_path, reserve_b=2**62, warn=warnings.append)
-    records = [
-        rec.RunStart(
+    logged = [
+        records.RunStart(
             run_id="r",
             name="n",
             run_dir=str(tmp_path),
@@ -58,21 +58,21 @@ def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_co
             python="3",
             platform="p",
         ),
-        rec.Hello(protocol=1, agent_version="0", python="3", executable="python", argv=[], ppid=1),
-        rec.Step(step=1),
-        rec.Metric(values={"loss": 1.0}),
-        rec.SampleGpu(index=0),
-        rec.Fact(name="gpus", value=1, provenance="detected", origin="nvml"),
-        rec.Tick(n=1, interval_s=1.0),
-        rec.Alert(rule="stall", state="fired", message="m"),
-        rec.Notice(topic="t", message="m"),
-        rec.RunEnd(status=0, reason="exited", elapsed_s=1.0),
+        records.Hello(protocol=1, agent_version="0", python="3", executable="python", argv=[], ppid=1),
+        records.Step(step=1),
+        records.Metric(values={"loss": 1.0}),
+        records.SampleGpu(index=0),
+        records.Fact(name="gpus", value=1, provenance="detected", origin="nvml"),
+        records.Tick(n=1, interval_s=1.0),
+        records.Alert(rule="stall", state="fired", message="m"),
+        records.Notice(topic="t", message="m"),
+        records.RunEnd(status=0, reason="exited", elapsed_s=1.0),
     ]
-    for seq, record in enumerate(records, start=1):
+    for seq, record in enumerate(logged, start=1):
         recorder.put(_data(record, seq))
     recorder.start()
     recorder.close()
-    kept = [rec.kind_of(r) for r in read_log(tmp_path)]
+    kept = [records.kind_of(r) for r in read_log(tmp_path)]
     assert kept == ["run.start", "step", "fact", "alert", "run.end"]
     # hello, metric, sample.gpu, tick and notice: 5 skipped.
     assert recorder.reserve_skipped == 5
@@ -93,7 +93,7 @@ def test_the_end_is_flushed_and_fsynced_and_flushed_seq_is_the_last_seq(tmp_path
     recorder = Recorder(tmp_path, reserve_b=0)
     recorder.start()
     for seq in range(1, 51):
-        recorder.put(_data(rec.Step(step=seq), seq))
+        recorder.put(_data(records.Step(step=seq), seq))
     recorder.close()
     assert recorder.flushed_seq == 50
     assert synced and synced[-1] == str(tmp_path / "events-0001.jsonl")
@@ -102,7 +102,7 @@ def test_the_end_is_flushed_and_fsynced_and_flushed_seq_is_the_last_seq(tmp_path
 
 def test_a_full_queue_drops_and_counts_without_blocking(tmp_path):
     recorder = Recorder(tmp_path, reserve_b=0, queue_limit=5)
-    taken = [recorder.put(_data(rec.Step(step=i), i)) for i in range(1, 9)]
+    taken = [recorder.put(_data(records.Step(step=i), i)) for i in range(1, 9)]
     # 8 offered to a queue of 5 that nobody drains yet: 5 taken, 3 dropped.
     assert taken == [True] * 5 + [False] * 3
     assert recorder.queue_dropped == 3
@@ -114,7 +114,7 @@ def test_a_full_queue_drops_and_counts_without_blocking(tmp_path):
 def test_nonfinite_metric_values_are_written_as_text_and_read_back_as_floats(tmp_path):
     recorder = Recorder(tmp_path, reserve_b=0)
     recorder.start()
-    recorder.put(_data(rec.Metric(values={"loss": math.nan, "scale": math.inf}), 1))
+    recorder.put(_data(records.Metric(values={"loss": math.nan, "scale": math.inf}), 1))
     recorder.close()
     line = (tmp_path / "events-0001.jsonl").read_text()
     assert '"values":{"loss":"NaN","scale":"Infinity"}' in line
@@ -132,7 +132,7 @@ def test_a_flush_asked_for_writes_everything_queued_at_once_instead_of_at_the_ne
     recorder.start()
     try:
         for seq in (1, 2, 3):
-            recorder.put(_data(rec.Step(step=seq), seq))
+            recorder.put(_data(records.Step(step=seq), seq))
         assert recorder.flush(timeout_s=30.0)
         assert recorder.flushed_seq == 3
         # flushed means in the file, where a reader sees it
@@ -144,5 +144,5 @@ def test_a_flush_asked_for_writes_everything_queued_at_once_instead_of_at_the_ne
 def test_a_flush_of_nothing_queued_returns_at_once_and_one_without_a_writer_says_so(tmp_path):
     recorder = Recorder(tmp_path, reserve_b=0)
     assert recorder.flush(timeout_s=0.0)  # nothing was queued
-    recorder.put(_data(rec.Step(step=1), 1))
+    recorder.put(_data(records.Step(step=1), 1))
     assert not recorder.flush(timeout_s=0.0)  # never started: nothing will write it

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from trainmeter_core.commands.cli import main as tm
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.runlog import reader
 from trainmeter_core.runlog.checkpoint import save_checkpoint
@@ -59,7 +59,7 @@ def test_tm_view_json_of_a_million_records_from_its_checkpoint_decodes_only_the_
             line = line_of(seq)
             lines.append(line)
             # The engine at the checkpoint is fed the same records; the last one (a tick) makes the last snapshot.
-            made = engine.feed(rec.from_log_line(line), snapshots=seq == RECORDS)
+            made = engine.feed(records.from_log_line(line), snapshots=seq == RECORDS)
             if seq == CHECKPOINT_SEQ:
                 save_checkpoint(run_dir, engine, seq)
         name = f"events-{k + 1:04d}.jsonl"
@@ -67,11 +67,11 @@ def test_tm_view_json_of_a_million_records_from_its_checkpoint_decodes_only_the_
             (run_dir / (name + ".gz")).write_bytes(gzip.compress(b"".join(lines), compresslevel=1))
         else:
             (run_dir / name).write_bytes(b"".join(lines))
-    expected = json.loads(msgspec.json.encode(rec.to_builtins(made[-1])))
+    expected = json.loads(msgspec.json.encode(records.to_builtins(made[-1])))
 
     decoded, opened = [], []
-    real_decode, real_open = rec.from_log_line, reader._open
-    monkeypatch.setattr(rec, "from_log_line", lambda line: decoded.append(1) or real_decode(line))
+    real_decode, real_open = records.from_log_line, reader._open
+    monkeypatch.setattr(records, "from_log_line", lambda line: decoded.append(1) or real_decode(line))
     real_batch = reader._typed_batch
 
     class CountingBatch:

@@ -23,7 +23,7 @@ import pytest
 from schema1 import upgrade_snapshot
 from tm_runs import REPO
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog import replay
 
 BEFORE = REPO / "tests" / "fixtures" / "replay-before-layers"
@@ -49,7 +49,7 @@ def test_every_fixture_log_has_its_snapshots_from_before():
 @pytest.mark.parametrize("name", sorted(LOGS))
 def test_the_log_replays_to_the_same_snapshots_as_before_the_layers(name):
     before = json.loads(gzip.decompress((BEFORE / f"{name}.json.gz").read_bytes()))
-    now = [json.loads(msgspec.json.encode(rec.to_builtins(s))) for s in replay.snapshots(LOGS[name])]
+    now = [json.loads(msgspec.json.encode(records.to_builtins(s))) for s in replay.snapshots(LOGS[name])]
     assert len(now) == len(before) > 1
     for old, new in zip(before, now, strict=True):
         expected = upgrade_snapshot(old)

@@ -10,7 +10,7 @@ import pytest
 from test_reopen import write_log
 
 from trainmeter_core.commands.runs import count_steps
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.run import resume
 from trainmeter_core.runlog import rundir
 
@@ -23,12 +23,12 @@ def make_run(base, stamp, name, *, checkpoint=None, summary_exit=None, attempts=
     if attempts:
         meta["attempts"] = [{"attempt": n} for n in range(1, attempts + 1)]
     (run_dir / "meta.json").write_text(json.dumps(meta))
-    records = [(1, rec.Step(step=1))]
+    logged = [(1, records.Step(step=1))]
     if checkpoint is not None:
-        records.append(
-            (2, rec.Phase(phase="checkpoint", start_t=1.0, end_t=2.0, paths=[str(checkpoint)], step=1))
+        logged.append(
+            (2, records.Phase(phase="checkpoint", start_t=1.0, end_t=2.0, paths=[str(checkpoint)], step=1))
         )
-    write_log(run_dir, records)
+    write_log(run_dir, logged)
     if summary_exit is not None:
         (run_dir / "summary.json").write_text(json.dumps({"state": "finished", "exit_status": summary_exit}))
     return run_dir
@@ -127,17 +127,17 @@ def test_a_running_resumed_run_is_running_even_beside_the_summary_of_its_attempt
 
 def test_tm_runs_counts_each_step_once_over_attempts(tmp_path):
     def start(attempt):
-        return rec.RunStart(
+        return records.RunStart(
             run_id="r", name="n", run_dir="/r", command=["x"], cwd="/", tm_version="0", python="3", platform="p",
             attempt=attempt,
         )  # fmt: skip
 
-    records = [start(1), *(rec.Step(step=n) for n in range(1, 171))]  # killed after step 170
-    records += [
+    logged = [start(1), *(records.Step(step=n) for n in range(1, 171))]  # killed after step 170
+    logged += [
         start(2),
-        *(rec.Step(step=n) for n in range(151, 301)),
+        *(records.Step(step=n) for n in range(151, 301)),
     ]  # resumed from the checkpoint of step 150
-    records += [start(3), *(rec.Step(step=n) for n in range(301, 311))]  # and once more, from step 300
-    write_log(tmp_path, list(enumerate(records, start=1)))
+    logged += [start(3), *(records.Step(step=n) for n in range(301, 311))]  # and once more, from step 300
+    write_log(tmp_path, list(enumerate(logged, start=1)))
     # 170 + 150 + 10 step records, of which steps 151..170 were done twice: 310 steps
     assert count_steps(tmp_path) == 310

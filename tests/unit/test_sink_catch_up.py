@@ -9,22 +9,22 @@ from collections import deque
 from pathlib import Path
 
 from trainmeter_core.api import alerts_until_stopped
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 
-def logged(record: rec.Record, seq: int) -> bytes:
-    data = rec.to_builtins(record)
+def logged(record: records.Record, seq: int) -> bytes:
+    data = records.to_builtins(record)
     data.pop("seq", None)
     data["seq"] = seq  # the hub appends seq last
-    return rec.to_log_line(data)
+    return records.to_log_line(data)
 
 
-def alert(n: int, state: str = "fired") -> rec.Alert:
-    return rec.Alert(rule=f"rule{n}", state=state, message=f"alert {n}")  # type: ignore[arg-type]
+def alert(n: int, state: str = "fired") -> records.Alert:
+    return records.Alert(rule=f"rule{n}", state=state, message=f"alert {n}")  # type: ignore[arg-type]
 
 
-def run_start(attempt: int) -> rec.RunStart:
-    return rec.RunStart(
+def run_start(attempt: int) -> records.RunStart:
+    return records.RunStart(
         run_id="r",
         name="r",
         run_dir="r",
@@ -44,10 +44,10 @@ class Log:
         self.path = run_dir / "events-0001.jsonl"
         self.seq = 0
 
-    def add(self, *records: rec.Record) -> list[int]:
+    def add(self, *items: records.Record) -> list[int]:
         seqs = []
         with open(self.path, "ab") as f:
-            for record in records:
+            for record in items:
                 self.seq += 1
                 f.write(logged(record, self.seq))
                 seqs.append(self.seq)
@@ -71,7 +71,7 @@ class Ctx:
         return item() if callable(item) else item
 
 
-def live(record: rec.Record, seq: int) -> rec.Record:
+def live(record: records.Record, seq: int) -> records.Record:
     record.seq = seq
     return record
 
@@ -82,10 +82,10 @@ def got(ctx: Ctx) -> list[tuple[int, str]]:
 
 def test_alerts_logged_before_the_sink_subscribed_come_first_and_none_twice(tmp_path):
     log = Log(tmp_path)
-    log.add(run_start(1), rec.Step(step=1), alert(1), rec.Step(step=2), alert(2))
+    log.add(run_start(1), records.Step(step=1), alert(1), records.Step(step=2), alert(2))
     # The bus delivers alert 2 too (the subscription came first), then alert 3.
-    ctx = Ctx(tmp_path, [live(alert(2), 5), live(rec.Step(step=3), 6), live(alert(3), 7)])
-    log.add(rec.Step(step=3), alert(3))
+    ctx = Ctx(tmp_path, [live(alert(2), 5), live(records.Step(step=3), 6), live(alert(3), 7)])
+    log.add(records.Step(step=3), alert(3))
     assert got(ctx) == [(3, "rule1"), (5, "rule2"), (7, "rule3")]
 
 
@@ -95,7 +95,7 @@ def test_alerts_raised_between_the_log_read_and_the_subscription_come_before_the
 
     def later():
         # Published after the sink read the log and before its subscription took effect: only the log has it.
-        log.add(rec.Step(step=1), alert(2), rec.Step(step=2), alert(3))
+        log.add(records.Step(step=1), alert(2), records.Step(step=2), alert(3))
         return live(alert(3), 6)
 
     ctx = Ctx(tmp_path, [None, later, live(alert(4), 7)])
@@ -108,7 +108,7 @@ def test_with_no_live_alert_the_missed_ones_come_at_the_stop(tmp_path):
 
     def later():
         log.add(alert(2))
-        return live(rec.Step(step=1), 4)
+        return live(records.Step(step=1), 4)
 
     ctx = Ctx(tmp_path, [later])
     assert got(ctx) == [(2, "rule1"), (3, "rule2")]
@@ -116,7 +116,7 @@ def test_with_no_live_alert_the_missed_ones_come_at_the_stop(tmp_path):
 
 def test_a_resumed_run_repeats_no_alert_of_its_earlier_attempt(tmp_path):
     log = Log(tmp_path)
-    end = rec.RunEnd(status=143, reason="signaled", signal=15, elapsed_s=3.0)
+    end = records.RunEnd(status=143, reason="signaled", signal=15, elapsed_s=3.0)
     # The first attempt's alerts, one of them from its final snapshot (after run.end), then the second attempt's.
     log.add(run_start(1), alert(1), end, alert(2), run_start(2), alert(3))
     ctx = Ctx(tmp_path, [live(alert(4), 7)])
@@ -126,9 +126,9 @@ def test_a_resumed_run_repeats_no_alert_of_its_earlier_attempt(tmp_path):
 
 def test_a_restarted_sink_takes_up_after_its_crash_and_another_components_crash_changes_nothing(tmp_path):
     log = Log(tmp_path)
-    crashed = rec.Component(name="ledger", event="crashed", process="ledger", signal=9)
-    other = rec.Component(name="webhook", event="crashed", process="webhook", signal=9)
-    restarted = rec.Component(name="ledger", event="restarted", process="ledger", restarts=1)
+    crashed = records.Component(name="ledger", event="crashed", process="ledger", signal=9)
+    other = records.Component(name="webhook", event="crashed", process="webhook", signal=9)
+    restarted = records.Component(name="ledger", event="restarted", process="ledger", restarts=1)
     log.add(run_start(1), alert(1), crashed, alert(2), other, restarted, alert(3))
     assert got(Ctx(tmp_path, [])) == [(4, "rule2"), (7, "rule3")]
     assert got(Ctx(tmp_path, [], name="webhook")) == [(7, "rule3")]
@@ -141,7 +141,7 @@ def test_on_a_job_hub_another_nodes_start_and_crash_change_nothing(tmp_path):
     mine.host = "node0"
     theirs = run_start(1)
     theirs.host = "node1"
-    crashed = rec.Component(name="ledger", event="crashed", process="ledger", signal=9, host="node1")
+    crashed = records.Component(name="ledger", event="crashed", process="ledger", signal=9, host="node1")
     log.add(mine, alert(1), theirs, crashed, alert(2))
     ctx = Ctx(tmp_path, [])
     ctx.meta = {"host": "node0"}

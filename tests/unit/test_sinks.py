@@ -19,18 +19,18 @@ from trainmeter_core.components.sinks import (
     alert_line,
     last_written_seq,
 )
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 
 class StandIn:
     """What a component sees of its context: records to read (then the stop signal), and what it published."""
 
-    def __init__(self, run_dir, records, stop_first=False):
+    def __init__(self, run_dir, logged, stop_first=False):
         self.run_dir = run_dir
         self.meta = {}
         self.stopping = threading.Event()
         self.published = []
-        self._records = deque(records)
+        self._records = deque(logged)
         if stop_first:
             self.stopping.set()
 
@@ -52,7 +52,7 @@ def short_drain(monkeypatch):
 
 
 def alert(seq, state="fired", rule="hung", message="no step for 42 s", **extra):
-    return rec.Alert(
+    return records.Alert(
         seq=seq,
         t=10.0 + seq,
         wall=1_800_000_000.0 + seq,
@@ -84,7 +84,7 @@ def test_terminal_escapes_in_an_alert_never_reach_the_terminal():
 def test_the_terminal_sink_prints_each_alert_and_those_that_arrive_while_it_stops(tmp_path, capsys):
     ctx = StandIn(
         tmp_path,
-        [alert(1), rec.Notice(topic="x", message="not an alert"), alert(2, state="cleared")],
+        [alert(1), records.Notice(topic="x", message="not an alert"), alert(2, state="cleared")],
         stop_first=True,
     )
     TerminalSink().run(ctx)
@@ -102,7 +102,7 @@ def test_alerts_file_writes_each_alert_once_in_the_run_logs_line_format(tmp_path
     assert out.write(nan) and not out.write(nan) and out.write(alert(6, state="cleared"))
     lines = (tmp_path / "alerts.jsonl").read_bytes().splitlines(keepends=True)
     assert len(lines) == 2
-    assert lines[0] == rec.to_log_line(rec.to_builtins(nan))
+    assert lines[0] == records.to_log_line(records.to_builtins(nan))
     assert json.loads(lines[0])["numbers"] == {
         "train_loss": "NaN",
         "step": 41.0,
@@ -112,13 +112,13 @@ def test_alerts_file_writes_each_alert_once_in_the_run_logs_line_format(tmp_path
 
 def test_last_written_seq_skips_a_line_cut_by_a_crash(tmp_path):
     path = tmp_path / "alerts.jsonl"
-    path.write_bytes(rec.to_log_line(rec.to_builtins(alert(7))) + b'{"kind":"alert","seq":9,"ru')
+    path.write_bytes(records.to_log_line(records.to_builtins(alert(7))) + b'{"kind":"alert","seq":9,"ru')
     assert last_written_seq(path) == 7 and last_written_seq(tmp_path / "none.jsonl") == 0
 
 
 def test_the_file_sink_catches_up_from_the_run_log_then_writes_live_alerts_once(tmp_path):
     log = [
-        rec.RunStart(
+        records.RunStart(
             seq=1,
             run_id="r",
             name="r",
@@ -132,7 +132,9 @@ def test_the_file_sink_catches_up_from_the_run_log_then_writes_live_alerts_once(
         alert(3),
         alert(7, state="cleared"),
     ]
-    (tmp_path / "events-0001.jsonl").write_bytes(b"".join(rec.to_log_line(rec.to_builtins(r)) for r in log))
+    (tmp_path / "events-0001.jsonl").write_bytes(
+        b"".join(records.to_log_line(records.to_builtins(r)) for r in log)
+    )
     AlertsFile(tmp_path).write(alert(3))  # the sink's previous life wrote 3, then crashed before 7
     ctx = StandIn(tmp_path, [alert(7, state="cleared"), alert(9, rule="gpu_xid", subject="n1/gpu0")])
     AlertsFileSink().run(ctx)

@@ -9,7 +9,7 @@ from collections import deque
 from pathlib import Path
 
 from trainmeter_core.components.engine import LiveEngine, Saved
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history_sync import JournaledHistory
 from trainmeter_core.runlog.checkpoint import load_checkpoint, save_checkpoint
@@ -19,15 +19,15 @@ from trainmeter_web.follow import Follower, replayed_dashboard
 WALL0 = 1_700_000_000.0
 
 
-def records(n_steps: int, first_seq: int = 1) -> list[rec.Record]:
+def run_records(n_steps: int, first_seq: int = 1) -> list[records.Record]:
     """Steps with a loss, a tick after each, an alert in the middle; seq and times as the hub would stamp them."""
-    out: list[rec.Record] = []
+    out: list[records.Record] = []
     for step in range(1, n_steps + 1):
-        out.append(rec.Step(step=step, tokens_global=100, agent_us=5.0))
-        out.append(rec.Metric(values={"train_loss": 10.0 / step}, step=step))
+        out.append(records.Step(step=step, tokens_global=100, agent_us=5.0))
+        out.append(records.Metric(values={"train_loss": 10.0 / step}, step=step))
         if step == n_steps // 2:
-            out.append(rec.Alert(rule="throughput_drop", state="fired", message="tokens/s fell"))
-        out.append(rec.Tick(n=step, interval_s=1.0))
+            out.append(records.Alert(rule="throughput_drop", state="fired", message="tokens/s fell"))
+        out.append(records.Tick(n=step, interval_s=1.0))
     for i, record in enumerate(out):
         record.seq = first_seq + i
         record.t = 100.0 + i
@@ -35,23 +35,23 @@ def records(n_steps: int, first_seq: int = 1) -> list[rec.Record]:
     return out
 
 
-def as_logged(record: rec.Record) -> dict:
+def as_logged(record: records.Record) -> dict:
     """A record as the recorder writes it: the hub appends ``seq`` last."""
-    data = rec.to_builtins(record)
+    data = records.to_builtins(record)
     data["seq"] = data.pop("seq")
     return data
 
 
-def write_log(run_dir: Path, recs: list[rec.Record], cut_last: bool = False) -> None:
+def write_log(run_dir: Path, recs: list[records.Record], cut_last: bool = False) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "meta.json").write_text(json.dumps({"run_id": run_dir.name, "name": "t", "command": ["x.py"]}))
-    data = b"".join(rec.to_log_line(as_logged(r)) for r in recs)
+    data = b"".join(records.to_log_line(as_logged(r)) for r in recs)
     if cut_last:
         data = data[:-10]
     (run_dir / "events-0001.jsonl").write_bytes(data)
 
 
-def final_of(recs: list[rec.Record]) -> rec.Snapshot:
+def final_of(recs: list[records.Record]) -> records.Snapshot:
     engine = Engine()
     return [s for r in recs for s in engine.feed(r)][-1]
 
@@ -61,7 +61,7 @@ def final_of(recs: list[rec.Record]) -> rec.Snapshot:
 
 
 def test_a_replayed_log_gives_the_same_snapshot_as_feeding_the_engine_directly(tmp_path):
-    recs = records(20)
+    recs = run_records(20)
     write_log(tmp_path / "run", recs)
     model = replayed_dashboard(tmp_path / "run")  # no checkpoint: the whole log is read
     assert model.snapshot == final_of(recs)
@@ -70,7 +70,7 @@ def test_a_replayed_log_gives_the_same_snapshot_as_feeding_the_engine_directly(t
 
 
 def test_after_a_checkpoint_only_the_tail_reaches_the_engine_but_alerts_come_from_the_whole_log(tmp_path):
-    recs = records(20)
+    recs = run_records(20)
     run_dir = tmp_path / "run"
     write_log(run_dir, recs)
     engine = Engine()
@@ -94,7 +94,7 @@ class Bus:
     """The records from ``first_live`` on, each followed by what the engine makes of it; the engine, live all along,
     answers a ``history.request`` as the engine component does (a checkpoint, then ``history.sync``)."""
 
-    def __init__(self, run_dir: Path, recs: list[rec.Record], first_live: int) -> None:
+    def __init__(self, run_dir: Path, recs: list[records.Record], first_live: int) -> None:
         self.run_dir = run_dir
         self.live = LiveEngine(Engine(history=JournaledHistory()))
         for record in recs[: first_live - 1]:
@@ -102,13 +102,13 @@ class Bus:
         self.live.caught_up()
         self.saved = Saved(run_dir, self.live)
         self.upcoming = deque(recs[first_live - 1 :])
-        self.queue: deque[rec.Record] = deque()
+        self.queue: deque[records.Record] = deque()
         self.asked: list[str] = []
 
-    def publish(self, record: rec.Record) -> None:  # the engine component's ctx.publish
+    def publish(self, record: records.Record) -> None:  # the engine component's ctx.publish
         self.queue.append(record)
 
-    def recv(self, timeout_s: float) -> rec.Record | None:
+    def recv(self, timeout_s: float) -> records.Record | None:
         if not self.queue and self.upcoming:
             record = self.upcoming.popleft()
             self.queue.append(record)
@@ -136,7 +136,7 @@ def follow(run_dir: Path, bus: Bus) -> tuple[DashboardState, Follower]:
 
 
 def test_catching_up_reads_the_log_until_the_first_live_record_and_counts_nothing_twice(tmp_path):
-    recs = records(10)
+    recs = run_records(10)
     run_dir = tmp_path / "run"
     write_log(run_dir, recs)  # the recorder already wrote everything; the bus delivers from seq 21 on
     bus = Bus(run_dir, recs, first_live=21)
@@ -153,7 +153,7 @@ def test_catching_up_reads_the_log_until_the_first_live_record_and_counts_nothin
 
 
 def test_a_missing_delta_makes_the_dashboard_ask_for_the_whole_history_again(tmp_path):
-    recs = records(10)
+    recs = run_records(10)
     run_dir = tmp_path / "run"
     write_log(run_dir, recs)
     bus = Bus(run_dir, recs, first_live=4)
@@ -163,7 +163,7 @@ def test_a_missing_delta_makes_the_dashboard_ask_for_the_whole_history_again(tmp
     def lossy(timeout_s: float):
         record = recv(timeout_s)
         # The subscriber fell behind once: the engine's fifth delta never reaches the dashboard.
-        if isinstance(record, rec.HistoryDelta) and record.n == 5 and not lost:
+        if isinstance(record, records.HistoryDelta) and record.n == 5 and not lost:
             lost.append(record.n)
             return recv(timeout_s)
         return record
@@ -176,7 +176,7 @@ def test_a_missing_delta_makes_the_dashboard_ask_for_the_whole_history_again(tmp
 
 
 def test_a_restarted_engine_is_a_new_incarnation_and_its_whole_history_is_taken(tmp_path):
-    recs = records(10)
+    recs = run_records(10)
     run_dir = tmp_path / "run"
     write_log(run_dir, recs)
     bus = Bus(run_dir, recs, first_live=4)
@@ -203,7 +203,7 @@ def test_a_restarted_engine_is_a_new_incarnation_and_its_whole_history_is_taken(
 
 
 def test_catching_up_gives_up_when_asked_to_stop_before_anything_came(tmp_path):
-    write_log(tmp_path / "run", records(2))
+    write_log(tmp_path / "run", run_records(2))
     stopping = threading.Event()
     stopping.set()
     model = DashboardState(tmp_path / "run", {})

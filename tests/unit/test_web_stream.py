@@ -7,7 +7,7 @@ import copy
 
 from live_run import feed
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_web.dashboard_state import DashboardState
 from trainmeter_web.stream import LiveStream, merge_patch
 
@@ -75,14 +75,14 @@ def fed_model(steps: int) -> DashboardState:
     seq = 0
     for step in range(1, steps + 1):
         for record in (
-            rec.Step(step=step, tokens_global=10),
-            rec.Metric(values={"train_loss": 1.0 / step}, step=step),
+            records.Step(step=step, tokens_global=10),
+            records.Metric(values={"train_loss": 1.0 / step}, step=step),
         ):
             seq += 1
             record.seq, record.t, record.wall = seq, float(step), 1e9 + step
             feed(model, record)
     seq += 1
-    feed(model, rec.Tick(n=1, interval_s=1.0, seq=seq, t=float(steps), wall=1e9 + steps))
+    feed(model, records.Tick(n=1, interval_s=1.0, seq=seq, t=float(steps), wall=1e9 + steps))
     return model
 
 
@@ -90,8 +90,8 @@ def feed_steps(model: DashboardState, first: int, last: int) -> None:
     seq = model.through_seq
     for step in range(first, last + 1):
         seq += 1
-        feed(model, rec.Metric(values={"train_loss": 1.0 / step}, step=step, seq=seq, t=float(step)))
-    feed(model, rec.Tick(n=last, interval_s=1.0, seq=seq + 1, t=float(last), wall=1e9 + last))
+        feed(model, records.Metric(values={"train_loss": 1.0 / step}, step=step, seq=seq, t=float(step)))
+    feed(model, records.Tick(n=last, interval_s=1.0, seq=seq + 1, t=float(last), wall=1e9 + last))
 
 
 def test_the_first_event_holds_the_document_and_every_series_thinned_to_the_pages_points():
@@ -142,7 +142,7 @@ def test_the_final_snapshot_flushes_what_is_left():
     stream.full()
     feed_steps(model, 1001, 1003)
     stream.update()
-    feed(model, rec.RunEnd(status=0, reason="exited", elapsed_s=1.0, seq=model.through_seq + 1, t=1004.0))
+    feed(model, records.RunEnd(status=0, reason="exited", elapsed_s=1.0, seq=model.through_seq + 1, t=1004.0))
     event = stream.update()
     assert event["series"]["train_loss"][-1].x == 1003.0
     assert event["doc"]["status"]["state"] == "finished"
@@ -152,8 +152,8 @@ def test_a_series_that_appears_later_is_sent_whole():
     model = fed_model(5)
     stream = LiveStream(model, "step", points=50)
     stream.full()
-    feed(model, rec.Metric(values={"val_loss": 3.0}, step=5, seq=model.through_seq + 1, t=5.0))
-    feed(model, rec.Tick(n=2, interval_s=1.0, seq=model.through_seq + 2, t=6.0))
+    feed(model, records.Metric(values={"val_loss": 3.0}, step=5, seq=model.through_seq + 1, t=5.0))
+    feed(model, records.Tick(n=2, interval_s=1.0, seq=model.through_seq + 2, t=6.0))
     event = stream.update()
     assert [p.value for p in event["series"]["val_loss"]] == [3.0]
     assert event["doc"]["catalog"]["val_loss"] == {"group": "loop", "raw_key": "val_loss"}

@@ -6,11 +6,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from trainmeter_core.model import agent_batch
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import agent_batch, records
 
 HEADER = {
-    "v": rec.SCHEMA_VERSION,
+    "v": records.SCHEMA_VERSION,
     "source": "agent",
     "host": "n1",
     "pid": 42,
@@ -23,7 +22,9 @@ def _records(items: list, **header) -> list:
     head, raws = agent_batch.split_window(agent_batch.encode_window({**HEADER, **header}, items))
     out = []
     for raw in raws:
-        out.extend([rec.decode(bytes(raw))] if agent_batch.is_record(raw) else agent_batch.expand(raw, head))
+        out.extend(
+            [records.decode(bytes(raw))] if agent_batch.is_record(raw) else agent_batch.expand(raw, head)
+        )
     return out
 
 
@@ -41,18 +42,18 @@ def test_a_steady_step_is_its_loss_then_its_step_each_dated_on_the_wall_clock_by
     steady = (agent_batch.STEADY_STEP, 7, 99.5, 0.25, 1, 12.5, 2, 16, "input_ids", 4, 2.5, 99.25, "backward")
     loss, step = _records([steady])
     # wall = now_wall - (now_t - t): 5000 - (100 - 99.25) = 4999.25 and 5000 - (100 - 99.5) = 4999.5
-    assert loss == rec.Metric(
+    assert loss == records.Metric(
         values={"train_loss": 2.5},
         step=7,
         origin="backward",
         t=99.25,
         wall=4999.25,
-        v=rec.SCHEMA_VERSION,
+        v=records.SCHEMA_VERSION,
         source="agent",
         host="n1",
         pid=42,
     )
-    assert step == rec.Step(
+    assert step == records.Step(
         step=7,
         t=99.5,
         wall=4999.5,
@@ -64,7 +65,7 @@ def test_a_steady_step_is_its_loss_then_its_step_each_dated_on_the_wall_clock_by
         tokens_source="input_ids",
         dp=4,
         tokens_global=64,  # 16 tokens on each of 4 data-parallel ranks
-        v=rec.SCHEMA_VERSION,
+        v=records.SCHEMA_VERSION,
         source="agent",
         host="n1",
         pid=42,
@@ -76,14 +77,14 @@ def test_a_step_without_a_loss_is_one_record_and_the_rank_and_drop_count_ride_on
     phase = (agent_batch.BARE_PHASE, "data_wait", 98.9, 98.95, 2, "dataloader")
     metric = (agent_batch.BARE_METRIC, 98.0, {"lr": 0.001}, 2, "emit")
     built = _records([metric, phase, steady], rank=3, dropped=11)
-    assert [rec.kind_of(r) for r in built] == ["metric", "phase", "step"]
+    assert [records.kind_of(r) for r in built] == ["metric", "phase", "step"]
     assert all(r.rank == 3 and r.dropped == 11 for r in built)
     assert built[1].start_t == 98.9 and built[1].t == built[1].end_t == 98.95
     assert built[0].values == {"lr": 0.001} and built[0].origin == "emit" and built[0].step == 2
 
 
 def test_a_whole_record_in_a_window_stays_as_the_agent_stamped_it():
-    fact = rec.Fact(
+    fact = records.Fact(
         name="dp", value=1, provenance="detected", origin="agent:model", source="agent", pid=42, t=1.0
     )
     (kept,) = _records([fact])
@@ -118,7 +119,7 @@ def test_a_whole_record_in_a_window_stays_as_the_agent_stamped_it():
 def test_an_array_that_is_not_one_of_the_three_items_is_malformed(item):
     head, (raw,) = agent_batch.split_window(agent_batch.encode_window(HEADER, [item]))
     assert not agent_batch.is_record(raw)
-    with pytest.raises(rec.MalformedRecord):
+    with pytest.raises(records.MalformedRecord):
         agent_batch.expand(raw, head)
 
 
@@ -134,7 +135,7 @@ def test_an_array_that_is_not_one_of_the_three_items_is_malformed(item):
     ],
 )
 def test_a_window_that_cannot_be_read_is_malformed(payload):
-    with pytest.raises(rec.MalformedRecord):
+    with pytest.raises(records.MalformedRecord):
         agent_batch.split_window(payload)
 
 
@@ -146,7 +147,7 @@ def test_the_count_a_window_is_sent_with_is_the_number_of_records_the_hub_builds
         return (agent_batch.STEADY_STEP, step, t, 0.1, 1, None, 1, 8, "input_ids", 1, loss, t, "backward")
 
     sent: list[tuple[list, int]] = []
-    outbox = Outbox(lambda batch, records: sent.append((batch, records)), window_s=60.0, max_records=3)
+    outbox = Outbox(lambda batch, logged: sent.append((batch, logged)), window_s=60.0, max_records=3)
     items = [
         steady(1, 2.5),
         (agent_batch.BARE_PHASE, "data_wait", 11.0, 11.1, 1, "dataloader"),
@@ -162,4 +163,4 @@ def test_the_count_a_window_is_sent_with_is_the_number_of_records_the_hub_builds
             outbox.flush()
     outbox.flush()
     assert [len(batch) for batch, _ in sent] == [3, 1, 1]
-    assert [records for _, records in sent] == [len(_records(batch)) for batch, _ in sent] == [4, 2, 1]
+    assert [logged for _, logged in sent] == [len(_records(batch)) for batch, _ in sent] == [4, 2, 1]

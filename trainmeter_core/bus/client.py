@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.agent_batch import WINDOW_TOPIC, encode_window
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class Producer:
         """The header fields this producer stamps on a record (the same values ``stamp`` sets), as an agent's window
         carries them for the records the hub builds from its arrays (``send_window``)."""
         header: dict[str, object] = {
-            "v": rec.SCHEMA_VERSION,
+            "v": records.SCHEMA_VERSION,
             "source": self.source,
             "host": HOSTNAME,
             "pid": self.pid,
@@ -115,9 +115,9 @@ class Producer:
             header["rank"] = self.rank
         return header
 
-    def stamp(self, record: rec.Record, now_t: float, now_wall: float) -> None:
+    def stamp(self, record: records.Record, now_t: float, now_wall: float) -> None:
         """Fill the header of ``record``: schema version, times (when unset), source, host, pid, rank."""
-        record.v = rec.SCHEMA_VERSION
+        record.v = records.SCHEMA_VERSION
         if not record.t:
             record.t = now_t
         if not record.wall:
@@ -130,20 +130,20 @@ class Producer:
 
     # -- sending ---------------------------------------------------------------------------------------------------
 
-    def send(self, record: rec.Record) -> bool:
+    def send(self, record: records.Record) -> bool:
         """Send one record now. False (and counted) when it had to be dropped."""
         return self._send_frames([record], single=True)
 
-    def send_many(self, records: list[rec.Record]) -> bool:
+    def send_many(self, batch: list[records.Record]) -> bool:
         """Send records as one batch message; a dropped batch counts every record in it."""
-        if not records:
+        if not batch:
             return True
-        return self._send_frames(records, single=False)
+        return self._send_frames(batch, single=False)
 
-    def send_window(self, items: list, records: int) -> bool:
+    def send_window(self, items: list, count: int) -> bool:
         """Send an agent's window (``trainmeter_core.model.agent_batch``): its items, whole records already stamped
-        (``stamp``) and arrays the hub turns into records, standing for ``records`` records in all. The header carries
-        the drop count, which each whole record also carries when it is not zero. Counted as ``records``."""
+        (``stamp``) and arrays the hub turns into records, standing for ``count`` records in all. The header carries
+        the drop count, which each whole record also carries when it is not zero. Counted as ``count``."""
 
         def frames() -> list[bytes]:
             dropped = self.dropped
@@ -157,19 +157,19 @@ class Producer:
             header["now_wall"] = time.time()
             return [WINDOW_TOPIC, encode_window(header, items)]
 
-        return self._send_message(frames, records)
+        return self._send_message(frames, count)
 
-    def _send_frames(self, records: list[rec.Record], single: bool) -> bool:
+    def _send_frames(self, batch: list[records.Record], single: bool) -> bool:
         def frames() -> list[bytes]:
             now_t, now_wall = time.monotonic(), time.time()
-            for record in records:
+            for record in batch:
                 self.stamp(record, now_t, now_wall)
                 record.dropped = self.dropped
             if single:
-                return [rec.topic(records[0].__struct_config__.tag), rec.encode(records[0])]
-            return [BATCH_TOPIC, rec.encode_many(records)]
+                return [records.topic(batch[0].__struct_config__.tag), records.encode(batch[0])]
+            return [BATCH_TOPIC, records.encode_many(batch)]
 
-        return self._send_message(frames, len(records))
+        return self._send_message(frames, len(batch))
 
     def _send_message(self, frames: Callable[[], list[bytes]], count: int) -> bool:
         """Send the message ``frames()`` makes, under the lock, as ``count`` records: counted sent, or dropped when the
@@ -205,10 +205,10 @@ class Producer:
                     return  # never used: nothing to say goodbye to
                 zmq = _zmq()
                 sock = self._socket()
-                bye = rec.Bye(sent=self.sent, reason=reason)
+                bye = records.Bye(sent=self.sent, reason=reason)
                 self.stamp(bye, time.monotonic(), time.time())
                 bye.dropped = self.dropped
-                frames = [rec.topic("bye"), rec.encode(bye)]
+                frames = [records.topic("bye"), records.encode(bye)]
                 linger = self.linger_ms if linger_ms is None else linger_ms
                 deadline = time.monotonic() + linger / 1000
                 # The bye must follow everything else: when the queue is full, wait (bounded) for room.
@@ -259,18 +259,18 @@ class Subscriber:
         else:
             # run.end always comes, so an iterator knows when the run is over.
             for kind in self.kinds | {"run.end"}:
-                self._sock.setsockopt(zmq.SUBSCRIBE, rec.topic(kind))
+                self._sock.setsockopt(zmq.SUBSCRIBE, records.topic(kind))
         self._sock.connect(endpoint)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self.malformed = 0
-        self._pending: deque[rec.Record | rec.Unknown] = deque()
+        self._pending: deque[records.Record | records.Unknown] = deque()
         self.last_seq: int | None = None
         self.gaps = 0
         # pyzmq's own recv, under the wrapper (see _receive)
         self._recv_frame = zmq.backend.Socket.recv
 
-    def recv(self, timeout_s: float | None = None) -> rec.Record | rec.Unknown | None:
+    def recv(self, timeout_s: float | None = None) -> records.Record | records.Unknown | None:
         """The next record, or None if none came within the timeout."""
         while not self._pending:
             if not self._poller.poll(None if timeout_s is None else int(timeout_s * 1000)):
@@ -312,20 +312,20 @@ class Subscriber:
         body = frames[2]
         # A record is a MessagePack map; an array is a group of consecutive records of one kind.
         try:
-            payloads = rec.split_batch(body) if body[:1] in _ARRAY_MARKERS else [body]
-        except rec.MalformedRecord:
+            payloads = records.split_batch(body) if body[:1] in _ARRAY_MARKERS else [body]
+        except records.MalformedRecord:
             self.malformed += 1
             return
         if self.last_seq is not None and seq > self.last_seq + 1:
             self.gaps += 1
         for payload in payloads:
             try:
-                record = rec.decode_published(payload)
-            except rec.MalformedRecord:
+                record = records.decode_published(payload)
+            except records.MalformedRecord:
                 self.malformed += 1
             else:
                 record.seq = seq
-                if not mixed or kinds is None or rec.kind_of(record) in kinds:
+                if not mixed or kinds is None or records.kind_of(record) in kinds:
                     self._pending.append(record)
             seq += 1
         self.last_seq = seq - 1
@@ -346,7 +346,7 @@ def subscribe(
     kinds: Iterable[str] | None = None,
     *,
     idle_check_s: float = 1.0,
-) -> Iterator[rec.Record | rec.Unknown]:
+) -> Iterator[records.Record | records.Unknown]:
     """Iterate over a live run's records as they happen, filtered by kind.
 
     ``run`` is a run directory, a name or prefix under the runs directory, or None for the latest run. The iterator
@@ -370,7 +370,7 @@ def subscribe(
                 if not rundir.is_live(run_dir):
                     return
                 continue
-            kind = rec.kind_of(record)
+            kind = records.kind_of(record)
             if wanted is None or kind in wanted:
                 yield record
             if kind == "run.end":

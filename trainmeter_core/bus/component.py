@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from trainmeter_core.bus.client import Producer, Subscriber
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.tail import last_seq
 
@@ -63,10 +63,10 @@ class ComponentContext:
     def child_pid(self) -> int | None:
         return self.meta.get("child_pid")
 
-    def publish(self, record: rec.Record) -> bool:
+    def publish(self, record: records.Record) -> bool:
         return self._producer.send(record)
 
-    def recv(self, timeout_s: float) -> rec.Record | rec.Unknown | None:
+    def recv(self, timeout_s: float) -> records.Record | records.Unknown | None:
         """The next record, or None after at most ``timeout_s`` (and never more than 0.1 s, so a stop is noticed
         at once: the end of a run waits on it)."""
         if self._subscriber is None:
@@ -74,7 +74,7 @@ class ComponentContext:
             return None
         return self._subscriber.recv(min(timeout_s, STOP_CHECK_S))
 
-    def records(self, timeout_s: float = 0.5) -> Iterator[rec.Record | rec.Unknown]:
+    def records(self, timeout_s: float = 0.5) -> Iterator[records.Record | records.Unknown]:
         """Records of the subscribed kinds until the component is asked to stop."""
         while not self.stopping.is_set():
             record = self.recv(timeout_s)
@@ -87,7 +87,7 @@ class ComponentContext:
             self._subscriber.close()
 
 
-def alerts_until_stopped(ctx: ComponentContext) -> Iterator[rec.Alert]:
+def alerts_until_stopped(ctx: ComponentContext) -> Iterator[records.Alert]:
     """Every alert of the run, once each and in order: first those already in the run log, then the bus's until the
     component is asked to stop, then those that arrive while the bus drains.
 
@@ -109,7 +109,7 @@ def alerts_until_stopped(ctx: ComponentContext) -> Iterator[rec.Alert]:
         if drain_until is not None and (now >= drain_until or now - last_t >= STOP_QUIET_S):  # type: ignore[operator]
             break
         record = ctx.recv(0.1)
-        if not isinstance(record, rec.Alert):
+        if not isinstance(record, records.Alert):
             continue
         last_t = time.monotonic()
         if record.seq is not None:
@@ -134,7 +134,7 @@ LOG_WAIT_S = 2.0
 
 def _logged_alerts(
     ctx: ComponentContext, after_seq: int = 0, before_seq: int | None = None
-) -> list[rec.Alert]:
+) -> list[records.Alert]:
     """The alerts of this attempt of the run in the log with ``after_seq < seq < before_seq``, after this component's
     latest crash."""
     run_dir = getattr(ctx, "run_dir", None)
@@ -147,14 +147,14 @@ def _logged_alerts(
         deadline = time.monotonic() + LOG_WAIT_S
         while ((last_seq(run_dir) or 0) < before_seq - 1) and time.monotonic() < deadline:
             time.sleep(0.02)
-    alerts: list[rec.Alert] = []
+    alerts: list[records.Alert] = []
     kinds = {"alert", "run.start", "component"}
     for record in read_log(run_dir, kinds, after_seq=after_seq, before_seq=before_seq):
-        if isinstance(record, rec.Alert):
+        if isinstance(record, records.Alert):
             alerts.append(record)
         elif (host is None or record.host in (host, "")) and (
-            isinstance(record, rec.RunStart)
-            or (isinstance(record, rec.Component) and record.name == name and record.event == "crashed")
+            isinstance(record, records.RunStart)
+            or (isinstance(record, records.Component) and record.name == name and record.event == "crashed")
         ):
             alerts.clear()
     return alerts

@@ -21,7 +21,7 @@ import zmq
 from trainmeter_core.bus import jobkeys
 from trainmeter_core.bus import jobwire as wire
 from trainmeter_core.bus.client import HOSTNAME
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 RESEND_MAX = int(os.environ.get("TM_JOB_RESEND_MAX", "1000000"))
 KEYS_POLL_S = 0.5
@@ -45,7 +45,7 @@ class Forwarder:
         run: str,
         *,
         say: Callable[[str], None] = lambda line: None,
-        notice: Callable[[rec.Record], None] = lambda record: None,
+        notice: Callable[[records.Record], None] = lambda record: None,
         max_records: int = RESEND_MAX,
         host: str = HOSTNAME,
     ) -> None:
@@ -281,7 +281,7 @@ class Forwarder:
             return
         self._said[what] = now
         self.say(line)
-        self.notice(rec.Notice(level="warning", topic="job", message=line, source="forwarder"))
+        self.notice(records.Notice(level="warning", topic="job", message=line, source="forwarder"))
 
     def _take_inbox(self) -> None:
         inbox, unsent = self._inbox, self._unsent

@@ -20,8 +20,7 @@ import zmq
 
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
 from trainmeter_core.bus.publish import Publication
-from trainmeter_core.model import agent_batch
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import agent_batch, records
 from trainmeter_core.model.agent_batch import WINDOW_TOPIC
 from trainmeter_core.runlog.recorder import Recorder
 
@@ -34,7 +33,7 @@ MAX_FRAME_B = (
 )  # a bigger frame disconnects its sender rather than eating the launcher's memory
 #: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
 #: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
-NOT_FORWARDED = rec.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
+NOT_FORWARDED = records.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
 
 
 class Hub:
@@ -89,9 +88,9 @@ class Hub:
             str
         ] = []  # where the agent saw torch.profiler write traces (imported at the end)
         self.ticks = after_tick
-        self._inbox: deque[rec.Record] = deque()
-        self._finish: rec.RunEnd | None = None
-        self._before_end: Callable[[list[str]], list[rec.Record]] | None = None
+        self._inbox: deque[records.Record] = deque()
+        self._finish: records.RunEnd | None = None
+        self._before_end: Callable[[list[str]], list[records.Record]] | None = None
         self.ended_without_bye: list[str] = []  # producers that said hello and never bye, as the run ended
         self._ended = threading.Event()
         self._stop_requested = False
@@ -120,16 +119,16 @@ class Hub:
     def start(self) -> None:
         self._thread.start()
 
-    def inject(self, record: rec.Record) -> None:
+    def inject(self, record: records.Record) -> None:
         """Publish and record one of the launcher's own records (thread-safe; in hub order within 50 ms)."""
         self._inbox.append(record)
         self._wake()
 
     def end(
         self,
-        run_end: rec.RunEnd,
+        run_end: records.RunEnd,
         timeout_s: float = 10.0,
-        before_end: Callable[[list[str]], list[rec.Record]] | None = None,
+        before_end: Callable[[list[str]], list[records.Record]] | None = None,
     ) -> None:
         """Drain what producers already sent, then record and publish the final ``bus.stats`` and ``run.end``.
 
@@ -153,7 +152,7 @@ class Hub:
         self._wake()
         self._finished.wait(timeout_s)
 
-    def finish(self, run_end: rec.RunEnd, timeout_s: float = 10.0) -> None:
+    def finish(self, run_end: records.RunEnd, timeout_s: float = 10.0) -> None:
         """``end`` then ``stop``: for a run with no engine to wait for."""
         self.end(run_end, timeout_s)
         self.stop(timeout_s)
@@ -235,7 +234,7 @@ class Hub:
             if now >= next_tick:
                 self.ticks += 1
                 self._own(
-                    rec.Tick(n=self.ticks, interval_s=self.tick_s, child_alive=bool(self.child_alive()))
+                    records.Tick(n=self.ticks, interval_s=self.tick_s, child_alive=bool(self.child_alive()))
                 )
                 next_tick += self.tick_s
                 if next_tick < now:  # the machine stalled: skip the missed ticks instead of bursting them
@@ -298,12 +297,12 @@ class Hub:
                 continue
             if frames[0] == BATCH_TOPIC:
                 try:
-                    items = rec.split_batch(frames[1])
-                except rec.MalformedRecord:
+                    items = records.split_batch(frames[1])
+                except records.MalformedRecord:
                     self.malformed += 1
                     continue
                 # One array, decoded twice: check_batch gives one Checked per raw item, in order, or None.
-                checked = rec.check_batch(frames[1]) if len(items) > 1 else None
+                checked = records.check_batch(frames[1]) if len(items) > 1 else None
                 if checked is None:
                     for raw in items:
                         self._accept(raw)
@@ -321,7 +320,7 @@ class Hub:
         cannot be read, or an array that is not one, is counted malformed, alone."""
         try:
             header, items = agent_batch.split_window(payload)
-        except rec.MalformedRecord:
+        except records.MalformedRecord:
             self.malformed += 1
             return
         for item in items:
@@ -330,24 +329,24 @@ class Hub:
                 continue
             try:
                 built = agent_batch.expand(item, header)
-            except rec.MalformedRecord:
+            except records.MalformedRecord:
                 self.received += 1
                 self.malformed += 1
                 continue
             for record in built:
-                data = rec.to_builtins(record)
-                self._accept(rec.encode(record), checked=rec.Checked(data["kind"], data, False))
+                data = records.to_builtins(record)
+                self._accept(records.encode(record), checked=records.Checked(data["kind"], data, False))
 
-    def _own(self, record: rec.Record) -> None:
-        record.v = rec.SCHEMA_VERSION
+    def _own(self, record: records.Record) -> None:
+        record.v = records.SCHEMA_VERSION
         record.t = record.t or time.monotonic()
         record.wall = record.wall or time.time()
         record.source = record.source or "hub"
         record.host = record.host or HOSTNAME
         record.pid = record.pid or os.getpid()
-        self._accept(rec.encode(record))
+        self._accept(records.encode(record))
 
-    def _accept(self, payload, node_host: str | None = None, checked: rec.Checked | None = None) -> bool:
+    def _accept(self, payload, node_host: str | None = None, checked: records.Checked | None = None) -> bool:
         """Check, number, record and publish one record; ``node_host`` names the node that forwarded it, on the job
         hub; ``checked``, what ``check_batch`` already learned of it. False when it is malformed."""
         if self._ended.is_set():
@@ -356,8 +355,8 @@ class Hub:
         self.received += 1
         if checked is None:
             try:
-                checked = rec.check(payload)
-            except rec.MalformedRecord:
+                checked = records.check(payload)
+            except records.MalformedRecord:
                 self.malformed += 1
                 return False
         if node_host is not None and (checked.kind in NOT_FORWARDED or checked.data.get("host") != node_host):
@@ -370,7 +369,7 @@ class Hub:
         kind = checked.kind
         if checked.unknown:
             self.unknown += 1
-        if kind in rec.DERIVED_KINDS:  # published, never written: replay recomputes them
+        if kind in records.DERIVED_KINDS:  # published, never written: replay recomputes them
             if kind == "snapshot":
                 self.last_snapshot = data
         elif self.recorder is not None:
@@ -383,15 +382,15 @@ class Hub:
 
     def _late(self, payload) -> None:
         try:
-            checked = rec.check(payload)
-        except rec.MalformedRecord:
+            checked = records.check(payload)
+        except records.MalformedRecord:
             return
-        if checked.kind not in rec.DERIVED_KINDS and checked.kind != "alert":
+        if checked.kind not in records.DERIVED_KINDS and checked.kind != "alert":
             self.late += 1
             return
         self.seq += 1
         checked.data["seq"] = self.seq
-        if checked.kind in rec.DERIVED_KINDS:
+        if checked.kind in records.DERIVED_KINDS:
             if checked.kind == "snapshot":
                 self.last_snapshot = checked.data
         elif self.recorder is not None:
@@ -441,9 +440,9 @@ class Hub:
         """Steps that rank's optimizer skipped (GradScaler found inf or NaN gradients)."""
         return self._rank_steps[min(self._rank_steps)][1] if self._rank_steps else 0
 
-    def stats(self, final: bool = False) -> rec.BusStats:
+    def stats(self, final: bool = False) -> records.BusStats:
         recorder = self.recorder
-        return rec.BusStats(
+        return records.BusStats(
             received=self.received,
             published=self.published,
             malformed=self.malformed,

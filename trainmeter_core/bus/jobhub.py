@@ -21,7 +21,7 @@ import zmq
 from trainmeter_core.bus import jobwire as wire
 from trainmeter_core.bus.client import HOSTNAME
 from trainmeter_core.bus.jobkeys import JobKeys
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 HEARTBEAT_TIMEOUT_S = float(os.environ.get("TM_JOB_HEARTBEAT_TIMEOUT_S", "10"))
 PING_EVERY_S = 1.0
@@ -73,7 +73,7 @@ class JobListener:
         keys: JobKeys,
         nnodes: int,
         accept: Callable[[object, str], bool],
-        own: Callable[[rec.Record], None],
+        own: Callable[[records.Record], None],
         say: Callable[[str], None] = lambda line: None,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         host: str = HOSTNAME,
@@ -196,7 +196,7 @@ class JobListener:
         self._refusals_said[key] = now
         line = f"job hub refused a connection from {who}: {why}"
         self.say(line)
-        self.own(rec.Notice(level="warning", topic="job", message=line, source="job"))
+        self.own(records.Notice(level="warning", topic="job", message=line, source="job"))
 
     def _message(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
@@ -280,8 +280,8 @@ class JobListener:
 
     def _recs(self, link: NodeLink, first: int, body: bytes, now: float) -> None:
         try:
-            payloads = rec.split_batch(body)
-        except rec.MalformedRecord:
+            payloads = records.split_batch(body)
+        except records.MalformedRecord:
             self._bad(link)
             return
         if first > link.expect:
@@ -342,7 +342,7 @@ class JobListener:
         assert link.offset_s is not None
         link.clock_emitted = (link.offset_s, rtt)
         self.own(
-            rec.ClockMap(
+            records.ClockMap(
                 node_rank=link.node_rank,
                 node_host=link.host,
                 offset_s=link.offset_s,
@@ -358,7 +358,7 @@ class JobListener:
     def _event(self, link: NodeLink, event: str, **fields) -> None:
         offset = link.offset_s or 0.0
         self.own(
-            rec.NodeEvent(
+            records.NodeEvent(
                 node_rank=link.node_rank,
                 node_host=link.host,
                 event=event,  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import zmq
 
 from trainmeter_core.bus.client import MIXED_TOPIC
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 PUBLISH_GROUP_MAX = 1000
 _SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
@@ -53,7 +53,7 @@ class Publication:
 
     def listening(self, kind: str) -> bool:
         """Whether a subscriber receives records of this kind now (so publishing one is worth waiting for)."""
-        topic = rec.topic(kind)
+        topic = records.topic(kind)
         return any(topic.startswith(prefix) for prefix in list(self.topics))
 
     def publish(self, kind: str, payload, seq: int) -> None:
@@ -77,7 +77,7 @@ class Publication:
         """Whether no subscriber holds a filter that lets this kind through (all-kinds subscriptions aside)."""
         mixable = self._mixable.get(kind)
         if mixable is None:
-            topic = rec.topic(kind)
+            topic = records.topic(kind)
             mixable = not any(prefix and topic.startswith(prefix) for prefix in self.topics)
             self._mixable[kind] = mixable
         return mixable

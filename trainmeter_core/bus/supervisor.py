@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 10.0
@@ -45,7 +45,7 @@ class Supervisor:
         self,
         run_dir: Path,
         placements: list[Placement],
-        publish: Callable[[rec.Record], None],
+        publish: Callable[[records.Record], None],
         pass_fds: tuple[int, ...] = (),
     ) -> None:
         self.pass_fds = (
@@ -95,7 +95,7 @@ class Supervisor:
             )
         except OSError as exc:
             self.publish(
-                rec.Component(
+                records.Component(
                     name=",".join(placement.components),
                     event="error",
                     process=placement.process,
@@ -111,7 +111,7 @@ class Supervisor:
     def _announce(self, placement: Placement, event: str, **fields) -> None:
         """One ``component`` record for each component the process runs: they share its start, crash and end."""
         for name in placement.components:
-            self.publish(rec.Component(name=name, event=event, process=placement.process, **fields))  # type: ignore[arg-type]
+            self.publish(records.Component(name=name, event=event, process=placement.process, **fields))  # type: ignore[arg-type]
 
     def _watch(self) -> None:
         while not self._stopping.wait(0.1):

@@ -10,7 +10,7 @@ from trainmeter_core.errors import UsageError
 
 
 def cmd_tail(argv: list[str]) -> int:
-    from trainmeter_core.model import records as rec
+    from trainmeter_core.model import records
     from trainmeter_core.runlog import rundir
     from trainmeter_core.runlog.reader import read_log
 
@@ -22,11 +22,11 @@ def cmd_tail(argv: list[str]) -> int:
     parser.add_argument("--runs-dir")
     args = parser.parse_args(argv)
     for kind in args.kind or ():
-        if kind not in rec.KINDS:
+        if kind not in records.KINDS:
             # A kind no record has would print nothing and look like a quiet run: name the kinds instead.
-            guess = nearest(kind, rec.KINDS)
+            guess = nearest(kind, records.KINDS)
             hint = f" (did you mean {guess}?)" if guess else ""
-            raise UsageError(f"no record kind {kind}{hint}: the kinds are {', '.join(rec.KINDS)}")
+            raise UsageError(f"no record kind {kind}{hint}: the kinds are {', '.join(records.KINDS)}")
     run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
     kinds = set(args.kind) if args.kind else None
     out = Output()
@@ -35,7 +35,7 @@ def cmd_tail(argv: list[str]) -> int:
     encoder = msgspec.json.Encoder()
 
     def show(record) -> None:
-        out.line(encoder.encode(rec.to_builtins(record)).decode())
+        out.line(encoder.encode(records.to_builtins(record)).decode())
 
     if rundir.is_live(run_dir):
         from trainmeter_core.bus.client import subscribe

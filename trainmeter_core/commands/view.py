@@ -43,7 +43,7 @@ def cmd_view(argv: list[str]) -> int:
 
 
 def print_final_snapshot(run: str | None, runs_dir: str | None) -> int:
-    from trainmeter_core.model import records as rec
+    from trainmeter_core.model import records
     from trainmeter_core.runlog import replay, rundir
 
     run_dir = rundir.resolve_run(run, rundir.runs_dir(runs_dir) if runs_dir else None)
@@ -56,5 +56,5 @@ def print_final_snapshot(run: str | None, runs_dir: str | None) -> int:
         raise UsageError(f"{run_dir.name} has no records to replay")
     import msgspec
 
-    Output().line(msgspec.json.encode(rec.to_builtins(snapshot)).decode())
+    Output().line(msgspec.json.encode(records.to_builtins(snapshot)).decode())
     return 0

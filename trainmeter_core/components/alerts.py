@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmeter_core.bus.component import Component, ComponentContext
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts.episodes import Alerter, alert_config
 from trainmeter_core.runlog.reader import read_log
 
@@ -96,7 +96,7 @@ class AlertsComponent(Component):
             if drain_until is not None and time.monotonic() >= drain_until:
                 return
             record = ctx.recv(0.2)
-            if not isinstance(record, rec.Snapshot):
+            if not isinstance(record, records.Snapshot):
                 continue
             for alert in alerter.observe(record):
                 ctx.publish(alert)
@@ -108,7 +108,7 @@ class AlertsComponent(Component):
 
 
 def _say(ctx: ComponentContext, message: str, level: str) -> None:
-    ctx.publish(rec.Notice(level=level, topic="alerts", message=message))  # type: ignore[arg-type]
+    ctx.publish(records.Notice(level=level, topic="alerts", message=message))  # type: ignore[arg-type]
     try:
         sys.stderr.write(f"tm: alerts: {message}\n")
         sys.stderr.flush()

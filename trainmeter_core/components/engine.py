@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from trainmeter_core.bus.component import ALL_KINDS, Component, ComponentContext
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history_sync import JournaledHistory
 from trainmeter_core.runlog.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
@@ -45,11 +45,15 @@ class LiveEngine:
         self.through_seq = through_seq
         self.incarnation = incarnation or secrets.token_hex(4)
         self.n = 0  # the last history delta published
-        self.last_snapshot: rec.Snapshot | None = None
+        self.last_snapshot: records.Snapshot | None = None
 
-    def catch_up(self, record: rec.Record | rec.Unknown) -> None:
+    def catch_up(self, record: records.Record | records.Unknown) -> None:
         """Feed a logged record quietly (no snapshot: nobody reads the ones of the past)."""
-        if rec.kind_of(record) in rec.DERIVED_KINDS or record.seq is None or record.seq <= self.through_seq:
+        if (
+            records.kind_of(record) in records.DERIVED_KINDS
+            or record.seq is None
+            or record.seq <= self.through_seq
+        ):
             return
         self.engine.feed(record, snapshots=False)
         self.through_seq = record.seq
@@ -58,9 +62,13 @@ class LiveEngine:
         """Live from here on: the history's past reaches a dashboard whole (``history.sync``), never as a delta."""
         self.history.forget()
 
-    def feed(self, record: rec.Record | rec.Unknown) -> list[rec.Record]:
+    def feed(self, record: records.Record | records.Unknown) -> list[records.Record]:
         """Feed one live record; returns what to publish: nothing, or its snapshot followed by the history delta."""
-        if rec.kind_of(record) in rec.DERIVED_KINDS or record.seq is None or record.seq <= self.through_seq:
+        if (
+            records.kind_of(record) in records.DERIVED_KINDS
+            or record.seq is None
+            or record.seq <= self.through_seq
+        ):
             return []
         snapshots = self.engine.feed(record)
         self.through_seq = record.seq
@@ -70,11 +78,11 @@ class LiveEngine:
         # A delta after every snapshot, even an empty one: a dashboard learns of a new incarnation within a tick.
         return [*snapshots, self.delta()]
 
-    def delta(self) -> rec.HistoryDelta:
+    def delta(self) -> records.HistoryDelta:
         """The points added since the previous delta, as the next delta."""
         names, points = self.history.take()
         self.n += 1
-        return rec.HistoryDelta(
+        return records.HistoryDelta(
             incarnation=self.incarnation, n=self.n, through_seq=self.through_seq, series=names, points=points
         )
 
@@ -113,7 +121,7 @@ class EngineComponent(Component):
             if record is not None:
                 for out in live.feed(record):
                     ctx.publish(out)
-                kind = rec.kind_of(record)
+                kind = records.kind_of(record)
                 if kind == "history.request":
                     saved.now(ctx)
                 elif kind == "run.end":
@@ -126,7 +134,7 @@ class EngineComponent(Component):
     def _finish_from_log(self, ctx: ComponentContext, live: LiveEngine) -> None:
         """Feed a finished run's log quietly, but ``run.end`` itself aloud: its final snapshot, as it was live."""
         for record in read_log(ctx.run_dir, after_seq=live.through_seq):
-            if rec.kind_of(record) == "run.end":
+            if records.kind_of(record) == "run.end":
                 live.caught_up()
                 for out in live.feed(record):
                     ctx.publish(out)
@@ -160,7 +168,7 @@ class Saved:
             self.saved = (live.incarnation, live.n, live.through_seq)
         self.at = time.monotonic()
         ctx.publish(
-            rec.HistorySync(
+            records.HistorySync(
                 incarnation=live.incarnation, n=live.n, checkpoint=CHECKPOINT, through_seq=live.through_seq
             )
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from trainmeter_core import __version__
 from trainmeter_core.bus.component import Component, ComponentContext
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts.episodes import rule_config
 from trainmeter_core.model.alerts.training import Hung, is_stepping
 
@@ -54,7 +54,7 @@ class Pacer:
     floor_s: float
     last_sent_t: float | None = None
 
-    def due(self, snapshot: rec.Snapshot) -> bool:
+    def due(self, snapshot: records.Snapshot) -> bool:
         if not is_stepping(snapshot, self.factor, self.floor_s):
             return False
         # Snapshots follow the hub's tick, a few milliseconds late or early: a tenth of the interval is slack enough.
@@ -117,7 +117,7 @@ class HeartbeatSink(Component):
         failing = False
         while not ctx.stopping.is_set():
             record = ctx.recv(0.5)
-            if not isinstance(record, rec.Snapshot):
+            if not isinstance(record, records.Snapshot):
                 continue
             if record.final:
                 return
@@ -132,7 +132,7 @@ class HeartbeatSink(Component):
 
 
 def _say(ctx: ComponentContext, message: str, level: str = "warning") -> None:
-    ctx.publish(rec.Notice(level=level, topic="heartbeat", message=message))  # type: ignore[arg-type]
+    ctx.publish(records.Notice(level=level, topic="heartbeat", message=message))  # type: ignore[arg-type]
     try:
         sys.stderr.write(f"tm: {message}\n")
         sys.stderr.flush()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainmeter_core.bus.component import Component, ComponentContext, alerts_until_stopped
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 
 ALERTS_FILE = "alerts.jsonl"
@@ -26,7 +26,7 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def alert_line(alert: rec.Alert, local_time: Callable[[float], time.struct_time] = time.localtime) -> str:
+def alert_line(alert: records.Alert, local_time: Callable[[float], time.struct_time] = time.localtime) -> str:
     """The terminal's line for one alert: local time, ALERT or cleared, the rule, the severity, the message."""
     when = time.strftime("%H:%M:%S", local_time(alert.wall)) if alert.wall else "--:--:--"
     if alert.state == "fired":
@@ -74,10 +74,10 @@ class AlertsFile:
         self.path = Path(run_dir) / ALERTS_FILE
         self.last_seq = last_written_seq(self.path)
 
-    def write(self, alert: rec.Alert) -> bool:
+    def write(self, alert: records.Alert) -> bool:
         if alert.seq is not None and alert.seq <= self.last_seq:
             return False
-        line = rec.to_log_line(rec.to_builtins(alert))
+        line = records.to_log_line(records.to_builtins(alert))
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line)
@@ -100,7 +100,7 @@ class AlertsFileSink(Component):
         # Alerts published while this sink was down (a restart) are in the log after the last one the file holds (an
         # incarnation may die before writing what it had); alerts_until_stopped then skips what the file already has.
         for alert in read_log(ctx.run_dir, kinds={"alert"}, after_seq=out.last_seq):
-            if isinstance(alert, rec.Alert):
+            if isinstance(alert, records.Alert):
                 out.write(alert)
         for alert in alerts_until_stopped(ctx):
             out.write(alert)

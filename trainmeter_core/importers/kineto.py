@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmeter_core.importers.jsonstream import TraceError, TraceReader, open_trace
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.profiles.builder import NO_FLOP
 from trainmeter_core.model.profiles.kineto import Event, KinetoTrace
 
@@ -51,7 +51,7 @@ class KinetoImporter:
             return b'"traceEvents"' in head or b'"schemaVersion"' in head
         return text.startswith(b"[") and b'"ph"' in head
 
-    def read(self, path: Path, run: Mapping[str, Any]) -> Iterator[rec.Record]:
+    def read(self, path: Path, run: Mapping[str, Any]) -> Iterator[records.Record]:
         trace = KinetoTrace()
         try:
             with open_trace(path) as f:

@@ -14,7 +14,7 @@ map, as in a ``batch``) or an array whose first element says what it stands for 
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 #: The topic of a window message, beside ``batch`` and the record kinds.
 WINDOW_TOPIC = b"window"
@@ -48,7 +48,7 @@ class SteadyStep(msgspec.Struct, array_like=True, tag=STEADY_STEP):
     agent_us: float | None
     micro_batches: int
     tokens: int
-    tokens_source: rec.TokenSource
+    tokens_source: records.TokenSource
     dp: int
     loss: float | None
     loss_t: float | None
@@ -58,7 +58,7 @@ class SteadyStep(msgspec.Struct, array_like=True, tag=STEADY_STEP):
 class BarePhase(msgspec.Struct, array_like=True, tag=BARE_PHASE):
     """A ``phase`` record with no field beyond these (a data wait), dated at its end."""
 
-    phase: rec.PhaseName
+    phase: records.PhaseName
     start_t: float
     end_t: float
     step: int | None
@@ -74,8 +74,8 @@ class BareMetric(msgspec.Struct, array_like=True, tag=BARE_METRIC):
     origin: str
 
 
-_window = msgspec.msgpack.Decoder(tuple[WindowHeader, list[msgspec.Raw]], ext_hook=rec.reject_extension)
-_item = msgspec.msgpack.Decoder(SteadyStep | BarePhase | BareMetric, ext_hook=rec.reject_extension)
+_window = msgspec.msgpack.Decoder(tuple[WindowHeader, list[msgspec.Raw]], ext_hook=records.reject_extension)
+_item = msgspec.msgpack.Decoder(SteadyStep | BarePhase | BareMetric, ext_hook=records.reject_extension)
 _encoder = msgspec.msgpack.Encoder()
 # The first byte of a MessagePack map: fixmap, map16, map32. An item that starts otherwise is an array item.
 _MAP_MARKERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
@@ -91,7 +91,7 @@ def split_window(payload: bytes) -> tuple[WindowHeader, list[msgspec.Raw]]:
     try:
         return _window.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
-        raise rec.MalformedRecord(f"window: {exc}") from None
+        raise records.MalformedRecord(f"window: {exc}") from None
 
 
 def is_record(item: msgspec.Raw) -> bool:
@@ -100,13 +100,13 @@ def is_record(item: msgspec.Raw) -> bool:
     return len(view) > 0 and view[0] in _MAP_MARKERS
 
 
-def expand(item: msgspec.Raw, header: WindowHeader) -> list[rec.Record]:
+def expand(item: msgspec.Raw, header: WindowHeader) -> list[records.Record]:
     """The records an array item stands for, with the window's header. Raises MalformedRecord for an array that is not
     one of the three items, or breaks their schema."""
     try:
         bare = _item.decode(item)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
-        raise rec.MalformedRecord(f"window item: {exc}") from None
+        raise records.MalformedRecord(f"window item: {exc}") from None
     now_t, now_wall = header.now_t, header.now_wall
     stamp = {"v": header.v, "source": header.source, "host": header.host, "pid": header.pid}
     if header.rank is not None:
@@ -114,7 +114,7 @@ def expand(item: msgspec.Raw, header: WindowHeader) -> list[rec.Record]:
     if header.dropped:
         stamp["dropped"] = header.dropped
     if type(bare) is SteadyStep:
-        step = rec.Step(
+        step = records.Step(
             step=bare.step,
             t=bare.t,
             wall=now_wall - (now_t - bare.t),
@@ -130,7 +130,7 @@ def expand(item: msgspec.Raw, header: WindowHeader) -> list[rec.Record]:
         )
         if bare.loss is None or bare.loss_t is None:
             return [step]
-        loss = rec.Metric(
+        loss = records.Metric(
             values={"train_loss": bare.loss},
             step=bare.step,
             t=bare.loss_t,
@@ -141,7 +141,7 @@ def expand(item: msgspec.Raw, header: WindowHeader) -> list[rec.Record]:
         return [loss, step]
     if type(bare) is BarePhase:
         return [
-            rec.Phase(
+            records.Phase(
                 phase=bare.phase,
                 start_t=bare.start_t,
                 end_t=bare.end_t,
@@ -153,7 +153,7 @@ def expand(item: msgspec.Raw, header: WindowHeader) -> list[rec.Record]:
             )
         ]
     return [
-        rec.Metric(
+        records.Metric(
             values=bare.values,
             step=bare.step,
             t=bare.t,

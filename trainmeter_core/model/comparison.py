@@ -14,8 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from trainmeter_core.model import formulas as fm
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 
 #: The named conventions a comparison can put every run under, in the order one is picked when none is asked for.
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
@@ -43,7 +42,7 @@ class RunSide:
 
     name: str
     meta: dict[str, Any]
-    snapshot: rec.Snapshot
+    snapshot: records.Snapshot
     state: str = "finished"
 
 
@@ -130,7 +129,7 @@ def command_differences(runs: list[RunSide]) -> list[dict[str, Any]]:
     return out
 
 
-def _facts(run: RunSide) -> dict[str, rec.Fact]:
+def _facts(run: RunSide) -> dict[str, records.Fact]:
     return {f.name: f for key, f in run.snapshot.facts.items() if "@" not in key}
 
 
@@ -157,7 +156,7 @@ def fact_differences(runs: list[RunSide]) -> list[dict[str, Any]]:
     return out
 
 
-def rig_text(snapshot: rec.Snapshot) -> str:
+def rig_text(snapshot: records.Snapshot) -> str:
     """The run's devices in words: "8 × H100 SXM", "1 × CPU", or that no rank reported one."""
     gpus = Counter(
         str(f.value.get("display_name") or f.value.get("name") or "GPU")
@@ -176,7 +175,7 @@ def rig_text(snapshot: rec.Snapshot) -> str:
     return "no device reported"
 
 
-def peak_text(snapshot: rec.Snapshot) -> str:
+def peak_text(snapshot: records.Snapshot) -> str:
     """Each device's dense peak as the run's MFU used it, with its kind and source; or why there was none."""
     explain = snapshot.explain.get("mfu")
     inputs = explain.inputs if explain is not None else {}
@@ -241,14 +240,14 @@ def differences(runs: list[RunSide]) -> list[dict[str, Any]]:
 # The convention every run is put under
 
 
-def own_convention(snapshot: rec.Snapshot) -> str | None:
+def own_convention(snapshot: records.Snapshot) -> str | None:
     """The convention the run's engine put its FLOPs under (``declared`` for a declared FLOPs per token), or None
     where it gave a range over the conventions (none was chosen)."""
     metric = snapshot.metrics.get("flop_per_token")
     return metric.convention if metric is not None and metric.value is not None else None
 
 
-def flop_per_token(snapshot: rec.Snapshot, convention: str) -> tuple[float | None, str | None]:
+def flop_per_token(snapshot: records.Snapshot, convention: str) -> tuple[float | None, str | None]:
     """(FLOPs per token under ``convention``, None) or (None, why not)."""
     metric = snapshot.metrics.get(f"flop_per_token.{convention}")
     if metric is not None and metric.value is not None:
@@ -298,14 +297,14 @@ def choose_convention(runs: list[RunSide], asked: str | None = None) -> dict[str
 # The headline numbers
 
 
-def _input(snapshot: rec.Snapshot, metric: str, name: str) -> float | None:
+def _input(snapshot: records.Snapshot, metric: str, name: str) -> float | None:
     explain = snapshot.explain.get(metric)
     found = explain.inputs.get(name) if explain is not None else None
     value = found.value if found is not None else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _metric(snapshot: rec.Snapshot, key: str) -> tuple[float | None, str | None]:
+def _metric(snapshot: records.Snapshot, key: str) -> tuple[float | None, str | None]:
     metric = snapshot.metrics.get(key)
     if metric is None:
         return None, "not computed by this run's engine"
@@ -314,7 +313,9 @@ def _metric(snapshot: rec.Snapshot, key: str) -> tuple[float | None, str | None]
     return None, metric.absent or "a range, not one number"
 
 
-def mfu_under(snapshot: rec.Snapshot, key: str, convention: str | None) -> tuple[float | None, str | None]:
+def mfu_under(
+    snapshot: records.Snapshot, key: str, convention: str | None
+) -> tuple[float | None, str | None]:
     """The run's MFU (``mfu`` or ``mfu_avg``) under ``convention``, against the run's own peak."""
     if convention is None:
         return None, "no convention every run can be counted under"
@@ -328,16 +329,16 @@ def mfu_under(snapshot: rec.Snapshot, key: str, convention: str | None) -> tuple
     if key == "mfu_avg":
         tokens, window_s = _input(snapshot, key, "window_tokens"), _input(snapshot, key, "window_s")
         if peak is not None and tokens is not None and window_s:
-            return fm.mfu_window_average(fpt, tokens, window_s, peak), None
+            return formulas.mfu_window_average(fpt, tokens, window_s, peak), None
     else:
         tokens_per_s = _input(snapshot, key, "tokens_per_s")
         if peak is not None and tokens_per_s is not None:
-            return fm.mfu(fpt, tokens_per_s, peak), None
+            return formulas.mfu(fpt, tokens_per_s, peak), None
     absent = metric.absent if metric is not None and metric.absent else None
     return None, absent or "the run's MFU inputs are not in its snapshot"
 
 
-def _loss(snapshot: rec.Snapshot, name: str) -> tuple[float | None, str | None]:
+def _loss(snapshot: records.Snapshot, name: str) -> tuple[float | None, str | None]:
     point = snapshot.series.get(name)
     if point is None:
         return None, f"the loop reported no {name}"
@@ -366,13 +367,13 @@ HEADLINE = (
 UNDER_CONVENTION = frozenset({"flop_per_token", "spent_flop", "mfu_avg", "mfu"})
 
 
-def _fpt(snapshot: rec.Snapshot, convention: str | None) -> tuple[float | None, str | None]:
+def _fpt(snapshot: records.Snapshot, convention: str | None) -> tuple[float | None, str | None]:
     if convention is None:
         return None, "no convention every run can be counted under"
     return flop_per_token(snapshot, convention)
 
 
-def _spent(snapshot: rec.Snapshot, convention: str | None) -> tuple[float | None, str | None]:
+def _spent(snapshot: records.Snapshot, convention: str | None) -> tuple[float | None, str | None]:
     fpt, why = _fpt(snapshot, convention)
     tokens, no_tokens = _metric(snapshot, "tokens")
     if fpt is None or tokens is None:

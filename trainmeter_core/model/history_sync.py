@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.history import History
 
 __all__ = ["JournaledHistory", "HistoryReplica", "Applied"]
@@ -74,7 +74,7 @@ class HistoryReplica:
         self.incarnation = incarnation
         self.n = n
 
-    def apply(self, delta: rec.HistoryDelta) -> Applied:
+    def apply(self, delta: records.HistoryDelta) -> Applied:
         """Apply the next delta. ``already``: this copy reflects it; ``out of step``: a delta is missing or another
         engine sent it, and only a whole history puts the copy right (it is left untouched)."""
         if delta.incarnation != self.incarnation:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
 #: The counters a passport gives over the training window: key, words, unit as written.
@@ -25,27 +25,29 @@ WINDOW_COUNTERS = (
 )
 
 
-def _metric(snapshot: rec.Snapshot, key: str) -> rec.MetricValue | None:
+def _metric(snapshot: records.Snapshot, key: str) -> records.MetricValue | None:
     return snapshot.metrics.get(key)
 
 
-def _fact_value(snapshot: rec.Snapshot, name: str) -> Any:
+def _fact_value(snapshot: records.Snapshot, name: str) -> Any:
     fact = snapshot.facts.get(name)
     return None if fact is None else fact.value
 
 
-def window_counters(snapshot: rec.Snapshot) -> dict[str, dict[str, Any] | None]:
+def window_counters(snapshot: records.Snapshot) -> dict[str, dict[str, Any] | None]:
     """Each counter over the training window (``<key>_avg`` of the snapshot) as plain data, with its window's bounds."""
     result = {}
     for key, _, _ in WINDOW_COUNTERS:
         metric = snapshot.metrics.get(f"{key}_avg")
         result[key] = (
-            None if metric is None else {k: v for k, v in rec.to_builtins(metric).items() if v is not None}
+            None
+            if metric is None
+            else {k: v for k, v in records.to_builtins(metric).items() if v is not None}
         )
     return result
 
 
-def lost_time(snapshot: rec.Snapshot) -> dict[str, Any] | None:
+def lost_time(snapshot: records.Snapshot) -> dict[str, Any] | None:
     """What the time goodput does not count was spent on, from goodput's explain (seconds per part, and the note)."""
     explain = snapshot.explain.get("goodput")
     if explain is None or not explain.note or not explain.note.startswith("lost "):
@@ -54,14 +56,14 @@ def lost_time(snapshot: rec.Snapshot) -> dict[str, Any] | None:
     return {"note": explain.note.split("; ")[0], "seconds": parts}
 
 
-def passport_data(snapshot: rec.Snapshot, meta: dict) -> dict[str, Any]:
+def passport_data(snapshot: records.Snapshot, meta: dict) -> dict[str, Any]:
     """The passport as plain data (``passport.json``)."""
 
     def value(key: str) -> dict[str, Any] | None:
         m = _metric(snapshot, key)
         if m is None:
             return None
-        return {k: v for k, v in rec.to_builtins(m).items() if v is not None}
+        return {k: v for k, v in records.to_builtins(m).items() if v is not None}
 
     series = {
         name: point.value for name, point in snapshot.series.items() if name in ("train_loss", "val_loss")
@@ -98,7 +100,7 @@ def passport_data(snapshot: rec.Snapshot, meta: dict) -> dict[str, Any]:
         },
         "final_losses": series,
         "profile": _profile(snapshot),
-        **({"attempts": [rec.to_builtins(a) for a in snapshot.attempts]} if snapshot.attempts else {}),
+        **({"attempts": [records.to_builtins(a) for a in snapshot.attempts]} if snapshot.attempts else {}),
     }
     # Schema 1's names of the two FLOP counts, kept for one release (docs/bus.md has the table).
     data["flops_per_token"] = data["flop_per_token"]
@@ -106,7 +108,7 @@ def passport_data(snapshot: rec.Snapshot, meta: dict) -> dict[str, Any]:
     return data
 
 
-def _profile(snapshot: rec.Snapshot) -> list[dict[str, Any]] | None:
+def _profile(snapshot: records.Snapshot) -> list[dict[str, Any]] | None:
     """Each rank's latest imported profile: its window, where the GPU time went (shares of the window), its steps."""
     view = snapshot.profile
     if view is None:
@@ -126,7 +128,7 @@ def _profile(snapshot: rec.Snapshot) -> list[dict[str, Any]] | None:
             "split": {k: v / window for k, v in trace.split_s.items()}
             if window > 0 and trace.split_s
             else None,
-            "hta": rec.to_builtins(trace.hta) if trace.hta is not None else None,
+            "hta": records.to_builtins(trace.hta) if trace.hta is not None else None,
         }
         got = achieved.get((trace.host, trace.rank))
         if got is not None:

@@ -18,7 +18,7 @@ from trainmeter_core.bus.hub import Hub
 from trainmeter_core.bus.proctree import read_environ, read_stat
 from trainmeter_core.bus.supervisor import Supervisor
 from trainmeter_core.errors import UsageError
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.redaction import redact_argv, redact_env
 from trainmeter_core.run.child import lower_own_priority
 from trainmeter_core.run.component_start import plan_placements
@@ -135,7 +135,7 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
     exited = target.wait(stop)
     if not exited:
         hub.inject(
-            rec.Notice(
+            records.Notice(
                 level="info",
                 topic="attach",
                 message=f"the watch stopped on {signal.Signals(received[-1]).name}; pid {target.pid} still runs",
@@ -201,7 +201,7 @@ def _end_run(
     )
     reason = "exited" if exited else "detached"
     hub.finish(
-        rec.RunEnd(
+        records.RunEnd(
             status=0,
             reason=reason,
             elapsed_s=elapsed_s,
@@ -215,6 +215,6 @@ def _end_run(
     return elapsed_s
 
 
-def _ours(record: rec.Record) -> rec.Record:
+def _ours(record: records.Record) -> records.Record:
     record.source = record.source or "attach"
     return record

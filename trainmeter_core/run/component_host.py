@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from trainmeter_core.bus.component import Component, ComponentContext
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.run.child import lower_own_priority
 
 THREAD_BACKOFF_MAX_S = 10.0
@@ -75,7 +75,7 @@ def run_component(cls: type[Component], run_dir: Path, process: str, stopping: t
             print(f"tm: component {cls.name} crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
             if ctx is not None:
                 ctx.publish(
-                    rec.Component(
+                    records.Component(
                         name=cls.name,
                         event="crashed",
                         process=process,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainmeter_core.bus.hub import Hub
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.run.child import Child, agent_boot_dir, lower_own_priority
 from trainmeter_core.run.stderr_lines import Say
 
@@ -91,7 +91,7 @@ def watch_silence(child: Child, hub: Hub, say: Say, stop: threading.Event) -> No
 
     def report(line: str) -> None:
         say(line)
-        hub.inject(rec.Notice(level="warning", topic="agent", message=line, source="launcher"))
+        hub.inject(records.Notice(level="warning", topic="agent", message=line, source="launcher"))
 
     from trainmeter_core.run.silence import SilenceWatch
 
@@ -105,11 +105,11 @@ def watch_silence(child: Child, hub: Hub, say: Say, stop: threading.Event) -> No
     ).start(stop)
 
 
-def _launcher(record: rec.Record) -> rec.Record:
+def _launcher(record: records.Record) -> records.Record:
     record.source = record.source or "launcher"
     return record
 
 
-def _launcher(record: rec.Record) -> rec.Record:
+def _launcher(record: records.Record) -> records.Record:
     record.source = record.source or "launcher"
     return record

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainmeter_core.bus.hub import Hub
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.run.stderr_lines import Say
 
 if TYPE_CHECKING:
@@ -23,15 +23,15 @@ FINAL_GRACE_S = 0.2
 DIED_ALERT_WAIT_S = 3.0  # then the launcher replays from the engine's checkpoint itself
 
 
-def final_snapshot(run_dir: Path, hub: Hub, say: Say) -> rec.Snapshot | None:
+def final_snapshot(run_dir: Path, hub: Hub, say: Say) -> records.Snapshot | None:
     """The engine's final snapshot as it came over the bus; if the engine could not send it, a replay of the log."""
     data = hub.last_snapshot
     if data is not None and data.get("final"):
         try:
-            snapshot = rec.from_mapping(dict(data))
-            if isinstance(snapshot, rec.Snapshot):
+            snapshot = records.from_mapping(dict(data))
+            if isinstance(snapshot, records.Snapshot):
                 return snapshot
-        except rec.MalformedRecord:
+        except records.MalformedRecord:
             pass
     try:
         from trainmeter_core.runlog import replay

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from trainmeter_core.bus.client import HOSTNAME
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.run.stderr_lines import Say
 
 
@@ -32,7 +32,7 @@ def may_still_say_bye(key: str) -> bool:
     return True
 
 
-def lost_windows(open_producers: list[str], say: Say) -> list[rec.Record]:
+def lost_windows(open_producers: list[str], say: Say) -> list[records.Record]:
     """A notice for each agent that said hello and never goodbye: its process was killed (or left without running
     atexit), so its last flush window never left. The agent sends a window at least every TM_AGENT_FLUSH_S."""
     window_s = os.environ.get("TM_AGENT_FLUSH_S", "0.05")
@@ -47,6 +47,6 @@ def lost_windows(open_producers: list[str], say: Say) -> list[rec.Record]:
         )
         say(line)
         notices.append(
-            rec.Notice(level="warning", topic="agent.lost_window", message=line, source="launcher")
+            records.Notice(level="warning", topic="agent.lost_window", message=line, source="launcher")
         )
     return notices

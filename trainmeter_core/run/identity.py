@@ -17,7 +17,7 @@ import msgspec
 
 from trainmeter_core import __version__
 from trainmeter_core.errors import UsageError
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.redaction import redact_env
 from trainmeter_core.runlog import rundir
 
@@ -64,16 +64,16 @@ def describe_run(
     start_t: float,
     child_pid: int | None,
     env: dict[str, str],
-    plugins: list[rec.PluginInfo],
+    plugins: list[records.PluginInfo],
     source: str,
     script_mode: bool = False,
     agent: bool = True,
     slurm: bool = False,
     attached: bool = False,
-    job: rec.JobPlace | None = None,
+    job: records.JobPlace | None = None,
     attempt: int = 1,
     resume_reason: str | None = None,
-) -> rec.RunStart:
+) -> records.RunStart:
     """Write ``meta.json`` and return the ``run.start`` record: the same facts, from one place.
 
     ``command`` and ``env`` are already redacted. ``cwd`` is None when it cannot be read (an attached program's).
@@ -99,7 +99,7 @@ def describe_run(
         "agent": agent,
         "slurm": slurm,
         "env": env,
-        "plugins": [rec.to_builtins(info) for info in plugins],
+        "plugins": [records.to_builtins(info) for info in plugins],
         **({"job": msgspec.to_builtins(job)} if job is not None else {}),
     }
     if attempt > 1:
@@ -112,7 +112,7 @@ def describe_run(
             _attempt_entry({**meta, "start_wall": start_wall}, attempt, resume_reason),
         ]
     write_meta(run_dir, meta)
-    return rec.RunStart(
+    return records.RunStart(
         t=start_t,
         wall=start_wall,
         run_id=run_dir.name,
@@ -184,7 +184,7 @@ def open_run(name: str, runs_dir: str | None, start_wall: float):
     return run_dir, lock, sockets, endpoints
 
 
-def declared_facts(declared: dict) -> list[rec.Fact]:
+def declared_facts(declared: dict) -> list[records.Fact]:
     """One ``fact`` per declared input; ``--peak-tflops`` with ``--peak-source`` becomes one ``peak`` fact."""
     if not declared:
         return []
@@ -196,7 +196,7 @@ def declared_facts(declared: dict) -> list[rec.Fact]:
         if name in ("peak_tflops", "peak_source"):
             continue
         facts.append(
-            rec.Fact(
+            records.Fact(
                 name=RENAMED_FACTS.get(name, name),  # --budget-flops is a count: the fact is budget_flop
                 value=item.value,
                 provenance="declared",
@@ -208,7 +208,7 @@ def declared_facts(declared: dict) -> list[rec.Fact]:
     if "peak_tflops" in declared:
         peak, source = declared["peak_tflops"], declared["peak_source"]
         facts.append(
-            rec.Fact(
+            records.Fact(
                 name="peak",
                 value={
                     "flop_per_s": float(peak.value) * 1e12,
@@ -226,7 +226,7 @@ def declared_facts(declared: dict) -> list[rec.Fact]:
     return facts
 
 
-def measured_peak_facts(declared: dict) -> list[rec.Fact]:
+def measured_peak_facts(declared: dict) -> list[records.Fact]:
     """Peaks measured on this machine by ``tm peak``, recorded so a replay elsewhere needs no per-machine file."""
     if "peak_tflops" in declared:
         return []  # a declared peak wins; a measured one would only add a conflict to explain
@@ -235,7 +235,7 @@ def measured_peak_facts(declared: dict) -> list[rec.Fact]:
     facts = []
     for entry in peakstore.load_for_host(socket.gethostname()):
         facts.append(
-            rec.Fact(
+            records.Fact(
                 name="peak",
                 value={
                     "flop_per_s": entry["flop_per_s"],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainmeter_core.bus.hub import Hub
 from trainmeter_core.errors import CommandNotStartable
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.redaction import redact_argv
 from trainmeter_core.run import resume as resuming
 from trainmeter_core.run.child import (
@@ -198,7 +198,7 @@ class Launch:
     def _abandon(self, status: int, reason: str) -> None:
         """End the run whose command never started: its run.end, its summary, its lock and sockets released."""
         self.hub.finish(
-            rec.RunEnd(
+            records.RunEnd(
                 status=status, reason=reason, elapsed_s=time.monotonic() - self.start_t, source="launcher"
             )
         )
@@ -291,7 +291,7 @@ class Launch:
         tm_status, reason, code, sig = exit_status(status)
         elapsed_s = time.monotonic() - self.start_t
         self.hub.end(
-            rec.RunEnd(
+            records.RunEnd(
                 status=tm_status,
                 reason=reason,  # type: ignore[arg-type]
                 exit_code=code,
@@ -334,7 +334,7 @@ class Launch:
                 always=True,
             )
 
-    def _stop(self, tm_status: int) -> rec.Snapshot | None:
+    def _stop(self, tm_status: int) -> records.Snapshot | None:
         """Stop the components, the hub and the recorder, give the signals back; returns the final snapshot."""
         snapshot = None
         if self.supervisor is not None:

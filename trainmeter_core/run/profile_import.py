@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog import reader, rundir, tail
 
 #: How far outside the run's own time a trace may start and still be the run's (clocks, the profiler's start-up).
@@ -43,12 +43,12 @@ class Importer:
 class Prepared:
     """What an import will write, and what it skipped (the end of a run skips other runs' traces quietly)."""
 
-    records: list[rec.ProfileImport] = field(default_factory=list)
+    records: list[records.ProfileImport] = field(default_factory=list)
     files: list[tuple[Path, str, int]] = field(default_factory=list)  # (file, importer, records)
     skipped: list[str] = field(default_factory=list)
 
     @property
-    def traces(self) -> list[rec.ProfileImport]:
+    def traces(self) -> list[records.ProfileImport]:
         return [r for r in self.records if r.scope == "trace"]
 
 
@@ -165,9 +165,9 @@ class RunClock:
             pids.add(meta["child_pid"])
         by_process: dict[tuple[str, int], list[tuple[float, int, int | None]]] = {}
         for record in reader.read_log(run_dir, kinds={"hello", "step"}):
-            if isinstance(record, rec.Hello):
+            if isinstance(record, records.Hello):
                 pids.add(record.pid)
-            elif isinstance(record, rec.Step):
+            elif isinstance(record, records.Step):
                 by_process.setdefault((record.host, record.pid), []).append(
                     (record.wall, record.step, record.rank)
                 )
@@ -204,7 +204,7 @@ def _when(wall: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall))
 
 
-def check_identity(trace: rec.ProfileImport, clock: RunClock) -> str | None:
+def check_identity(trace: records.ProfileImport, clock: RunClock) -> str | None:
     """Why this trace is not the run's (another host, another process, another time), or None."""
     name = Path(trace.file).name
     host = clock.meta.get("host")
@@ -222,17 +222,17 @@ def check_identity(trace: rec.ProfileImport, clock: RunClock) -> str | None:
     return None
 
 
-def align(records: list[rec.ProfileImport], clock: RunClock) -> None:
+def align(profile_records: list[records.ProfileImport], clock: RunClock) -> None:
     """Give each profiled step the run's step whose step record was sent inside it (the optimizer step of that
     iteration), from the same process; say why where none is; fill the trace's list of steps and its rank."""
-    trace = records[-1]
+    trace = profile_records[-1]
     process = clock.process(trace.host, trace.traced_pid)
     if trace.rank is None and process is not None and process[2] is not None:
         rank = process[2]
-        for record in records:
+        for record in profile_records:
             record.rank = rank
     steps: list[int] = []
-    for record in records:
+    for record in profile_records:
         if record.scope != "step" or "step" in record.absent:
             continue
         label = f"ProfilerStep#{record.profiler_step}"
@@ -278,7 +278,7 @@ def prepare(
     out = Prepared()
     for path, importer in found:
         try:
-            records = list(importer.obj.read(path, meta))
+            profile_records = list(importer.obj.read(path, meta))
         except ValueError as exc:
             raise ImportRefused(_one_line(str(exc)) or f"{path.name}: refused by {importer.name}") from None
         except Exception as exc:  # an importer's bug: refused like a bad file, with what it said
@@ -286,7 +286,7 @@ def prepare(
                 f"importer {importer.name} ({importer.plugin}) failed on {path.name}: {type(exc).__name__}: "
                 f"{_one_line(str(exc))}"
             ) from None
-        kept = _check_records(records, path, importer)
+        kept = _check_records(profile_records, path, importer)
         why = None
         for trace_index in [i for i, r in enumerate(kept) if r.scope == "trace"]:
             why = why or (None if force else check_identity(kept[trace_index], clock))
@@ -307,18 +307,18 @@ def prepare(
     return out
 
 
-def _check_records(records: list, path: Path, importer: Importer) -> list[rec.ProfileImport]:
+def _check_records(profile_records: list, path: Path, importer: Importer) -> list[records.ProfileImport]:
     """Only ``profile.import`` records that the hub will take, ending with a trace record."""
-    kept: list[rec.ProfileImport] = []
-    for record in records:
-        if not isinstance(record, rec.ProfileImport):
+    kept: list[records.ProfileImport] = []
+    for record in profile_records:
+        if not isinstance(record, records.ProfileImport):
             raise ImportRefused(
                 f"importer {importer.name} gave a {type(record).__name__} for {path.name}: only profile.import records"
             )
         record.importer = record.importer or importer.name
         try:
-            rec.check(rec.encode(record))
-        except (rec.MalformedRecord, TypeError, ValueError) as exc:
+            records.check(records.encode(record))
+        except (records.MalformedRecord, TypeError, ValueError) as exc:
             raise ImportRefused(
                 f"importer {importer.name} gave a malformed record for {path.name}: {exc}"
             ) from None
@@ -338,7 +338,7 @@ def _one_line(text: str) -> str:
 # Writing
 
 
-def send_live(run_dir: Path, records: list[rec.ProfileImport]) -> None:
+def send_live(run_dir: Path, profile_records: list[records.ProfileImport]) -> None:
     """Into a live run: through its hub, as any producer sends."""
     from trainmeter_core.bus.client import Producer, read_endpoints
 
@@ -349,8 +349,8 @@ def send_live(run_dir: Path, records: list[rec.ProfileImport]) -> None:
             f"{run_dir.name} is running but its endpoints.json cannot be read: {exc}"
         ) from None
     producer = Producer(endpoint, "import")
-    for i in range(0, len(records), BATCH):
-        producer.send_many(list(records[i : i + BATCH]))
+    for i in range(0, len(profile_records), BATCH):
+        producer.send_many(list(profile_records[i : i + BATCH]))
     producer.close(linger_ms=10_000)
     if producer.dropped:
         raise ImportRefused(
@@ -358,7 +358,7 @@ def send_live(run_dir: Path, records: list[rec.ProfileImport]) -> None:
         )
 
 
-def write_finished(run_dir: Path, records: list[rec.ProfileImport], say: Callable[[str], None]) -> bool:
+def write_finished(run_dir: Path, imports: list[records.ProfileImport], say: Callable[[str], None]) -> bool:
     """Into a finished run: its log reopened as a new segment through a hub of our own, under the run's lock, then
     ``summary.json`` and the passport rewritten. False when the run turned out to be live (nothing written)."""
     from trainmeter_core.bus.hub import Hub
@@ -387,18 +387,18 @@ def write_finished(run_dir: Path, records: list[rec.ProfileImport], say: Callabl
         )
         recorder.start()
         hub.start()
-        for record in records:
+        for record in imports:
             hub.inject(record)
         hub.stop()
         recorder.close()
         written = hub.seq - last  # the hub numbers every record it takes in, on from the log's last
         problem = recorder.error or hub.error or (hub.malformed and "a record was refused")
-        if not problem and written != len(records):
+        if not problem and written != len(imports):
             problem = f"{written} of {len(records)} records reached the log"
         if problem:
             (run_dir / segment_name(number)).unlink(missing_ok=True)  # the segment holds this import alone
             raise ImportRefused(f"cannot write the run log of {run_dir.name}: {problem}")
-        rewrite_summary(run_dir, len(records), say)
+        rewrite_summary(run_dir, len(imports), say)
     finally:
         if sockets is not None:
             sockets.remove()
@@ -422,7 +422,7 @@ def rewrite_summary(run_dir: Path, imported: int, say: Callable[[str], None]) ->
     snapshot = replay.final_snapshot(run_dir)
     summary = rundir.read_json(run_dir / "summary.json") or {"state": "finished"}
     if snapshot is not None:
-        summary["snapshot"] = rec.to_builtins(snapshot)
+        summary["snapshot"] = records.to_builtins(snapshot)
     kinds = summary.get("records")
     if isinstance(kinds, dict):
         kinds["profile.import"] = int(kinds.get("profile.import", 0) or 0) + imported
@@ -432,7 +432,7 @@ def rewrite_summary(run_dir: Path, imported: int, say: Callable[[str], None]) ->
     write_passport(run_dir, snapshot, say)
 
 
-def describe(trace: rec.ProfileImport) -> str:
+def describe(trace: records.ProfileImport) -> str:
     """One line for a trace imported: where its GPU time went."""
     who = f"rank {trace.rank}" if trace.rank is not None else "process"
     steps = ""
@@ -458,7 +458,7 @@ def describe(trace: rec.ProfileImport) -> str:
 def import_at_end(
     run_dir: Path,
     folders: list[str],
-    inject: Callable[[rec.Record], None],
+    inject: Callable[[records.Record], None],
     plugins,
     since_wall: float,
     say: Callable[[str], None],

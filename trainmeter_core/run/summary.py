@@ -12,13 +12,12 @@ import shlex
 import time
 from pathlib import Path
 
-from trainmeter_core.model import passport
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import passport, records
 from trainmeter_core.run.stderr_lines import Say
 from trainmeter_core.runlog import rundir
 
 
-def write_passport(run_dir: Path, snapshot: rec.Snapshot | None, say: Say) -> None:
+def write_passport(run_dir: Path, snapshot: records.Snapshot | None, say: Say) -> None:
     if snapshot is None:
         return
     try:
@@ -40,14 +39,14 @@ def write_summary(
     sig,
     elapsed_s,
     start_wall,
-    snapshot: rec.Snapshot | None = None,
+    snapshot: records.Snapshot | None = None,
     attempt: int = 1,
 ) -> dict:
     """``summary.json``: the last snapshot (once there is an engine) merged with the launcher's own counters.
 
     A resumed run's summary counts the run's steps (every attempt's, each step once) and lists its attempts; its
     elapsed time, exit and bus counters are this attempt's."""
-    attempts = [] if snapshot is None else [rec.to_builtins(a) for a in snapshot.attempts]
+    attempts = [] if snapshot is None else [records.to_builtins(a) for a in snapshot.attempts]
     summary = {
         "state": "finished",
         "exit_status": status,
@@ -79,7 +78,7 @@ def write_summary(
         # snapshot (which has them in full) so that a reader of this file finds them at the top.
         "training_window": None if snapshot is None else passport.window_counters(snapshot),
         "lost_time": None if snapshot is None else passport.lost_time(snapshot),
-        "snapshot": None if snapshot is None else rec.to_builtins(snapshot),
+        "snapshot": None if snapshot is None else records.to_builtins(snapshot),
     }
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
@@ -113,7 +112,7 @@ def format_range(low: float, high: float) -> tuple[str, ...]:
     return ends[:1] if ends[0] == ends[1] else ends
 
 
-def _number(metric: rec.MetricValue | None, unit: str = "", scale: float = 1.0) -> str | None:
+def _number(metric: records.MetricValue | None, unit: str = "", scale: float = 1.0) -> str | None:
     if metric is None:
         return None
     labels = [x for x in (metric.convention, metric.label) if x]
@@ -155,7 +154,7 @@ def view_command(run_dir: Path, environ: dict | None = None) -> str:
     return f"tm view {shlex.quote(str(shown))}"
 
 
-def summary_line(run_dir: Path, summary: dict, snapshot: rec.Snapshot | None = None) -> str:
+def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None = None) -> str:
     status = summary["exit_status"]
     parts = [f"finished in {summary['elapsed_s']:.1f} s", f"exit {status}", f"{summary['steps']} steps"]
     if summary["skipped_steps"]:

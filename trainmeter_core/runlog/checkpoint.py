@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine, EngineState
 from trainmeter_core.model.history import History, HistoryState
 
@@ -43,7 +43,7 @@ class HistoryCheckpoint:
     incarnation: str
     history_n: int
     through_seq: int
-    snapshot: rec.Snapshot | None
+    snapshot: records.Snapshot | None
 
 
 def _read(run_dir: Path) -> Checkpoint | None:
@@ -100,15 +100,15 @@ def load_history(run_dir: Path) -> HistoryCheckpoint | None:
         return None
     try:
         history = History.from_state(msgspec.msgpack.decode(ckpt.history, type=HistoryState))
-        snapshot = rec.decode(ckpt.snapshot) if ckpt.snapshot else None
-    except (*_READ_ERRORS, rec.MalformedRecord):
+        snapshot = records.decode(ckpt.snapshot) if ckpt.snapshot else None
+    except (*_READ_ERRORS, records.MalformedRecord):
         return None
     return HistoryCheckpoint(
         history=history,
         incarnation=ckpt.incarnation,
         history_n=ckpt.history_n,
         through_seq=ckpt.through_seq,
-        snapshot=snapshot if isinstance(snapshot, rec.Snapshot) else None,
+        snapshot=snapshot if isinstance(snapshot, records.Snapshot) else None,
     )
 
 
@@ -119,7 +119,7 @@ def save_checkpoint(
     *,
     incarnation: str = "",
     history_n: int = 0,
-    snapshot: rec.Snapshot | None = None,
+    snapshot: records.Snapshot | None = None,
 ) -> None:
     """Write the checkpoint beside the log, atomically (a reader sees the old file or the new one, never half)."""
     path = Path(run_dir) / CHECKPOINT
@@ -130,7 +130,7 @@ def save_checkpoint(
         history=msgspec.msgpack.encode(engine.history.to_state()),
         incarnation=incarnation,
         history_n=history_n,
-        snapshot=rec.encode(snapshot) if snapshot is not None else b"",
+        snapshot=records.encode(snapshot) if snapshot is not None else b"",
     )
     tmp.write_bytes(msgspec.msgpack.encode(ckpt))
     os.replace(tmp, path)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.tail import last_seq, tail_records
 
@@ -23,13 +23,13 @@ LOG_CATCH_UP_WAIT_S = 30.0
 # The log's end is small after run.end: only alerts computed from the final snapshot follow it.
 _END_TAIL_B = 16 * 1024
 
-Receive = Callable[[float], "rec.Record | rec.Unknown | None"]
+Receive = Callable[[float], "records.Record | records.Unknown | None"]
 
 
 def log_has_ended(run_dir: Path) -> bool:
     """True when the log's tail holds ``run.end`` (only late alerts are written after it) and no ``run.start`` after
     it (a resumed run's next attempt)."""
-    ends = [rec.kind_of(r) for r in tail_records(Path(run_dir), _END_TAIL_B)]
+    ends = [records.kind_of(r) for r in tail_records(Path(run_dir), _END_TAIL_B)]
     ends = [kind for kind in ends if kind in ("run.start", "run.end")]
     return bool(ends) and ends[-1] == "run.end"
 
@@ -55,7 +55,7 @@ class HandOver:
         self.wait_s = wait_s
         self.first_live: int | None = None
         self.log_complete = False
-        self._pending: deque[rec.Record | rec.Unknown] = deque()
+        self._pending: deque[records.Record | records.Unknown] = deque()
 
     def wait_first_live(self, idle: Callable[[], bool] | None = None, timeout_s: float = 0.5) -> bool:
         """Receive (and keep) records until the first one that is not derived. ``idle``, asked whenever nothing came,
@@ -67,7 +67,7 @@ class HandOver:
                     return False
                 continue
             self._pending.append(record)
-            if rec.kind_of(record) not in rec.DERIVED_KINDS and record.seq is not None:
+            if records.kind_of(record) not in records.DERIVED_KINDS and record.seq is not None:
                 self.first_live = record.seq
         return self.first_live is not None
 
@@ -86,7 +86,7 @@ class HandOver:
                 self.log_complete = True
                 return True
             if any(
-                isinstance(r, rec.BusStats) and r.flushed_seq is not None and r.flushed_seq >= wanted
+                isinstance(r, records.BusStats) and r.flushed_seq is not None and r.flushed_seq >= wanted
                 for r in self._pending
             ):
                 self.log_complete = True
@@ -102,13 +102,13 @@ class HandOver:
 
     def from_log(
         self, after_seq: int = 0, kinds: set[str] | None = None, stats: dict | None = None
-    ) -> Iterator[rec.Record | rec.Unknown]:
+    ) -> Iterator[records.Record | records.Unknown]:
         """The logged records with ``after_seq < seq <`` the first live one (those after a checkpoint at
         ``after_seq``), in order; ``kinds`` keeps only those kinds (others are not even decoded)."""
         assert self.first_live is not None, "wait_first_live first"
         yield from read_log(self.run_dir, kinds, stats, after_seq=after_seq, before_seq=self.first_live)
 
-    def next(self, timeout_s: float) -> rec.Record | rec.Unknown | None:
+    def next(self, timeout_s: float) -> records.Record | records.Unknown | None:
         """The next live record: those kept while handing over first, then the bus's."""
         if self._pending:
             return self._pending.popleft()

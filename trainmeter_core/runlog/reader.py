@@ -20,7 +20,7 @@ from typing import BinaryIO, Union
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 #: A segment's file name: its number, and ``.gz`` once compressed.
 SEGMENT_RE = re.compile(r"^events-(\d{4,})\.jsonl(\.gz)?$")
@@ -133,8 +133,8 @@ def first_seq(path: Path, stats: dict | None = None) -> int | None:
         if stats is not None:
             stats["decoded"] = stats.get("decoded", 0) + 1
         try:
-            record = rec.from_log_line(line)
-        except rec.MalformedRecord:
+            record = records.from_log_line(line)
+        except records.MalformedRecord:
             continue
         if record.seq is not None:
             return record.seq
@@ -162,7 +162,7 @@ def read_log(
     *,
     after_seq: int = 0,
     before_seq: int | None = None,
-) -> Iterator[rec.Record | rec.Unknown]:
+) -> Iterator[records.Record | records.Unknown]:
     """Every record of a run's log in order, or only those with ``after_seq < seq < before_seq``.
 
     ``stats`` (if given) receives ``skipped`` and ``reasons`` (lines that are not records), ``unknown`` (records of a
@@ -222,13 +222,13 @@ def _pieces(run_dir: Path, kinds, stats: dict | None, after_seq: int, before_seq
                     continue
             chunk.append(line)
             if len(chunk) >= _BATCH_LINES:
-                records, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
-                yield records
+                found, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
+                yield found
                 if past_limit:
                     return
                 chunk = []
-        records, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
-        yield records
+        found, past_limit = _decoded(chunk, stats, kinds, after_seq, limit, bounded)
+        yield found
         if past_limit:
             return
 
@@ -270,9 +270,9 @@ def _whole_segment(path: Path, last_segment: bool, stats: dict, kinds, wanted, k
                 start = 0
                 while start < cut:
                     end = data.find(b"\n", start + _PIECE_B, cut - 1) + 1 or cut
-                    records = _decoded_piece(data[start : end - 1], stats, kinds)
-                    if records is not None:
-                        yield records
+                    found = _decoded_piece(data[start : end - 1], stats, kinds)
+                    if found is not None:
+                        yield found
                     else:
                         yield from _line_records(data[start : end - 1].split(b"\n"), stats, kinds, wanted)
                     start = end
@@ -359,20 +359,20 @@ def _decoded_piece(body: bytes, stats: dict, kinds) -> list | None:
     young records each time it runs, and the piece leaves the CPU caches).
     """
     try:
-        records: list = _piece_decoder(None if kinds is None else frozenset(kinds)).decode(
+        found: list = _piece_decoder(None if kinds is None else frozenset(kinds)).decode(
             b"[" + body.replace(b"\n", b",") + b"]"
         )
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError, RecursionError):
         return None
-    for record in reversed(records):
+    for record in reversed(found):
         if record.seq is not None:
             stats["last_seq"] = record.seq
             break
     if kinds is not None:
         types = _types_of(frozenset(kinds))
-        records = [record for record in records if type(record) in types]
-    stats["decoded"] += len(records)
-    return records
+        found = [record for record in found if type(record) in types]
+    stats["decoded"] += len(found)
+    return found
 
 
 #: How much of a chunk is decoded by one call (the records of a piece are handed on before the next one is decoded:
@@ -386,7 +386,7 @@ def _piece_decoder(kinds: frozenset[str] | None) -> msgspec.json.Decoder:
     Struct holding its sequence number alone."""
     if kinds is None:
         return _typed_batch
-    members = tuple(cls if kind in kinds else _passed_struct(kind) for kind, cls in rec.KINDS.items())
+    members = tuple(cls if kind in kinds else _passed_struct(kind) for kind, cls in records.KINDS.items())
     return msgspec.json.Decoder(list[Union[members]])  # type: ignore[valid-type]  # noqa: UP007 - built at run time
 
 
@@ -421,38 +421,38 @@ def _wanted(line: bytes, wanted: set[bytes], stats: dict) -> bool:
 _KIND_FIRST = b'{"kind":"'
 #: Lines decoded by one call: the typed decoder's per-call cost is paid once for all of them.
 _BATCH_LINES = 256
-_typed_batch = msgspec.json.Decoder(list[rec.AnyRecord])  # type: ignore[valid-type]
+_typed_batch = msgspec.json.Decoder(list[records.AnyRecord])  # type: ignore[valid-type]
 
 
 def _decoded(
     lines: list[bytes], stats: dict, kinds, after_seq: int, limit: int, bounded: bool, end: bytes = b""
-) -> tuple[list[rec.Record | rec.Unknown], bool]:
+) -> tuple[list[records.Record | records.Unknown], bool]:
     """The wanted records of consecutive log lines, and whether one past ``limit`` came (nothing after it is wanted).
 
     The lines are decoded together when every one is a well-formed record of a known kind (the common case), else one
     by one, so that a bad line is skipped and counted alone. ``end`` is what each line lacks of its newline.
     """
-    out: list[rec.Record | rec.Unknown] = []
+    out: list[records.Record | records.Unknown] = []
     if not lines:
         return out, False
     stats["decoded"] += len(lines)
     try:
-        records: list = _typed_batch.decode(b"[" + b",".join(lines) + b"]")
+        found: list = _typed_batch.decode(b"[" + b",".join(lines) + b"]")
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError, RecursionError):
-        records = []
+        found = []
         reasons = stats["reasons"]
         for line in lines:
             try:
-                records.append(rec.from_log_line(line + end if end else line))
-            except rec.MalformedRecord as exc:
+                found.append(records.from_log_line(line + end if end else line))
+            except records.MalformedRecord as exc:
                 reason = str(exc).split(":")[0]
                 stats["skipped"] += 1
                 reasons[reason] = reasons.get(reason, 0) + 1
     if not bounded:
         # The whole-log read (a replay's): the same filter as below, with its lookups hoisted out of the loop.
-        unknown, kind_of, last_seq = rec.Unknown, rec.kind_of, stats["last_seq"]
+        unknown, kind_of, last_seq = records.Unknown, records.kind_of, stats["last_seq"]
         types = None if kinds is None else _types_of(frozenset(kinds))
-        for record in records:
+        for record in found:
             seq = record.seq
             if seq is not None:
                 last_seq = seq
@@ -463,7 +463,7 @@ def _decoded(
                 out.append(record)
         stats["last_seq"] = last_seq
         return out, False
-    for record in records:
+    for record in found:
         seq = record.seq
         if seq is not None:
             stats["last_seq"] = seq
@@ -472,9 +472,9 @@ def _decoded(
                 continue
             if seq >= limit:
                 return out, True
-        if type(record) is rec.Unknown:
+        if type(record) is records.Unknown:
             stats["unknown"] += 1
-        if kinds is None or rec.kind_of(record) in kinds:
+        if kinds is None or records.kind_of(record) in kinds:
             out.append(record)
     return out, False
 
@@ -482,10 +482,10 @@ def _decoded(
 @functools.lru_cache(maxsize=64)
 def _types_of(kinds: frozenset[str]) -> frozenset[type]:
     """The record types of ``kinds`` (an Unknown record's kind is checked by name)."""
-    return frozenset(rec.KINDS[kind] for kind in kinds if kind in rec.KINDS)
+    return frozenset(records.KINDS[kind] for kind in kinds if kind in records.KINDS)
 
 
-def read_segment(path: Path, kinds: set[str] | None = None) -> Iterator[rec.Record | rec.Unknown]:
+def read_segment(path: Path, kinds: set[str] | None = None) -> Iterator[records.Record | records.Unknown]:
     """The records of one segment in order (of ``kinds`` only, the others not decoded); lines that are not records
     are skipped."""
     marks = None if kinds is None else [f'"kind":"{k}"'.encode() for k in kinds]
@@ -493,8 +493,8 @@ def read_segment(path: Path, kinds: set[str] | None = None) -> Iterator[rec.Reco
         if not line.endswith(b"\n") or (marks is not None and not any(mark in line for mark in marks)):
             continue
         try:
-            record = rec.from_log_line(line)
-        except rec.MalformedRecord:
+            record = records.from_log_line(line)
+        except records.MalformedRecord:
             continue
-        if kinds is None or rec.kind_of(record) in kinds:
+        if kinds is None or records.kind_of(record) in kinds:
             yield record

@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 SEGMENT_LIMIT_B = int(os.environ.get("TM_LOG_SEGMENT_B", 128 * 1024 * 1024))
 RESERVE_B = int(os.environ.get("TM_LOG_RESERVE_B", 2 * 1024 * 1024 * 1024))
@@ -168,7 +168,7 @@ class Recorder:
                         self.reserve_skipped += 1
                         pending_seq = data.get("seq", pending_seq)
                         continue
-                    line = rec.to_log_line(data)
+                    line = records.to_log_line(data)
                     self._file.write(line)
                     self._segment_bytes += len(line)
                     self.bytes_written += len(line)

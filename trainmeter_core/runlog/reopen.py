@@ -9,7 +9,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.checkpoint import checkpoint_through_seq
 from trainmeter_core.runlog.reader import SEGMENT_RE, read_segment, segments
 from trainmeter_core.runlog.tail import tail_records
@@ -33,9 +33,9 @@ def log_end(run_dir: Path) -> LogEnd:
     tail = tail_records(run_dir)
     last_seq = max((r.seq for r in tail if r.seq is not None), default=0)
     last_seq = max(last_seq, checkpoint_through_seq(run_dir) or 0)
-    ticks = [r.n for r in tail if isinstance(r, rec.Tick)]
+    ticks = [r.n for r in tail if isinstance(r, records.Tick)]
     numbers = [int(m.group(1)) for p in segments(run_dir) if (m := SEGMENT_RE.match(p.name))]
-    ended = any(rec.kind_of(r) == "run.end" for r in tail)
+    ended = any(records.kind_of(r) == "run.end" for r in tail)
     return LogEnd(
         last_seq=last_seq,
         last_tick=max(ticks, default=0),
@@ -56,7 +56,7 @@ def checkpoint_paths(run_dir: Path, max_segments: int = CHECKPOINT_SEGMENTS) -> 
         found: list[str] = []
         try:
             for record in read_segment(path, kinds={"phase"}):
-                if isinstance(record, rec.Phase) and record.phase == "checkpoint":
+                if isinstance(record, records.Phase) and record.phase == "checkpoint":
                     found.extend(p for p in record.paths if p not in found)
         except (OSError, EOFError, zlib.error):
             continue

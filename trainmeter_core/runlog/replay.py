@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history import History, NoHistory
 from trainmeter_core.runlog.checkpoint import load_checkpoint
@@ -23,7 +23,7 @@ from trainmeter_core.runlog.tail import tail_lines
 FED_KINDS = Engine.FED_KINDS
 
 
-def snapshots(run_dir: Path, stats: dict | None = None) -> Iterator[rec.Snapshot]:
+def snapshots(run_dir: Path, stats: dict | None = None) -> Iterator[records.Snapshot]:
     """Every snapshot the engine makes from the whole log, in order (from the start: no checkpoint)."""
     engine = Engine()
     for record in read_log(Path(run_dir), FED_KINDS, stats):
@@ -58,7 +58,7 @@ def _last_snapshot_seq(run_dir: Path) -> int | None:
 
 def replay_engine(
     run_dir: Path, stats: dict | None = None, use_checkpoint: bool = True, keep_history: bool = True
-) -> tuple[Engine, rec.Snapshot | None]:
+) -> tuple[Engine, records.Snapshot | None]:
     """The engine after the whole log (its checkpoint plus the log after it), and the run's last snapshot: the last
     one the tail made, else the engine's current one, or None when the log holds nothing for it.
 
@@ -77,10 +77,10 @@ def replay_engine(
     every = last_snapshot_seq == -1
     last = None
     fed = False
-    tick, feed = rec.Tick, engine.feed
+    tick, feed = records.Tick, engine.feed
     # The kinds that may make the last snapshot (a profile imported after run.end makes a new final one); every other
     # record is fed without a look at it.
-    loud_types = frozenset((rec.RunEnd, rec.ProfileImport, tick))
+    loud_types = frozenset((records.RunEnd, records.ProfileImport, tick))
     for record in read_log(run_dir, FED_KINDS, stats, after_seq=through_seq):
         fed = True
         cls = type(record)
@@ -107,7 +107,7 @@ def replay_engine(
 
 def final_snapshot(
     run_dir: Path, stats: dict | None = None, use_checkpoint: bool = True
-) -> rec.Snapshot | None:
+) -> records.Snapshot | None:
     """The last snapshot of a run: its engine's checkpoint plus the log after it (or the whole log), replayed by an
     engine that keeps no history (a quarter fewer instructions per record: points and quiet ticks left out)."""
     return replay_engine(run_dir, stats, use_checkpoint, keep_history=False)[1]

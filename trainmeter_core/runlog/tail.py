@@ -8,7 +8,7 @@ import os
 import zlib
 from pathlib import Path
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import segments
 
 #: How much of a log's end is read to find its last record.
@@ -45,7 +45,7 @@ def tail_lines(run_dir: Path, tail_b: int = TAIL_B) -> list[bytes]:
     return []
 
 
-def tail_records(run_dir: Path, tail_b: int = TAIL_B) -> list[rec.Record | rec.Unknown]:
+def tail_records(run_dir: Path, tail_b: int = TAIL_B) -> list[records.Record | records.Unknown]:
     """The complete records in the last ``tail_b`` bytes of the log, oldest first: what a reader waiting for the
     recorder, or asking how the log ends, needs, without reading the whole log.
 
@@ -53,11 +53,11 @@ def tail_records(run_dir: Path, tail_b: int = TAIL_B) -> list[rec.Record | rec.U
     before it is read (whole, when it is already compressed: rare, and bounded by the recorder's segment size).
     """
     for path in reversed(segments(Path(run_dir))[-2:]):
-        out: list[rec.Record | rec.Unknown] = []
+        out: list[records.Record | records.Unknown] = []
         for line in _segment_tail(path, tail_b):
             try:
-                out.append(rec.from_log_line(line + b"\n"))
-            except rec.MalformedRecord:
+                out.append(records.from_log_line(line + b"\n"))
+            except records.MalformedRecord:
                 continue
         if out:
             return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.platform_adapters import (
     FIRST_SAMPLE,
     GPU_LOST,
@@ -286,9 +286,9 @@ class _Lost(Exception):
     """NVML said the GPU is lost: the whole row becomes "GPU lost"."""
 
 
-def _process(process: Any) -> rec.GpuProcess:
+def _process(process: Any) -> records.GpuProcess:
     used = getattr(process, "usedGpuMemory", None)
-    return rec.GpuProcess(pid=int(process.pid), used_memory_b=int(used) if used is not None else None)
+    return records.GpuProcess(pid=int(process.pid), used_memory_b=int(used) if used is not None else None)
 
 
 def _field_reason(nvml: Nvml, code: int) -> str:

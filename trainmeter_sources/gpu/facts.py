@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.device_specs import (
     DeviceSpec,
     SpecError,
@@ -112,14 +112,14 @@ def whole_gpu_sm_count(device: DeviceInfo, spec: DeviceSpec) -> tuple[int | None
     return None, None
 
 
-def gpu_fact(device: DeviceInfo, value: dict, host: str) -> rec.Fact:
+def gpu_fact(device: DeviceInfo, value: dict, host: str) -> records.Fact:
     note = None
     if device.is_mig:
         note = (
             f"MIG device of {device.mig_parent_uuid}: the peak is the whole GPU's times its share of the SMs; "
             "a slice's memory bandwidth is on no datasheet"
         )
-    return rec.Fact(
+    return records.Fact(
         name="gpu",
         value=value,
         provenance="detected",

@@ -17,7 +17,7 @@ from typing import Any
 from trainmeter_core.bus.client import HOSTNAME
 from trainmeter_core.bus.component import Component, ComponentContext
 from trainmeter_core.bus.proctree import ProcessTree, read_environ
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.device_specs import DeviceSpec
 from trainmeter_core.model.platform_adapters import (
     PROFILER_ATTACHED,
@@ -53,7 +53,7 @@ def plugin_adapters(plugins: Any) -> dict[str, type[PlatformAdapter]]:
     return adapters
 
 
-def no_nvml_row(reason: str) -> rec.SampleGpu:
+def no_nvml_row(reason: str) -> records.SampleGpu:
     """The one row a node without NVML gets: every field absent with the reason (index 0 is a placeholder)."""
     row = absent_row({"index": 0}, reason)
     row.absent.update(index=reason, uuid=reason, name=reason)
@@ -181,12 +181,12 @@ class GpuSession:
         self.fact_values[device.label] = value
         return sampler
 
-    def facts(self) -> list[rec.Fact]:
+    def facts(self) -> list[records.Fact]:
         """One ``gpu`` fact per watched GPU."""
         by_label = {d.label: d for d in self._watched()}
         return [gpu_fact(by_label[label], value, self.host) for label, value in self.fact_values.items()]
 
-    def sample(self, now_t: float, paused: str | None = None) -> list[rec.SampleGpu]:
+    def sample(self, now_t: float, paused: str | None = None) -> list[records.SampleGpu]:
         """One row per selected GPU, stamped with ``now_t`` (monotonic seconds)."""
         self.samples += 1
         xids = self.xids.poll()
@@ -200,7 +200,7 @@ class GpuSession:
         return rows
 
     def follow_processes(
-        self, rows: Sequence[rec.SampleGpu], run_pids: set[int], container: bool
+        self, rows: Sequence[records.SampleGpu], run_pids: set[int], container: bool
     ) -> str | None:
         """In "processes" mode, narrow the selection to the GPUs the run's processes use; a note when it changes."""
         if self.selection.source != "processes":
@@ -244,7 +244,7 @@ class GpuSampler(Component):
     def run(self, ctx: ComponentContext) -> None:
         interval_s, interval_note = interval_from_env(INTERVAL_ENV, 1.0)
         if interval_note:
-            ctx.publish(rec.Notice(level="warning", topic="gpu", message=interval_note))
+            ctx.publish(records.Notice(level="warning", topic="gpu", message=interval_note))
         from trainmeter_core import plugins as plugins_mod
 
         plugins = plugins_mod.load()
@@ -256,12 +256,12 @@ class GpuSampler(Component):
                 adapters=plugin_adapters(plugins),
             )
         except NvmlUnavailable as exc:
-            ctx.publish(rec.Notice(level="warning", topic="gpu", message=f"no GPU data: {exc.detail}"))
+            ctx.publish(records.Notice(level="warning", topic="gpu", message=f"no GPU data: {exc.detail}"))
             ctx.publish(no_nvml_row(exc.reason))
             ctx.stopping.wait()
             return
         except SelectionError as exc:
-            ctx.publish(rec.Notice(level="error", topic="gpu", message=str(exc)))
+            ctx.publish(records.Notice(level="error", topic="gpu", message=str(exc)))
             ctx.stopping.wait()
             return
         try:
@@ -272,9 +272,9 @@ class GpuSampler(Component):
     def _loop(self, ctx: ComponentContext, session: GpuSession, root: int | None, interval_s: float) -> None:
         for fact in session.facts():
             ctx.publish(fact)
-        ctx.publish(rec.Notice(level="info", topic="gpu.selection", message=session.selection.describe()))
+        ctx.publish(records.Notice(level="info", topic="gpu.selection", message=session.selection.describe()))
         for note in session.notes:
-            ctx.publish(rec.Notice(level="warning", topic="gpu.selection", message=note))
+            ctx.publish(records.Notice(level="warning", topic="gpu.selection", message=note))
         tree = ProcessTree(root) if root else None
         container = in_container()
         profiler: str | None = None
@@ -292,13 +292,13 @@ class GpuSampler(Component):
                     if found
                     else "no profiler any more: GPM resumed"
                 )
-                ctx.publish(rec.Notice(level="info", topic="gpu.profiler", message=message))
+                ctx.publish(records.Notice(level="info", topic="gpu.profiler", message=message))
             rows = session.sample(now_t, PROFILER_ATTACHED if profiler else None)
             for row in rows:
                 ctx.publish(row)
             note = session.follow_processes(rows, run_pids, container)
             if note:
-                ctx.publish(rec.Notice(level="info", topic="gpu.selection", message=note))
+                ctx.publish(records.Notice(level="info", topic="gpu.selection", message=note))
             next_t += interval_s
             if next_t < time.monotonic():  # a slow sample: skip the missed beats instead of bursting
                 next_t = time.monotonic() + interval_s
@@ -330,7 +330,7 @@ class _Progress:
             if stuck_s > self.limit_s and not said:
                 said = True
                 self.ctx.publish(
-                    rec.Notice(
+                    records.Notice(
                         level="error",
                         topic="gpu",
                         message=f"no GPU sample for {stuck_s:.0f} s: an NVML call hangs (check nvidia-smi)",

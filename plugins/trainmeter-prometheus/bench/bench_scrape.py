@@ -17,7 +17,7 @@ from trainmeter_prometheus.families import families
 from trainmeter_prometheus.identity import Identity
 from trainmeter_prometheus.state import ExporterState
 
-from trainmeter_core.api import records as rec
+from trainmeter_core.api import records
 
 GPUS = RANKS = 8
 ROUNDS = 300
@@ -26,34 +26,34 @@ ROUNDS = 300
 def node_state() -> ExporterState:
     state = ExporterState()
     metrics = {
-        "mfu": rec.MetricValue(low=0.29, high=0.34, label="datasheet"),
-        "mfu_avg": rec.MetricValue(low=0.28, high=0.33, label="datasheet"),
-        "flop_per_token": rec.MetricValue(low=7.4e8, high=8.6e8),
-        "spent_flop": rec.MetricValue(low=3.6e15, high=4.2e15),
+        "mfu": records.MetricValue(low=0.29, high=0.34, label="datasheet"),
+        "mfu_avg": records.MetricValue(low=0.28, high=0.33, label="datasheet"),
+        "flop_per_token": records.MetricValue(low=7.4e8, high=8.6e8),
+        "spent_flop": records.MetricValue(low=3.6e15, high=4.2e15),
         **{
-            f"flop_per_token.{c}": rec.MetricValue(value=8e8, convention=c)
+            f"flop_per_token.{c}": records.MetricValue(value=8e8, convention=c)
             for c in ("titan", "megatron", "hf")
         },
         **{
-            k: rec.MetricValue(value=1.0)
+            k: records.MetricValue(value=1.0)
             for k in ("tokens_per_s", "step_time_s", "ofu", "goodput", "energy_j")
         },
     }
     for i in range(GPUS):
         for prefix in ("gpu_power_throttle", "gpu_thermal_throttle", "gpu_lost", "gpu_xid"):
-            metrics[f"{prefix}.n1/gpu{i}"] = rec.MetricValue(value=0.0)
+            metrics[f"{prefix}.n1/gpu{i}"] = records.MetricValue(value=0.0)
     ranks = [
-        rec.RankStat(rank=r, host="n1", steps=1000, step_time_s=0.4, device=f"n1/gpu{r}")
+        records.RankStat(rank=r, host="n1", steps=1000, step_time_s=0.4, device=f"n1/gpu{r}")
         for r in range(RANKS)
     ]
     state.feed(
-        rec.Snapshot(
+        records.Snapshot(
             tick=100, wall=1.8e9, elapsed_s=100.0, steps=1000, tokens=10**9, metrics=metrics, ranks=ranks
         )
     )
     for i in range(GPUS):
         state.feed(
-            rec.SampleGpu(
+            records.SampleGpu(
                 host="n1",
                 index=i,
                 uuid=f"GPU-{i}",
@@ -72,9 +72,9 @@ def node_state() -> ExporterState:
             ),
             received_s=0.0,
         )
-    state.feed(rec.BusStats(received=10**6, published=10**6, malformed=0, unknown=0))
+    state.feed(records.BusStats(received=10**6, published=10**6, malformed=0, unknown=0))
     for r in range(RANKS):
-        state.feed(rec.Step(host="n1", rank=r, step=1, agent_us=40.0))
+        state.feed(records.Step(host="n1", rank=r, step=1, agent_us=40.0))
     return state
 
 

@@ -27,7 +27,7 @@ from trainmeter_prometheus.exporter import RunCollector, registry_for
 from trainmeter_prometheus.identity import Identity
 from trainmeter_prometheus.state import ExporterState
 
-from trainmeter_core.api import records as rec
+from trainmeter_core.api import records
 
 WHO = Identity(job="20261201T000000Z-n1-train", node="n1")
 ABOUT = {"run_id": "20261201T000000Z-n1-train", "run_name": "train", "tm_version": "0.1.0"}
@@ -75,9 +75,9 @@ def key(name: str, **labels: str) -> tuple[str, frozenset]:
     return name, frozenset({"node": WHO.node, **labels}.items())
 
 
-def snapshot(**metrics: rec.MetricValue) -> rec.Snapshot:
+def snapshot(**metrics: records.MetricValue) -> records.Snapshot:
     """A running snapshot at tick 7 with the given metrics (anything not given is simply not there)."""
-    return rec.Snapshot(
+    return records.Snapshot(
         tick=7, t=100.0, wall=1_796_000_000.0, state="running", elapsed_s=12.5, steps=40, metrics=metrics
     )
 
@@ -199,17 +199,17 @@ def full_state() -> ExporterState:
     """A state in which every family has a sample: a range and a chosen convention, two GPUs, an alert, bus stats."""
     state = ExporterState()
     metrics = {
-        "mfu": rec.MetricValue(low=0.29, high=0.34, label="datasheet"),
-        "mfu_avg": rec.MetricValue(value=0.31, convention="titan", label="measured"),
-        "flop_per_token": rec.MetricValue(low=7.4e8, high=8.6e8),
-        "spent_flop": rec.MetricValue(low=3.6e15, high=4.2e15),
-        "required_flop": rec.MetricValue(value=1.2e18, convention="declared"),
-        "flop_per_token.titan": rec.MetricValue(value=8.5e8, convention="titan"),
-        "flop_per_token.counted": rec.MetricValue(value=8.7e8, convention="counted", label="counted"),
-        "gpu_power_throttle.n1/gpu0": rec.MetricValue(value=1.0),
-        "gpu_thermal_throttle.n1/gpu0": rec.MetricValue(value=0.0),
-        "gpu_lost.n1/gpu0": rec.MetricValue(value=0.0),
-        "gpu_xid.n1/gpu0": rec.MetricValue(value=2.0),
+        "mfu": records.MetricValue(low=0.29, high=0.34, label="datasheet"),
+        "mfu_avg": records.MetricValue(value=0.31, convention="titan", label="measured"),
+        "flop_per_token": records.MetricValue(low=7.4e8, high=8.6e8),
+        "spent_flop": records.MetricValue(low=3.6e15, high=4.2e15),
+        "required_flop": records.MetricValue(value=1.2e18, convention="declared"),
+        "flop_per_token.titan": records.MetricValue(value=8.5e8, convention="titan"),
+        "flop_per_token.counted": records.MetricValue(value=8.7e8, convention="counted", label="counted"),
+        "gpu_power_throttle.n1/gpu0": records.MetricValue(value=1.0),
+        "gpu_thermal_throttle.n1/gpu0": records.MetricValue(value=0.0),
+        "gpu_lost.n1/gpu0": records.MetricValue(value=0.0),
+        "gpu_xid.n1/gpu0": records.MetricValue(value=2.0),
     }
     for name, value in {
         "tokens_per_s": 388343.8,
@@ -227,9 +227,9 @@ def full_state() -> ExporterState:
         "host_rss_b": 1.3e9,
         "child_alive": 1.0,
     }.items():
-        metrics[name] = rec.MetricValue(value=value)
+        metrics[name] = records.MetricValue(value=value)
     state.feed(
-        rec.Snapshot(
+        records.Snapshot(
             tick=26,
             t=340.0,
             wall=1_796_000_000.0,
@@ -237,12 +237,12 @@ def full_state() -> ExporterState:
             steps=301,
             tokens=4931584,
             metrics=metrics,
-            ranks=[rec.RankStat(rank=0, host="n1", steps=301, step_time_s=0.042, device="n1/gpu0")],
+            ranks=[records.RankStat(rank=0, host="n1", steps=301, step_time_s=0.042, device="n1/gpu0")],
         )
     )
     for index in (0, 1):
         state.feed(
-            rec.SampleGpu(
+            records.SampleGpu(
                 host="n1",
                 index=index,
                 uuid=f"GPU-{index}",
@@ -270,10 +270,10 @@ def full_state() -> ExporterState:
                 dram_active=0.43,
             ),
         )
-    state.feed(rec.Alert(seq=9, rule="gpu_throttle", state="fired", message="power", subject="n1/gpu0"))
-    state.feed(rec.BusStats(received=9000, published=9000, malformed=0, unknown=0, log_bytes=2**20))
-    state.feed(rec.Step(host="n1", step=301, agent_us=41.0))
-    state.feed(rec.Component(name="web", event="crashed", process="web"))
+    state.feed(records.Alert(seq=9, rule="gpu_throttle", state="fired", message="power", subject="n1/gpu0"))
+    state.feed(records.BusStats(received=9000, published=9000, malformed=0, unknown=0, log_bytes=2**20))
+    state.feed(records.Step(host="n1", step=301, agent_us=41.0))
+    state.feed(records.Component(name="web", event="crashed", process="web"))
     return state
 
 

@@ -7,10 +7,10 @@ from prometheus_testing import WHO, key, openmetrics, samples, snapshot, text
 from trainmeter_prometheus.identity import identity
 from trainmeter_prometheus.state import ExporterState
 
-from trainmeter_core.api import records as rec
+from trainmeter_core.api import records
 
 
-def state_with(snap: rec.Snapshot) -> ExporterState:
+def state_with(snap: records.Snapshot) -> ExporterState:
     state = ExporterState()
     state.feed(snap)
     return state
@@ -18,10 +18,10 @@ def state_with(snap: rec.Snapshot) -> ExporterState:
 
 def test_mfu_under_a_chosen_convention_is_one_sample_labelled_with_the_convention_and_the_peak_kind():
     snap = snapshot(
-        mfu=rec.MetricValue(value=0.4125, convention="megatron", label="datasheet"),
-        mfu_avg=rec.MetricValue(value=0.39, convention="megatron", label="datasheet"),
-        tokens_per_s=rec.MetricValue(value=20480.0, unit="tokens/s", label="ema"),
-        step_time_s=rec.MetricValue(value=0.1, unit="s", label="ema"),
+        mfu=records.MetricValue(value=0.4125, convention="megatron", label="datasheet"),
+        mfu_avg=records.MetricValue(value=0.39, convention="megatron", label="datasheet"),
+        tokens_per_s=records.MetricValue(value=20480.0, unit="tokens/s", label="ema"),
+        step_time_s=records.MetricValue(value=0.1, unit="s", label="ema"),
     )
     got = samples(text(state_with(snap)))
     assert got[key("trainmeter_mfu_ratio", convention="megatron", bound="value", peak="datasheet")] == 0.4125
@@ -39,13 +39,13 @@ def test_mfu_under_a_chosen_convention_is_one_sample_labelled_with_the_conventio
 
 def test_without_a_chosen_convention_mfu_and_flops_are_their_range_as_a_low_and_a_high_sample():
     snap = snapshot(
-        mfu=rec.MetricValue(low=0.29, high=0.34, label="datasheet+measured"),
-        flop_per_token=rec.MetricValue(low=741523968.0, high=859488768.0, unit="FLOP/token"),
-        spent_flop=rec.MetricValue(low=3.6e15, high=4.2e15, unit="FLOP"),
+        mfu=records.MetricValue(low=0.29, high=0.34, label="datasheet+measured"),
+        flop_per_token=records.MetricValue(low=741523968.0, high=859488768.0, unit="FLOP/token"),
+        spent_flop=records.MetricValue(low=3.6e15, high=4.2e15, unit="FLOP"),
         **{
-            "flop_per_token.titan": rec.MetricValue(value=854770176.0, convention="titan"),
-            "flop_per_token.hf": rec.MetricValue(value=741523968.0, convention="hf"),
-            "flop_per_token.megatron": rec.MetricValue(absent="layers unknown: pass --layers"),
+            "flop_per_token.titan": records.MetricValue(value=854770176.0, convention="titan"),
+            "flop_per_token.hf": records.MetricValue(value=741523968.0, convention="hf"),
+            "flop_per_token.megatron": records.MetricValue(absent="layers unknown: pass --layers"),
         },
     )
     got = samples(text(state_with(snap)))
@@ -68,10 +68,10 @@ def test_without_a_chosen_convention_mfu_and_flops_are_their_range_as_a_low_and_
 
 def test_a_number_absent_in_the_snapshot_is_absent_from_metrics_never_zero():
     snap = snapshot(
-        mfu=rec.MetricValue(absent="no rank reported its device: pass --gpus", label="datasheet"),
-        tokens_per_s=rec.MetricValue(absent="tokens per step unknown: pass --tokens-per-step"),
-        progress=rec.MetricValue(absent="budget not declared: pass --budget-tokens"),
-        step_time_s=rec.MetricValue(value=0.25, unit="s", label="ema"),
+        mfu=records.MetricValue(absent="no rank reported its device: pass --gpus", label="datasheet"),
+        tokens_per_s=records.MetricValue(absent="tokens per step unknown: pass --tokens-per-step"),
+        progress=records.MetricValue(absent="budget not declared: pass --budget-tokens"),
+        step_time_s=records.MetricValue(value=0.25, unit="s", label="ema"),
     )
     exposition = text(state_with(snap))
     for name in (
@@ -85,9 +85,9 @@ def test_a_number_absent_in_the_snapshot_is_absent_from_metrics_never_zero():
 
 
 def test_gpu_counters_are_per_device_in_base_units_and_a_field_the_device_lacks_is_left_out():
-    state = state_with(snapshot(**{"gpu_lost.n1/gpu0": rec.MetricValue(value=0.0)}))
+    state = state_with(snapshot(**{"gpu_lost.n1/gpu0": records.MetricValue(value=0.0)}))
     state.feed(
-        rec.SampleGpu(
+        records.SampleGpu(
             host="n1",
             index=0,
             uuid="GPU-aaaa",
@@ -102,7 +102,7 @@ def test_gpu_counters_are_per_device_in_base_units_and_a_field_the_device_lacks_
         ),
         received_s=10.0,
     )
-    state.feed(rec.SampleGpu(host="n2", index=1, clock_sm_mhz=1410.0, fake=True), received_s=10.0)
+    state.feed(records.SampleGpu(host="n2", index=1, clock_sm_mhz=1410.0, fake=True), received_s=10.0)
     got = samples(text(state, now_s=11.0))
     assert got[key("trainmeter_gpu_sm_clock_hertz", device="gpu0")] == 1.98e9  # 1980 MHz x 1e6
     assert (
@@ -125,7 +125,7 @@ def test_gpu_counters_are_per_device_in_base_units_and_a_field_the_device_lacks_
 
 def test_a_gpu_no_longer_sampled_drops_out_after_30_s():
     state = ExporterState()
-    state.feed(rec.SampleGpu(host="n1", index=0, power_w=300.0), received_s=100.0)
+    state.feed(records.SampleGpu(host="n1", index=0, power_w=300.0), received_s=100.0)
     still = samples(text(state, now_s=130.0))  # 30 s after its sample: still there
     assert key("trainmeter_gpu_power_watts", device="gpu0") in still
     assert "trainmeter_gpu_power_watts" not in text(state, now_s=130.5)
@@ -137,15 +137,15 @@ def test_an_alert_is_firing_until_it_clears_and_each_episode_counts_once_from_th
     state.alert_line(
         {"kind": "alert", "seq": 31, "rule": "hung", "state": "fired", "severity": "critical", "message": "m"}
     )
-    state.feed(rec.Alert(seq=31, rule="hung", state="fired", severity="critical", message="m"))
-    state.feed(rec.Alert(seq=40, rule="gpu_throttle", state="fired", message="m", subject="n1/gpu0"))
+    state.feed(records.Alert(seq=31, rule="hung", state="fired", severity="critical", message="m"))
+    state.feed(records.Alert(seq=40, rule="gpu_throttle", state="fired", message="m", subject="n1/gpu0"))
     got = samples(text(state))
     assert got[key("trainmeter_alert_firing", rule="hung", severity="critical", subject="")] == 1.0
     assert (
         got[key("trainmeter_alert_firing", rule="gpu_throttle", severity="warning", subject="n1/gpu0")] == 1.0
     )
     assert got[key("trainmeter_alerts_fired_total", rule="hung", severity="critical")] == 1  # not 2
-    state.feed(rec.Alert(seq=52, rule="hung", state="cleared", severity="critical", message="m"))
+    state.feed(records.Alert(seq=52, rule="hung", state="cleared", severity="critical", message="m"))
     got = samples(text(state))
     assert [dict(labels)["rule"] for (n, labels) in got if n == "trainmeter_alert_firing"] == ["gpu_throttle"]
     assert got[key("trainmeter_alerts_fired_total", rule="hung", severity="critical")] == 1
@@ -154,7 +154,7 @@ def test_an_alert_is_firing_until_it_clears_and_each_episode_counts_once_from_th
 def test_tm_s_own_drops_and_the_agent_s_time_per_rank_are_counters():
     state = state_with(snapshot())
     state.feed(
-        rec.BusStats(
+        records.BusStats(
             received=5000,
             published=5000,
             malformed=2,
@@ -165,11 +165,11 @@ def test_tm_s_own_drops_and_the_agent_s_time_per_rank_are_counters():
             log_reserve_skipped=0,
         )
     )
-    state.feed(rec.Step(host="n1", step=1, agent_us=40.0))  # rank None: a single process is rank 0
-    state.feed(rec.Step(host="n1", rank=0, step=2, agent_us=60.0))
-    state.feed(rec.Step(host="n1", rank=0, step=3))  # no agent time: not a step of the sum
-    state.feed(rec.Step(host="n1", rank=1, step=1, agent_us=25.0))
-    state.feed(rec.Component(name="web", event="crashed", process="web"))
+    state.feed(records.Step(host="n1", step=1, agent_us=40.0))  # rank None: a single process is rank 0
+    state.feed(records.Step(host="n1", rank=0, step=2, agent_us=60.0))
+    state.feed(records.Step(host="n1", rank=0, step=3))  # no agent time: not a step of the sum
+    state.feed(records.Step(host="n1", rank=1, step=1, agent_us=25.0))
+    state.feed(records.Component(name="web", event="crashed", process="web"))
     got = samples(text(state))
     assert got[key("trainmeter_bus_dropped_records_total")] == 7
     assert got[key("trainmeter_bus_malformed_records_total")] == 2
@@ -191,11 +191,11 @@ def test_before_any_bus_stats_the_drop_counters_are_absent():
 
 def test_ranks_carry_rank_node_and_device_labels():
     snap = snapshot()
-    snap = rec.Snapshot(
+    snap = records.Snapshot(
         **{f: getattr(snap, f) for f in ("tick", "t", "wall", "state", "elapsed_s", "steps")},
         ranks=[
-            rec.RankStat(rank=0, host="n1", steps=40, step_time_s=0.5, device="n1/gpu0"),
-            rec.RankStat(rank=1, host="n2", steps=39, device="n2/cpu/rank1"),
+            records.RankStat(rank=0, host="n1", steps=40, step_time_s=0.5, device="n1/gpu0"),
+            records.RankStat(rank=1, host="n2", steps=39, device="n2/cpu/rank1"),
         ],
     )
     got = samples(text(state_with(snap)))
@@ -240,7 +240,7 @@ def test_the_run_state_is_one_hot_and_before_the_first_snapshot_only_the_run_is_
 
 
 def test_the_openmetrics_exposition_carries_units_and_ends_with_eof():
-    snap = snapshot(step_time_s=rec.MetricValue(value=0.1, unit="s", label="ema"))
+    snap = snapshot(step_time_s=records.MetricValue(value=0.1, unit="s", label="ema"))
     exposition = openmetrics(state_with(snap))
     assert "# UNIT trainmeter_step_time_seconds seconds" in exposition
     assert "# TYPE trainmeter_run info" in exposition

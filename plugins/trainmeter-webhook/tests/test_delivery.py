@@ -8,9 +8,9 @@ from trainmeter_webhook.delivery import deliver, retryable, scrub
 from trainmeter_webhook.formats import Outgoing, outgoing
 from trainmeter_webhook.settings import Settings
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
-ALERT = rec.Alert(rule="hung", state="fired", severity="critical", message="no step for 42 s", wall=1.0)
+ALERT = records.Alert(rule="hung", state="fired", severity="critical", message="no step for 42 s", wall=1.0)
 RUN = {"name": "r", "host": "n1"}
 
 

@@ -8,10 +8,10 @@ import math
 from trainmeter_webhook.formats import outgoing
 from trainmeter_webhook.settings import Settings
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 RUN = {"name": "gpt-small", "run_id": "20270115T080000Z-n1-gpt-small", "host": "n1"}
-FIRED = rec.Alert(
+FIRED = records.Alert(
     rule="loss_nan",
     state="fired",
     severity="critical",
@@ -62,7 +62,7 @@ def test_ntfy_sends_the_message_as_the_body_with_title_priority_and_tags():
         "Tags": "rotating_light",
         "Authorization": "Bearer tk_abc",
     }
-    cleared = rec.Alert(rule="loss_nan", state="cleared", severity="critical", message="finite again")
+    cleared = records.Alert(rule="loss_nan", state="cleared", severity="critical", message="finite again")
     headers = outgoing(cleared, Settings(url="https://ntfy.sh/my-runs", format="ntfy"), {"name": "ü"}).headers
     assert (headers["Priority"], headers["Tags"], headers["Title"]) == (
         "default",
@@ -76,5 +76,5 @@ def test_telegram_calls_send_message_of_the_bot_with_the_chat_and_the_text():
     request = outgoing(FIRED, settings, RUN)
     assert request.url == "https://api.telegram.org/bot123:ABC/sendMessage"
     assert json.loads(request.body) == {"chat_id": "-1001", "text": TEXT, "disable_web_page_preview": True}
-    long = rec.Alert(rule="x", state="fired", message="y" * 5000)
+    long = records.Alert(rule="x", state="fired", message="y" * 5000)
     assert len(json.loads(outgoing(long, settings, RUN).body)["text"]) == 4096

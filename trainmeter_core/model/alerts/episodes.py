@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 
 __all__ = [
     "COMMON_DEFAULTS",
@@ -54,7 +54,7 @@ class Condition:
     message: str
     numbers: dict[str, float] = field(default_factory=dict)
     subject: str | None = None
-    severity: rec.Severity | None = None
+    severity: records.Severity | None = None
 
 
 @dataclass
@@ -88,14 +88,14 @@ class Rule:
     """
 
     name: ClassVar[str] = ""
-    severity: ClassVar[rec.Severity] = "warning"
+    severity: ClassVar[records.Severity] = "warning"
     defaults: ClassVar[dict[str, float]] = {}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         raise NotImplementedError
 
 
-def metric(snapshot: rec.Snapshot, key: str) -> float | None:
+def metric(snapshot: records.Snapshot, key: str) -> float | None:
     """The value of a snapshot metric, or None when it is absent (or not there at all)."""
     value = snapshot.metrics.get(key)
     return None if value is None else value.value
@@ -198,10 +198,10 @@ class Alerter:
         self.errors: list[str] = []  # rules that raised, each turned off with one line here
         self.last_tick: int | None = None
 
-    def restore(self, alerts: Iterable[rec.Alert | rec.Record | rec.Unknown]) -> None:
+    def restore(self, alerts: Iterable[records.Alert | records.Record | records.Unknown]) -> None:
         """Episodes as the run log left them (after a restart): open ones stay open, numbering goes on."""
         for alert in alerts:
-            if not isinstance(alert, rec.Alert):
+            if not isinstance(alert, records.Alert):
                 continue
             episode = self.episodes.setdefault((alert.rule, alert.subject), Episode())
             episode.number = max(episode.number, alert.episode)
@@ -213,13 +213,13 @@ class Alerter:
             else:
                 episode.fired, episode.cleared_t = False, alert.t
 
-    def observe(self, snapshot: rec.Snapshot) -> list[rec.Alert]:
+    def observe(self, snapshot: records.Snapshot) -> list[records.Alert]:
         """The alerts one snapshot fires or clears. A snapshot of a tick already seen (a restarted engine) is skipped."""
         if not snapshot.final:
             if self.last_tick is not None and snapshot.tick <= self.last_tick:
                 return []
             self.last_tick = snapshot.tick
-        out: list[rec.Alert] = []
+        out: list[records.Alert] = []
         for rule in list(self.rules):
             state = self.states[rule.name]
             try:
@@ -236,10 +236,10 @@ class Alerter:
         return out
 
     def _step(
-        self, rule: Any, config: Mapping[str, float], verdict: Verdict, snapshot: rec.Snapshot
-    ) -> list[rec.Alert]:
+        self, rule: Any, config: Mapping[str, float], verdict: Verdict, snapshot: records.Snapshot
+    ) -> list[records.Alert]:
         now = snapshot.t
-        out: list[rec.Alert] = []
+        out: list[records.Alert] = []
         active = {c.subject: c for c in verdict.active}
         normal = {c.subject: c for c in verdict.normal}
         for subject, condition in active.items():
@@ -288,9 +288,9 @@ class Alerter:
 
     @staticmethod
     def _alert(
-        rule: Any, state: str, condition: Condition, episode: Episode, snapshot: rec.Snapshot
-    ) -> rec.Alert:
-        return rec.Alert(
+        rule: Any, state: str, condition: Condition, episode: Episode, snapshot: records.Snapshot
+    ) -> records.Alert:
+        return records.Alert(
             t=snapshot.t,
             wall=snapshot.wall,
             source="alerts",

@@ -7,7 +7,7 @@ filesystem role (``run``, ``checkpoints``, ``shm``). A reading the sampler could
 
 from __future__ import annotations
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts.episodes import Condition, Rule, RuleState, Verdict, metric
 
 # What some Xids mean, in the words of NVIDIA's Xid catalog (https://docs.nvidia.com/deploy/xid-errors/, "Xid Error
@@ -27,7 +27,7 @@ XID_MEANINGS = {
 }
 
 
-def _per_gpu(snapshot: rec.Snapshot, prefix: str) -> dict[str, float | None]:
+def _per_gpu(snapshot: records.Snapshot, prefix: str) -> dict[str, float | None]:
     """GPU key -> value of every ``<prefix>.<host>/gpu<i>`` metric of the snapshot."""
     found: dict[str, float | None] = {}
     for key, value in snapshot.metrics.items():
@@ -45,7 +45,7 @@ class GpuThrottle(Rule):
     severity = "warning"
     defaults = {"power": 1.0, "fire_after_s": 60.0, "clear_after_s": 60.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         power = _per_gpu(snapshot, "gpu_power_throttle")
         thermal = _per_gpu(snapshot, "gpu_thermal_throttle")
         verdict = Verdict()
@@ -73,7 +73,7 @@ class GpuXid(Rule):
     severity = "critical"
     defaults = {"clear_after_s": 300.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         seen: dict[str, float] = state.memory.setdefault("counts", {})
         verdict = Verdict()
         for key, count in sorted(_per_gpu(snapshot, "gpu_xid").items()):
@@ -102,7 +102,7 @@ class GpuEcc(Rule):
     severity = "critical"
     defaults = {"clear_after_s": 60.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         verdict = Verdict()
         for key, count in sorted(_per_gpu(snapshot, "gpu_ecc_uncorrected").items()):
             if count is None:
@@ -123,7 +123,7 @@ class GpuLost(Rule):
     severity = "critical"
     defaults = {"clear_after_s": 30.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         verdict = Verdict()
         for key, lost in sorted(_per_gpu(snapshot, "gpu_lost").items()):
             if lost == 1.0:
@@ -143,7 +143,7 @@ class NodeLost(Rule):
     severity = "critical"
     defaults = {"clear_after_s": 30.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         verdict = Verdict()
         for node in snapshot.nodes:
             if node.state == "ended" or node.node_rank == (snapshot.job.node_rank if snapshot.job else 0):
@@ -173,7 +173,7 @@ class DiskFull(Rule):
     severity = "warning"
     defaults = {"min_free": 0.05, "clear_after_s": 60.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         verdict = Verdict()
         for role in ("run", "checkpoints", "shm"):
             free = metric(snapshot, f"disk_free.{role}")
@@ -201,7 +201,7 @@ class HostMemory(Rule):
     severity = "warning"
     defaults = {"min_available": 0.05, "clear_after_s": 60.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         free = metric(snapshot, "node_mem_available")
         if free is None:
             return Verdict()

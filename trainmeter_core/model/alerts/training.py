@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import signal
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts.episodes import Condition, Rule, RuleState, Verdict, metric
 from trainmeter_core.model.formulas import median
 
@@ -17,14 +17,14 @@ from trainmeter_core.model.formulas import median
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def hung_threshold_s(snapshot: rec.Snapshot, factor: float, floor_s: float) -> float:
+def hung_threshold_s(snapshot: records.Snapshot, factor: float, floor_s: float) -> float:
     """How long without a step counts as hung: max(factor × the median step time, floor); the floor alone before the
     first interval is known."""
     median_s = metric(snapshot, "step_time_median_s")
     return max(factor * median_s, floor_s) if median_s is not None else floor_s
 
 
-def is_stepping(snapshot: rec.Snapshot, factor: float, floor_s: float) -> bool:
+def is_stepping(snapshot: records.Snapshot, factor: float, floor_s: float) -> bool:
     """The training process lives and steps: alive, and a step came within the hung threshold (or, before the first
     step, the run is younger than the floor). The heartbeat pings only then."""
     if snapshot.final or metric(snapshot, "child_alive") != 1.0:
@@ -46,7 +46,7 @@ class Hung(Rule):
     severity = "critical"
     defaults = {"factor": 10.0, "floor_s": 300.0, "clear_after_s": 10.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         config = state.config
         since_s = metric(snapshot, "since_step_s")
         alive = metric(snapshot, "child_alive")
@@ -100,7 +100,7 @@ class ThroughputDrop(Rule):
         "clear_after_s": 60.0,
     }
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         config, memory = state.config, state.memory
         rate, unit = _rate(snapshot, memory)
         if rate is None or snapshot.final:
@@ -146,7 +146,7 @@ class ThroughputDrop(Rule):
         return Verdict(normal=[Condition(f"{words} {rate:.4g}, {ratio:.0%} of its running median", numbers)])
 
 
-def _rate(snapshot: rec.Snapshot, memory: dict) -> tuple[float | None, str]:
+def _rate(snapshot: records.Snapshot, memory: dict) -> tuple[float | None, str]:
     """tokens/s, or steps/s when the run has no token counts; the first one seen is kept for the whole run."""
     unit = memory.get("unit")
     if unit in (None, "tokens_per_s"):
@@ -170,7 +170,7 @@ class LossNan(Rule):
     severity = "critical"
     defaults = {"clear_after_s": 60.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         count = metric(snapshot, "loss_nonfinite")
         if count is None:
             return Verdict()
@@ -202,7 +202,7 @@ class LossSpike(Rule):
     severity = "warning"
     defaults = {"factor": 1.0, "min_rise": 0.1, "window": 60.0, "min_points": 20.0, "clear_after_s": 60.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         config = state.config
         loss = metric(snapshot, "loss_tick_max")
         if loss is None:
@@ -234,7 +234,7 @@ class Straggler(Rule):
     severity = "warning"
     defaults = {"margin": 0.25, "min_steps": 20.0, "fire_after_s": 120.0, "clear_after_s": 60.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         config = state.config
         timed = [r for r in snapshot.ranks if r.step_time_s is not None and r.steps >= config["min_steps"]]
         if len(timed) < 2:
@@ -276,7 +276,7 @@ class Died(Rule):
     severity = "critical"
     defaults = {"clear_after_s": 0.0}
 
-    def evaluate(self, state: RuleState, snapshot: rec.Snapshot) -> Verdict:
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         if not snapshot.final:
             return _resumed(snapshot)
         code, sig = metric(snapshot, "exit_code"), metric(snapshot, "exit_signal")
@@ -303,7 +303,7 @@ class Died(Rule):
 _RESUMED_REPORT_S = 10.0
 
 
-def _resumed(snapshot: rec.Snapshot) -> Verdict:
+def _resumed(snapshot: records.Snapshot) -> Verdict:
     """A resumed run's attempt before the current one: how it ended, while this one restarts; back once it steps."""
     if len(snapshot.attempts) < 2:
         return Verdict()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine.state import AttemptState, EngineState, Resume
 from trainmeter_core.model.engine.training_window import StepSpan
 
@@ -32,7 +32,7 @@ SAME_CLOCK_S = 5.0
 Mark = tuple[int, float, int, int, int, float, float, float]
 
 
-def start(state: EngineState, record: rec.RunStart) -> None:
+def start(state: EngineState, record: records.RunStart) -> None:
     """A ``run.start``: the run's first attempt, or the next one, joined to the timeline of those before it."""
     resume = state.resume
     if not state.attempts:
@@ -91,18 +91,18 @@ def ended(state: EngineState, attempt: AttemptState) -> tuple[float, float]:
     return t, wall
 
 
-def shifted(record: rec.Record, offset: float) -> rec.Record:
+def shifted(record: records.Record, offset: float) -> records.Record:
     """``record`` with every monotonic time moved by ``offset`` (a copy: the caller's record is left alone)."""
     changes: dict[str, float] = {"t": record.t + offset}
-    if isinstance(record, rec.Phase):
+    if isinstance(record, records.Phase):
         changes["start_t"] = record.start_t + offset
         changes["end_t"] = record.end_t + offset
-    elif isinstance(record, rec.SampleGpu) and record.gpm_window_start_t is not None:
+    elif isinstance(record, records.SampleGpu) and record.gpm_window_start_t is not None:
         changes["gpm_window_start_t"] = record.gpm_window_start_t + offset
     return msgspec.structs.replace(record, **changes)
 
 
-def first_step(state: EngineState, record: rec.Step) -> None:
+def first_step(state: EngineState, record: records.Step) -> None:
     """Rank 0's first step of an attempt: close the join before it, and take back the steps it does again."""
     attempt = state.attempts[-1] if state.attempts else None
     if attempt is None:
@@ -174,7 +174,7 @@ def _mark_for(resume: Resume, after: int) -> tuple[Mark | None, bool]:
     return min(later, key=lambda m: (m[0], m[5])), False
 
 
-def phase(state: EngineState, record: rec.Phase, after_last_s: float) -> None:
+def phase(state: EngineState, record: records.Phase, after_last_s: float) -> None:
     """Rank 0's phase: its part inside the current attempt's stretch, and a checkpoint's mark."""
     resume = state.resume
     attempt = state.attempts[-1] if state.attempts else None
@@ -192,7 +192,7 @@ def phase(state: EngineState, record: rec.Phase, after_last_s: float) -> None:
         _checkpoint_mark(resume, record)
 
 
-def _checkpoint_mark(resume: Resume, record: rec.Phase) -> None:
+def _checkpoint_mark(resume: Resume, record: records.Phase) -> None:
     """The mark of a checkpoint: its step's mark moved on to the end of the save, so the save itself is no part of
     what a later resume from it redoes. A phase reaches the hub in the agent's next batch, often after a step or two
     more: its step's mark (kept among the recent ones) says where the run stood when it was written."""
@@ -217,7 +217,7 @@ def _checkpoint_mark(resume: Resume, record: rec.Phase) -> None:
         del marks[0]
 
 
-def end(state: EngineState, record: rec.RunEnd) -> None:
+def end(state: EngineState, record: records.RunEnd) -> None:
     """``run.end``: how the current attempt ended."""
     if not state.attempts:
         return
@@ -257,7 +257,7 @@ def reopen_span(span: StepSpan, t: float) -> None:
 # What a snapshot shows of them
 
 
-def stats(state: EngineState) -> list[rec.AttemptStat]:
+def stats(state: EngineState) -> list[records.AttemptStat]:
     """Every attempt, for the snapshot (only a resumed run lists them)."""
     if len(state.attempts) < 2:
         return []
@@ -268,7 +268,7 @@ def stats(state: EngineState) -> list[rec.AttemptStat]:
         following = state.attempts[index + 1] if not current else None
         steps = _attempt_steps(attempt, last_step)
         out.append(
-            rec.AttemptStat(
+            records.AttemptStat(
                 attempt=attempt.attempt,
                 start_t=attempt.start_t,
                 start_wall=attempt.start_wall,
@@ -306,7 +306,7 @@ def put_metrics(snap: SnapshotBuilder) -> None:
         "the run's run.start records so far",
         value=float(attempt.attempt),
         label=attempt.end,
-        inputs={"gap_s": rec.ExplainInput(value=attempt.gap_s, unit="s", source="wall clock")},
+        inputs={"gap_s": records.ExplainInput(value=attempt.gap_s, unit="s", source="wall clock")},
     )
     now = state.now_t
     formula = "now − the t of the current attempt's run.start"
@@ -321,8 +321,8 @@ def put_metrics(snap: SnapshotBuilder) -> None:
         value=float(resume.superseded_steps),
         note="; ".join(notes) if notes else None,
         inputs={
-            "superseded_s": rec.ExplainInput(value=resume.superseded_s, unit="s"),
-            "superseded_tokens": rec.ExplainInput(value=resume.superseded_tokens, unit="tokens"),
+            "superseded_s": records.ExplainInput(value=resume.superseded_s, unit="s"),
+            "superseded_tokens": records.ExplainInput(value=resume.superseded_tokens, unit="tokens"),
         },
     )
 

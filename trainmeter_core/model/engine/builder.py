@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.facts import number
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 NO_STEP = "no training step yet"
 NO_TOKENS = "tokens per step unknown: pass --tokens-per-step"
 NO_BUDGET = "budget not declared: pass --budget-tokens"
-EI = rec.ExplainInput
+EI = records.ExplainInput
 
 
 class SnapshotBuilder:
@@ -32,8 +32,8 @@ class SnapshotBuilder:
         self.state = state
         self.derived = derived.refresh()
         self.final = final
-        self.metrics: dict[str, rec.MetricValue] = {}
-        self.explain: dict[str, rec.Explain] = {}
+        self.metrics: dict[str, records.MetricValue] = {}
+        self.explain: dict[str, records.Explain] = {}
         self.tps: float | None = None
         self.tps_absent = NO_STEP
         self.mfu: tuple[float, float] | None = None  # (low, high); equal ends when a convention is chosen
@@ -52,7 +52,7 @@ class SnapshotBuilder:
         formula: str,
         *,
         absent: str | None = None,
-        inputs: dict[str, rec.ExplainInput] | None = None,
+        inputs: dict[str, records.ExplainInput] | None = None,
         note: str | None = None,
         **fields: Any,
     ) -> None:
@@ -62,9 +62,9 @@ class SnapshotBuilder:
         if absent is not None:
             fields = {k: v for k, v in fields.items() if k in ("unit", "convention", "label")}
             fields["absent"] = absent
-        self.metrics[key] = rec.MetricValue(**fields)
+        self.metrics[key] = records.MetricValue(**fields)
         if not self.lean:
-            self.explain[key] = rec.Explain(formula=formula, inputs=inputs or {}, note=note)
+            self.explain[key] = records.Explain(formula=formula, inputs=inputs or {}, note=note)
 
     def fpt_ends(self) -> tuple[float, float] | None:
         """FLOPs per token: (value, value) under a convention, (low, high) over the conventions, or None."""
@@ -101,7 +101,7 @@ def positive(value: Any) -> float | None:
     return result if result is not None and result > 0 else None
 
 
-def fact_source(fact: rec.Fact | None) -> str | None:
+def fact_source(fact: records.Fact | None) -> str | None:
     return None if fact is None else f"{fact.provenance} ({fact.origin})"
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import training_window
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, GpuState
@@ -211,7 +210,7 @@ def _ofu_latest(
     )
     reason = why if why is not None else (None if gpus else "no GPU sample yet")
     ofus: list[float] = []
-    inputs: dict[str, rec.ExplainInput] = {}
+    inputs: dict[str, records.ExplainInput] = {}
     for gpu in gpus if reason is None else []:
         key = _key(gpu)
         basis, _ = ofu_clock(snap.derived.rig.sampled.get(key), gpu.clock_sm_max_mhz)
@@ -266,7 +265,7 @@ def _put_window_mean(
     unit = _UNITS.get(name)
     reason = why if why is not None else (None if gpus else "no GPU sample yet")
     values: list[float] = []
-    inputs: dict[str, rec.ExplainInput] = {}
+    inputs: dict[str, records.ExplainInput] = {}
     starts: list[float] = []
     ends: list[float] = []
     for gpu in gpus if reason is None else []:

@@ -8,7 +8,7 @@ import math
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical, is_explicit_train_key
 from trainmeter_core.model.engine import attempts, nodes
 from trainmeter_core.model.engine.derived import Derived
@@ -45,7 +45,7 @@ class _Checkpoint(msgspec.Struct):
     history: HistoryState
 
 
-_RUN_START = rec.RunStart
+_RUN_START = records.RunStart
 _encoder = msgspec.msgpack.Encoder()
 _decoders: list[msgspec.msgpack.Decoder] = []  # the checkpoint's, built at the first restore (2.5 ms)
 
@@ -66,17 +66,17 @@ class Engine:
         # canonical(raw_key, seen_explicit_train) by the flag's value: a pure function, cached
         self._canonical_names: tuple[dict[str, str], dict[str, str]] = ({}, {})
         self._handlers = {
-            rec.Step: self._on_step,
-            rec.Metric: self._on_metric,
-            rec.Fact: self._on_fact,
-            rec.Phase: self._on_phase,
-            rec.SampleGpu: self._on_sample_gpu,
-            rec.SampleHost: self._on_sample_host,
-            rec.SampleNode: self._on_sample_node,
-            rec.Tick: self._on_tick,
-            rec.RunStart: self._on_run_start,
-            rec.RunEnd: self._on_run_end,
-            rec.ProfileImport: self._on_profile_import,
+            records.Step: self._on_step,
+            records.Metric: self._on_metric,
+            records.Fact: self._on_fact,
+            records.Phase: self._on_phase,
+            records.SampleGpu: self._on_sample_gpu,
+            records.SampleHost: self._on_sample_host,
+            records.SampleNode: self._on_sample_node,
+            records.Tick: self._on_tick,
+            records.RunStart: self._on_run_start,
+            records.RunEnd: self._on_run_end,
+            records.ProfileImport: self._on_profile_import,
         }
 
     #: The kinds ``feed`` reads (set below the class, from the handlers and a job's kinds); a reader may pass the others
@@ -95,7 +95,9 @@ class Engine:
     def history(self, history: History) -> None:
         self._history, self._keeps = history, history.keeps
 
-    def feed(self, record: rec.Record | rec.Unknown, snapshots: bool = True) -> list[rec.Snapshot]:
+    def feed(
+        self, record: records.Record | records.Unknown, snapshots: bool = True
+    ) -> list[records.Snapshot]:
         """Take one record; returns the snapshot a ``tick`` or ``run.end`` produces, else an empty list.
 
         ``snapshots=False`` is for catching up on a log whose snapshots nobody reads: a tick then only updates the
@@ -121,11 +123,11 @@ class Engine:
             self._t_offset = state.resume.t_offset
         if self._t_offset:  # an attempt on another clock joins the run's timeline
             record = attempts.shifted(record, self._t_offset)
-        if state.start_t is None and not isinstance(record, rec.Fact):
+        if state.start_t is None and not isinstance(record, records.Fact):
             state.start_t = record.t
         return handler(record)
 
-    def snapshot(self) -> rec.Snapshot:
+    def snapshot(self) -> records.Snapshot:
         """The snapshot of the current state (as the last tick would have it, final once the run ended)."""
         return build_snapshot(self.state, self.derived, final=self.state.finished)
 
@@ -144,7 +146,7 @@ class Engine:
     # ------------------------------------------------------------------------------------------------------------------
     # Handlers
 
-    def _on_step(self, record: rec.Step) -> list[rec.Snapshot]:
+    def _on_step(self, record: records.Step) -> list[records.Snapshot]:
         state = self.state
         rank_id = record.rank or 0
         if rank_id == 0 and state.pending_backward:
@@ -168,7 +170,7 @@ class Engine:
         self._history.add_point(_RANK_0_STEP_TIME, step, tokens, flops, record.wall, interval)
         return []
 
-    def _on_metric(self, record: rec.Metric) -> list[rec.Snapshot]:
+    def _on_metric(self, record: records.Metric) -> list[records.Snapshot]:
         state = self.state
         values = record.values
         origin = record.origin
@@ -217,7 +219,7 @@ class Engine:
             elif origin == _BACKWARD:
                 if name in state.tapped_series:
                     continue  # the loop's own tracker reports this series
-                point = rec.SeriesPoint(
+                point = records.SeriesPoint(
                     canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
                 )
                 state.pending_backward[name] = PendingPoint(
@@ -231,7 +233,7 @@ class Engine:
             # A series' point into the state and the history (as _commit_backward puts a held one)
             if name == _LOSS_SERIES:
                 self._on_loss(value)
-            state.series[name] = rec.SeriesPoint(
+            state.series[name] = records.SeriesPoint(
                 canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
             )
             if keeps:
@@ -264,15 +266,15 @@ class Engine:
             )
             del pending[name]
 
-    def _on_fact(self, record: rec.Fact) -> list[rec.Snapshot]:
+    def _on_fact(self, record: records.Fact) -> list[records.Snapshot]:
         self.state.facts.add(record)
         return []
 
-    def _on_phase(self, record: rec.Phase) -> list[rec.Snapshot]:
+    def _on_phase(self, record: records.Phase) -> list[records.Snapshot]:
         take_phase(self.state, record)
         return []
 
-    def _on_sample_gpu(self, record: rec.SampleGpu) -> list[rec.Snapshot]:
+    def _on_sample_gpu(self, record: records.SampleGpu) -> list[records.Snapshot]:
         state = self.state
         if "index" in record.absent:
             # The sampler's one row for a node it cannot read at all ("no NVML"): no GPU, so no GPU metric has a value.
@@ -304,17 +306,17 @@ class Engine:
                     add(name, step, tokens, flops, wall, value)
         return []
 
-    def _on_sample_host(self, record: rec.SampleHost) -> list[rec.Snapshot]:
+    def _on_sample_host(self, record: records.SampleHost) -> list[records.Snapshot]:
         take_host_sample(self.state, record, self.state.host_sample, HOST_WINDOW_FIELDS)
         self.state.host_sample = record
         return []
 
-    def _on_sample_node(self, record: rec.SampleNode) -> list[rec.Snapshot]:
+    def _on_sample_node(self, record: records.SampleNode) -> list[records.Snapshot]:
         take_host_sample(self.state, record, self.state.node_sample, NODE_WINDOW_FIELDS)
         self.state.node_sample = record
         return []
 
-    def _on_run_start(self, record: rec.RunStart) -> list[rec.Snapshot]:
+    def _on_run_start(self, record: records.RunStart) -> list[records.Snapshot]:
         state = self.state
         if nodes.own_run_start(state, record) and len(state.attempts) <= 1:
             state.start_t = record.t  # a resumed run's elapsed time runs from its first start
@@ -326,7 +328,7 @@ class Engine:
             state.facts.version += 1  # the rig maps CUDA indices through these entries
         return []
 
-    def _on_tick(self, record: rec.Tick) -> list[rec.Snapshot]:
+    def _on_tick(self, record: records.Tick) -> list[records.Snapshot]:
         state = self.state
         state.tick = record.n
         state.now_t = record.t
@@ -339,7 +341,7 @@ class Engine:
         state.loss_tick_max = None  # each snapshot shows the largest loss since the one before
         return [] if self._quiet else [snapshot]  # not quiet: built above
 
-    def _on_run_end(self, record: rec.RunEnd) -> list[rec.Snapshot]:
+    def _on_run_end(self, record: records.RunEnd) -> list[records.Snapshot]:
         state = self.state
         state.finished = True
         state.now_t = record.t
@@ -351,7 +353,7 @@ class Engine:
         attempts.end(state, record)
         return [] if self._quiet else [build_snapshot(state, self.derived, final=True)]
 
-    def _on_profile_import(self, record: rec.ProfileImport) -> list[rec.Snapshot]:
+    def _on_profile_import(self, record: records.ProfileImport) -> list[records.Snapshot]:
         on_profile_import(self.state.profiles, record)
         # Imported after the run ended (tm import of a finished run): the run's final numbers changed, so say them
         # again, once the trace's last record (the trace itself) is in.

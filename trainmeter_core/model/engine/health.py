@@ -3,8 +3,7 @@ GPU health, free space and memory, the exit; and the host's latest readings. Pur
 
 from __future__ import annotations
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import attempts, training_window
 from trainmeter_core.model.engine.builder import EI, NO_STEP, NO_TOKENS, SnapshotBuilder
 from trainmeter_core.model.engine.state import STEP_WINDOW, GpuState
@@ -216,7 +215,7 @@ def put_gpu_health(snap: SnapshotBuilder, key: str, gpu: GpuState) -> None:
 
 def put_space(snap: SnapshotBuilder) -> None:
     node = snap.state.node_sample
-    worst: dict[str, rec.FsStat] = {}
+    worst: dict[str, records.FsStat] = {}
     unread: dict[str, str] = {}
     for fs in node.filesystems if node is not None else []:
         if fs.total_b is None or fs.avail_b is None or fs.total_b <= 0:

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import EngineState, NodeState
 
@@ -20,16 +19,16 @@ if TYPE_CHECKING:
 
 # Times a record carries besides its header's ``t``, all on its own host's clock, so moved with it.
 _TIME_FIELDS: dict[type, tuple[str, ...]] = {
-    rec.Phase: ("start_t", "end_t"),
-    rec.SampleGpu: ("gpm_window_start_t",),
+    records.Phase: ("start_t", "end_t"),
+    records.SampleGpu: ("gpm_window_start_t",),
 }
 # Steps whose reports from every node are awaited: a node whose link is down reports its steps when it returns, up to
 # this many steps late; older ones are let go (they then never count towards the straggler).
 MAX_STEP_MARKS = 1024
 #: The kinds this module reads (the job hub's own), and those another node sends about itself that the job's numbers
 #: leave out: its run's end is not the job's, and the host metrics are the job hub's host's.
-JOB_KINDS = (rec.NodeEvent, rec.ClockMap)
-_OWN_HOST_ONLY = (rec.RunEnd, rec.SampleHost, rec.SampleNode)
+JOB_KINDS = (records.NodeEvent, records.ClockMap)
+_OWN_HOST_ONLY = (records.RunEnd, records.SampleHost, records.SampleNode)
 _EVENT_STATE = {
     "joined": "live",
     "resumed": "live",
@@ -40,7 +39,7 @@ _EVENT_STATE = {
 }
 
 
-def map_clock(record: rec.Record, offset_s: float) -> rec.Record:
+def map_clock(record: records.Record, offset_s: float) -> records.Record:
     """``record`` with every time it carries moved from its node's monotonic clock onto the hub's."""
     changes: dict[str, float] = {}
     if record.t:
@@ -59,15 +58,15 @@ def node_of(state: EngineState, host: str, node_rank: int) -> NodeState:
     return node
 
 
-def arrive(state: EngineState, record: rec.Record) -> rec.Record | None:
+def arrive(state: EngineState, record: records.Record) -> records.Record | None:
     """A record of a job as the engine's handlers read it, or None when it is this module's alone (``node``, ``clock``)
     or another node's word about its own host (its run's end, its process tree), which the job's numbers leave out.
     Another node's record is moved onto the hub's clock first; a step, on any node, marks when its host reported it.
     """
-    if isinstance(record, rec.ClockMap):
+    if isinstance(record, records.ClockMap):
         on_clock(state, record)
         return None
-    if isinstance(record, rec.NodeEvent):
+    if isinstance(record, records.NodeEvent):
         on_node(state, record)
         return None
     node = state.nodes.get(record.host)
@@ -77,12 +76,12 @@ def arrive(state: EngineState, record: rec.Record) -> rec.Record | None:
         seen(node, record.t)
         if isinstance(record, _OWN_HOST_ONLY):
             return None
-    if isinstance(record, rec.Step):
+    if isinstance(record, records.Step):
         mark_step(state, record.host, record.rank or 0, record.step, record.t)
     return record
 
 
-def own_run_start(state: EngineState, record: rec.RunStart) -> bool:
+def own_run_start(state: EngineState, record: records.RunStart) -> bool:
     """Whether a ``run.start`` is this run's own (the first one, or its host's), not another node's forwarded one."""
     if state.host is None:
         state.host = record.host
@@ -90,14 +89,14 @@ def own_run_start(state: EngineState, record: rec.RunStart) -> bool:
     return record.host not in state.nodes
 
 
-def on_clock(state: EngineState, record: rec.ClockMap) -> None:
+def on_clock(state: EngineState, record: records.ClockMap) -> None:
     node = node_of(state, record.node_host, record.node_rank)
     node.offset_s = record.offset_s
     node.uncertainty_s = record.uncertainty_s
     node.basis = record.basis
 
 
-def on_node(state: EngineState, record: rec.NodeEvent) -> None:
+def on_node(state: EngineState, record: records.NodeEvent) -> None:
     node = node_of(state, record.node_host, record.node_rank)
     node.node_rank = record.node_rank
     if record.node_run:
@@ -169,7 +168,7 @@ def node_rank_of(state: EngineState, host: str) -> int | None:
     return None
 
 
-def nodes(snap: SnapshotBuilder) -> list[rec.NodeStat]:
+def nodes(snap: SnapshotBuilder) -> list[records.NodeStat]:
     """The per-node part of a job's snapshot, ``node_lost.<host>`` for the alert rule, and the straggler node."""
     state = snap.state
     if not state.nodes:
@@ -192,7 +191,7 @@ def nodes(snap: SnapshotBuilder) -> list[rec.NodeStat]:
         step_time = statistics.median(times) if times else None  # type: ignore[type-var]
         if node is None:
             stats.append(
-                rec.NodeStat(
+                records.NodeStat(
                     node_rank=node_rank,
                     host=host,
                     state="ended" if state.finished else "live",
@@ -209,7 +208,7 @@ def nodes(snap: SnapshotBuilder) -> list[rec.NodeStat]:
             continue
         silent = now - node.last_t if now is not None and node.last_t is not None else None
         stats.append(
-            rec.NodeStat(
+            records.NodeStat(
                 node_rank=node_rank,
                 host=host,
                 state=node.state,  # type: ignore[arg-type]
@@ -240,7 +239,7 @@ def nodes(snap: SnapshotBuilder) -> list[rec.NodeStat]:
     return stats
 
 
-def _straggler(snap: SnapshotBuilder, stats: list[rec.NodeStat]) -> None:
+def _straggler(snap: SnapshotBuilder, stats: list[records.NodeStat]) -> None:
     formula = (
         "the node whose ranks report a step latest, on the hub's clock: EMA of (its time − the first node's)"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import ProfileState
 
@@ -25,7 +25,7 @@ NO_PROFILE = "no profile imported: tm import RUN TRACE, or run with torch.profil
 _COMPUTE = ("gemm", "attention", "other_compute")
 
 
-def on_profile_import(profiles: ProfileState, record: rec.ProfileImport) -> None:
+def on_profile_import(profiles: ProfileState, record: records.ProfileImport) -> None:
     """Keep one record: a trace's steps come before the trace itself; importing a file again replaces it."""
     trace_id = record.trace_id or f"{record.file}|{record.rank}|{record.traced_pid}"
     if record.scope == "step":
@@ -48,26 +48,26 @@ def on_profile_import(profiles: ProfileState, record: rec.ProfileImport) -> None
         del profiles.steps[orphan]
 
 
-def profile_view(snap: SnapshotBuilder, profiles: ProfileState) -> rec.ProfileView | None:
+def profile_view(snap: SnapshotBuilder, profiles: ProfileState) -> records.ProfileView | None:
     """The snapshot's profile part and its metrics (``profile_*``), or None (and no metric) before any import."""
     if not profiles.traces:
         return None
-    latest: dict[tuple[str, int | None], rec.ProfileImport] = {}
+    latest: dict[tuple[str, int | None], records.ProfileImport] = {}
     for trace in profiles.traces.values():
         latest[(trace.host, trace.rank)] = trace  # import order: the last one of a rank wins
     traces = sorted(latest.values(), key=lambda t: (t.rank if t.rank is not None else -1, t.host))
-    steps: list[rec.ProfileImport] = []
+    steps: list[records.ProfileImport] = []
     for trace in traces:
         steps.extend(profiles.steps.get(trace.trace_id, []))
     steps = steps[-STEPS_SHOWN:]
     achieved = [_achieved(snap, trace) for trace in traces]
-    view = rec.ProfileView(traces=traces, steps=steps, achieved=achieved, imported=len(profiles.traces))
+    view = records.ProfileView(traces=traces, steps=steps, achieved=achieved, imported=len(profiles.traces))
     _spread(view)
     _metrics(snap, view)
     return view
 
 
-def _device(snap: SnapshotBuilder, trace: rec.ProfileImport) -> RigDevice | None:
+def _device(snap: SnapshotBuilder, trace: records.ProfileImport) -> RigDevice | None:
     rank = trace.rank if trace.rank is not None else 0
     for device in snap.derived.rig.devices:
         if rank in device.ranks and (not trace.host or device.host == trace.host):
@@ -75,8 +75,8 @@ def _device(snap: SnapshotBuilder, trace: rec.ProfileImport) -> RigDevice | None
     return None
 
 
-def _achieved(snap: SnapshotBuilder, trace: rec.ProfileImport) -> rec.ProfileAchieved:
-    out = rec.ProfileAchieved(rank=trace.rank, host=trace.host)
+def _achieved(snap: SnapshotBuilder, trace: records.ProfileImport) -> records.ProfileAchieved:
+    out = records.ProfileAchieved(rank=trace.rank, host=trace.host)
     absent: dict[str, str] = {}
     window = trace.window_s
     if trace.flop is None:
@@ -100,14 +100,14 @@ def _achieved(snap: SnapshotBuilder, trace: rec.ProfileImport) -> rec.ProfileAch
     return out
 
 
-def _share(trace: rec.ProfileImport, part: str) -> float | None:
+def _share(trace: records.ProfileImport, part: str) -> float | None:
     window = trace.window_s
     if not window or part not in trace.split_s:
         return None
     return trace.split_s[part] / window
 
 
-def _spread(view: rec.ProfileView) -> None:
+def _spread(view: records.ProfileView) -> None:
     """For each part of the split, the largest share of a window minus the smallest, over the ranks; and, where the
     ranks' exposed communication differs, the rank that waits least (the others wait for it)."""
     traces = [t for t in view.traces if t.split_s and t.window_s]
@@ -129,7 +129,7 @@ def _spread(view: rec.ProfileView) -> None:
         )
 
 
-def _metrics(snap: SnapshotBuilder, view: rec.ProfileView) -> None:
+def _metrics(snap: SnapshotBuilder, view: records.ProfileView) -> None:
     """``profile_mfu``, ``profile_flop_per_s``, ``profile_idle`` and ``profile_exposed_communication``: over each
     rank's latest trace, for the alert rules and the dashboard."""
     label = "profiled window"

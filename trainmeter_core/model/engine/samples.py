@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import attempts, training_window
 from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, EngineState, GpuState
 from trainmeter_core.model.platform_adapters import GPU_LOST
@@ -35,7 +34,7 @@ NODE_WINDOW_FIELDS = (
 
 
 def take_gpu_sample(
-    state: EngineState, gpu: GpuState, record: rec.SampleGpu, device: RigDevice | None
+    state: EngineState, gpu: GpuState, record: records.SampleGpu, device: RigDevice | None
 ) -> list[float | None]:
     """One GPU sample into its state: the latest readings (a reading out of range is absent, never a number), energy,
     OFU × window for observed FLOPs, health, and each counter over the training window. Returns the readings of
@@ -114,8 +113,8 @@ def take_gpu_sample(
 
 def take_host_sample(
     state: EngineState,
-    record: rec.SampleHost | rec.SampleNode,
-    previous: rec.SampleHost | rec.SampleNode | None,
+    record: records.SampleHost | records.SampleNode,
+    previous: records.SampleHost | records.SampleNode | None,
     fields: tuple[tuple[str, str], ...],
 ) -> None:
     """The host counters over the training window: a rate covers its own window, a level the time since the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine import (
     attempts,
     budget,
@@ -37,7 +37,7 @@ OLD_METRIC_KEYS = {
 }
 
 
-def with_old_keys(metrics: dict[str, rec.MetricValue]) -> dict[str, rec.MetricValue]:
+def with_old_keys(metrics: dict[str, records.MetricValue]) -> dict[str, records.MetricValue]:
     """The metrics plus their schema-1 aliases (``flops_per_token.titan`` for ``flop_per_token.titan``, ...)."""
     aliases = {}
     for key, value in metrics.items():
@@ -48,7 +48,7 @@ def with_old_keys(metrics: dict[str, rec.MetricValue]) -> dict[str, rec.MetricVa
     return metrics | aliases
 
 
-def build_snapshot(state: EngineState, derived: Derived, final: bool, lean: bool = False) -> rec.Snapshot:
+def build_snapshot(state: EngineState, derived: Derived, final: bool, lean: bool = False) -> records.Snapshot:
     """The snapshot of an engine's state: every metric, its explain, the series, ranks, time split, facts, warnings.
 
     ``lean`` builds only the metrics history keeps over time, without explain: for catching up quietly.
@@ -59,7 +59,7 @@ def build_snapshot(state: EngineState, derived: Derived, final: bool, lean: bool
         utilization.mfu_metrics(snap)
         utilization.after_counters(snap, *counters.counters(snap))
         time_split.time_split(snap)
-        return rec.Snapshot(tick=state.tick, metrics=snap.metrics)
+        return records.Snapshot(tick=state.tick, metrics=snap.metrics)
     throughput.throughput(snap)
     budget.flop_per_token(snap)
     budget.budget(snap)
@@ -86,7 +86,7 @@ def build_snapshot(state: EngineState, derived: Derived, final: bool, lean: bool
             f"the model has {experts:g} experts: total parameters overstate FLOPs; declare the active parameters "
             "with --params"
         )
-    return rec.Snapshot(
+    return records.Snapshot(
         t=state.now_t if state.now_t is not None else 0.0,
         wall=state.now_wall,
         source="engine",
@@ -119,7 +119,7 @@ HISTORY_METRICS = (
 )  # fmt: skip
 
 
-def record_history(history: History, derived: Derived, snapshot: rec.Snapshot, wall: float) -> None:
+def record_history(history: History, derived: Derived, snapshot: records.Snapshot, wall: float) -> None:
     """The derived numbers of a tick's snapshot into the engine's history: a range is kept as its two ends."""
     step, tokens, flops = derived.x()
     add = history.add_point

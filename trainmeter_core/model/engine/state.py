@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.engine.training_window import StepSpan, WindowSum
 from trainmeter_core.model.facts import FactTable
 
@@ -70,7 +70,7 @@ class GpuState(msgspec.Struct, kw_only=True):
 class PendingPoint(msgspec.Struct, kw_only=True):
     """A value held back from a series, with the x values and wall time it arrived at."""
 
-    point: rec.SeriesPoint
+    point: records.SeriesPoint
     x_step: float
     x_tokens: float
     x_flop: float
@@ -155,8 +155,8 @@ class Resume(msgspec.Struct, kw_only=True):
 class ProfileState(msgspec.Struct, kw_only=True):
     """Every profile trace imported (by ``trace_id``, in import order) and the profiled steps of each."""
 
-    traces: dict[str, rec.ProfileImport] = {}
-    steps: dict[str, list[rec.ProfileImport]] = {}
+    traces: dict[str, records.ProfileImport] = {}
+    steps: dict[str, list[records.ProfileImport]] = {}
 
 
 class EngineState(msgspec.Struct, kw_only=True):
@@ -203,12 +203,12 @@ class EngineState(msgspec.Struct, kw_only=True):
     # the agent's loss from backward(), held until the iteration is over: the loop's own value for that step (emit()
     # after optimizer.step(), say) replaces it; otherwise it goes in at the next step, tick or the run's end
     pending_backward: dict[str, PendingPoint] = {}
-    series: dict[str, rec.SeriesPoint] = {}
+    series: dict[str, records.SeriesPoint] = {}
     # samplers
     gpus: dict[str, GpuState] = {}
     gpu_absent: str | None = None  # the GPU sampler's row saying the node has no GPU it can read ("no NVML")
-    host_sample: rec.SampleHost | None = None
-    node_sample: rec.SampleNode | None = None
+    host_sample: records.SampleHost | None = None
+    node_sample: records.SampleNode | None = None
     # the training window of each host (its first and latest step, any rank), and the host counters over it
     step_spans: dict[str, StepSpan] = {}
     host_window: dict[str, WindowSum] = {}
@@ -232,7 +232,7 @@ class EngineState(msgspec.Struct, kw_only=True):
     # a job of several nodes (model/engine/nodes.py): the host whose run this is (its first run.start's), the job,
     # each other node by host, and the mapped time each host's ranks reported the latest steps
     host: str | None = None
-    job: rec.JobPlace | None = None
+    job: records.JobPlace | None = None
     nodes: dict[str, NodeState] = {}
     step_marks: dict[int, dict[str, float]] = {}
     own_lag_ema_s: float | None = None

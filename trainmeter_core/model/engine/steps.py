@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import attempts
 from trainmeter_core.model.engine.derived import MAX_TOKENS_PER_STEP, Derived
 from trainmeter_core.model.engine.state import STEP_WINDOW, EngineState, RankState
@@ -18,7 +17,7 @@ _INF = math.inf
 _MARKS_KEPT_MAX, _RECENT_MARKS = attempts.MARKS_KEPT_MAX, attempts.RECENT_MARKS
 
 
-def take_step(state: EngineState, record: rec.Step, derived: Derived) -> float | None:
+def take_step(state: EngineState, record: records.Step, derived: Derived) -> float | None:
     """One step of any rank into the state; returns its interval for the history, None where it measures nothing.
 
     One function, the rank-0 clock a block of it: a call of its own would cost every step 0.06 µs (3%)."""
@@ -117,7 +116,7 @@ def take_step(state: EngineState, record: rec.Step, derived: Derived) -> float |
     return interval
 
 
-def step_tokens(state: EngineState, record: rec.Step, derived: Derived) -> int | None:
+def step_tokens(state: EngineState, record: records.Step, derived: Derived) -> int | None:
     """Tokens in this step across all ranks, or None: a declared count (``--tokens-per-step``) beats a detected one
     (a disagreement is kept for a warning), and a detected one beats a ``tokens_per_step`` fact that was not declared.
 

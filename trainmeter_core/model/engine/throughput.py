@@ -3,8 +3,7 @@ ranks. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine.builder import EI, NO_STEP, NO_TOKENS, SnapshotBuilder
 from trainmeter_core.model.engine.nodes import node_rank_of
 
@@ -70,11 +69,11 @@ def throughput(snap: SnapshotBuilder) -> None:
         snap.put("tokens", "Σ tokens per step", absent=NO_TOKENS if state.steps else NO_STEP, unit="tokens")
 
 
-def ranks(snap: SnapshotBuilder) -> list[rec.RankStat]:
+def ranks(snap: SnapshotBuilder) -> list[records.RankStat]:
     state = snap.state
     device_of = {rank: d.key for d in snap.derived.rig.devices for rank in d.ranks}
     stats = [
-        rec.RankStat(
+        records.RankStat(
             rank=r,
             host=s.host,
             steps=s.steps,

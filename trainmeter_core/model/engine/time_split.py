@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import attempts
 from trainmeter_core.model.engine.builder import EI, NO_STEP, SnapshotBuilder
 from trainmeter_core.model.engine.state import EngineState
@@ -15,7 +14,7 @@ from trainmeter_core.model.engine.state import EngineState
 _PAUSE_PHASES = ("eval", "checkpoint")
 
 
-def take_phase(state: EngineState, record: rec.Phase) -> None:
+def take_phase(state: EngineState, record: records.Phase) -> None:
     """A phase of rank 0 into the state: its time before the first step (startup), within the window, after the last
     step, and the pause it makes (eval, checkpoint) for the hung-run rule."""
     if record.rank not in (None, 0):
@@ -73,7 +72,7 @@ def time_split(snap: SnapshotBuilder) -> dict[str, float]:
     if unattached:
         note = "stays in compute, its probe never attached: " + "; ".join(unattached)
     if not snap.lean:
-        snap.explain["time_split"] = rec.Explain(
+        snap.explain["time_split"] = records.Explain(
             formula="elapsed = startup_compile + data_wait + checkpoint + eval + profiler + compute (+ after_last_step)",
             inputs={name: EI(value=value, unit="s") for name, value in split.items()},
             note=note,
@@ -138,7 +137,7 @@ def lost_time(
     startup_phase_s: dict[str, float],
     split: dict[str, float],
     elapsed_s: float,
-    inputs: dict[str, rec.ExplainInput],
+    inputs: dict[str, records.ExplainInput],
 ) -> str | None:
     """What the time goodput does not count was spent on, as a note; each part also goes into ``inputs``."""
     parts = []

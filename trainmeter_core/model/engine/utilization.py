@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmeter_core.model import formulas
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine.builder import EI, NO_TOKENS, SnapshotBuilder, join_notes
 from trainmeter_core.model.engine.state import (
     GpuState,
@@ -249,7 +248,7 @@ def energy(snap: SnapshotBuilder, latest: list[GpuState], why: str | None) -> No
         snap.put("energy_j", formula, absent=reason or "no GPU sample yet", unit="J")
 
 
-def _peak_inputs(rig: Rig) -> dict[str, rec.ExplainInput]:
+def _peak_inputs(rig: Rig) -> dict[str, records.ExplainInput]:
     if rig.absent:
         return {}
     inputs = {"n_devices": EI(value=len(rig.devices), source="device facts of ranks")}

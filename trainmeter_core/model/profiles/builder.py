@@ -15,7 +15,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.profiles.hta import hta_of
 from trainmeter_core.model.profiles.kernels import (
     CLASS_NAMES,
@@ -204,7 +204,7 @@ class ProfileBuilder:
         world_size: int | None = None,
         notes: Iterable[str] = (),
         flop_absent: str = NO_FLOP,
-    ) -> list[rec.ProfileImport]:
+    ) -> list[records.ProfileImport]:
         """The step records (in the profiler's step order) and then the trace record.
 
         ``flop_absent``: why there are no FLOPs when no op carries a count (the default asks for ``with_flops``).
@@ -226,11 +226,11 @@ class ProfileBuilder:
         def wall(t: float) -> float | None:
             return None if wall_offset_s is None else t * unit + wall_offset_s
 
-        out: list[rec.ProfileImport] = []
+        out: list[records.ProfileImport] = []
         for i, number in enumerate(step_numbers):
             cpu_start, cpu_end = spans[i]
             start, end = bounds[i], bounds[i + 1]
-            record = rec.ProfileImport(
+            record = records.ProfileImport(
                 **header,
                 **ids,
                 scope="step",
@@ -260,7 +260,7 @@ class ProfileBuilder:
             flop = self._flop_in(-math.inf, math.inf)
         if self.empty:
             start = end = 0.0
-        record = rec.ProfileImport(
+        record = records.ProfileImport(
             **header,
             **ids,
             scope="trace",
@@ -388,7 +388,7 @@ class ProfileBuilder:
 
     def _fill(
         self,
-        record: rec.ProfileImport,
+        record: records.ProfileImport,
         totals: WindowTotals | None,
         flop: float | None,
         wall_absent: str | None,
@@ -427,11 +427,11 @@ class ProfileBuilder:
                 absent["step"] = wall_absent
         record.absent = absent
 
-    def _top_kernels(self) -> list[rec.KernelStat]:
+    def _top_kernels(self) -> list[records.KernelStat]:
         unit = self.unit_s
         ranked = sorted(self._names.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]
         return [
-            rec.KernelStat(
+            records.KernelStat(
                 name=name,
                 category=CLASS_NAMES[cls] if cls >= 0 else "mixed",
                 count=count,

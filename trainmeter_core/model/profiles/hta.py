@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from trainmeter_core.model import records as rec
+from trainmeter_core.model import records
 from trainmeter_core.model.profiles.kernels import (
     HTA_COMMUNICATION,
     HTA_COMPUTATION,
@@ -137,7 +137,7 @@ def hta_of(
     step_names: int,
     floats: bool,
     unit_s: float,
-) -> rec.HtaBreakdown | None:
+) -> records.HtaBreakdown | None:
     """HTA's breakdown: only the GPU activities launched before the last ProfilerStep started (when the trace
         has two step names or more), rounded as HTA rounds them (``launch``: each activity's launch, unrounded; the
     arrays hold one entry per GPU activity, as the builder keeps them)."""
@@ -171,7 +171,7 @@ def hta_of(
         return None
     unit = unit_s
     span = result.span
-    return rec.HtaBreakdown(
+    return records.HtaBreakdown(
         span_s=span * unit,
         idle_s=result.idle * unit,
         compute_s=result.compute * unit,
