@@ -261,6 +261,17 @@ def test_the_readme_quick_start_has_exactly_two_commands():
         assert (REPO / script).exists()
 
 
+def test_no_product_module_is_over_650_lines_but_the_mirror_of_pynvml():
+    """A module holds one idea; past 650 lines it holds more. ``fake_pynvml.py`` mirrors pynvml's one module."""
+    long = []
+    for package in ("trainmeter_core", "trainmeter_sources", "trainmeter_agent", "trainmeter_web", "plugins"):
+        for path in (REPO / package).rglob("*.py"):
+            lines = len(path.read_text().splitlines())
+            if lines > 650 and path.name != "fake_pynvml.py" and "tests" not in path.parts:
+                long.append(f"{path.relative_to(REPO)} ({lines} lines)")
+    assert not long, "modules over 650 lines: " + ", ".join(long)
+
+
 def test_a_module_over_500_lines_says_at_its_top_why_it_stays_whole():
     for package in ("trainmeter_core", "trainmeter_sources", "trainmeter_agent", "trainmeter_web", "plugins"):
         for path in (REPO / package).rglob("*.py"):
