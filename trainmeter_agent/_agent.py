@@ -37,7 +37,7 @@ class Agent(StepRecords, EmitCalls):
     """Turns what the probes see into records: ``hello`` on the first record, ``step``, ``metric``, ``bye`` at exit."""
 
     #: The steady iteration's short ways (the optimizer hooks' lane, the data wait's and the step's own). False sends
-    #: every iteration the general way: ``tests/test_agent_depth.py`` runs one loop both ways and compares the records.
+    #: every iteration the general way: ``tests/e2e/test_agent_depth.py`` runs one loop both ways and compares the records.
     lean = True
 
     # The states the steady paths' gates are computed from (``_gates.py``); the sets ``stopped`` and ``_faults``

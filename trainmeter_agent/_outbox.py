@@ -22,7 +22,7 @@ MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
 
 
 # The loop's hottest records wait in the outbox as plain tuples and leave as they are: the hub builds the records they
-# stand for (``trainmeter_core.model.agent_batch``, whose codes these are: ``tests/test_agent.py`` checks they match).
+# stand for (``trainmeter_core.model.agent_batch``, whose codes these are: ``tests/e2e/test_agent.py`` checks they match).
 #: ``(STEADY_STEP, step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, tokens_source, dp, loss, loss_t,
 #: loss_origin)``: a steady iteration's step record, after its ``train_loss`` metric from backward() when ``loss`` is
 #: a float.

@@ -2,7 +2,7 @@
 dict or the steady way straight from the probes' per-iteration state, and now and then the agent's own cost as a fact.
 
 ``send_steady_step`` is the hot path of every iteration (docs/architecture.md, "What an iteration costs"): it reads
-the probes' state itself instead of calling them, and ``tests/test_agent_depth.py`` checks both ways send the same.
+the probes' state itself instead of calling them, and ``tests/e2e/test_agent_depth.py`` checks both ways send the same.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class StepRecords:
         tokens wait, no FLOP count ends here and the model probe saw this iteration's forward, its tokens and its dp.
         Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step`` would add is read from their per-iteration
         state here, in one function: on a tight loop every call and line of an iteration shows (docs/architecture.md,
-        "What an iteration costs"), and ``tests/test_agent_depth.py`` checks that both ways send the same records.
+        "What an iteration costs"), and ``tests/e2e/test_agent_depth.py`` checks that both ways send the same records.
         False (nothing changed) sends the iteration down ``send_step``.
         """
         model = self._steady_model

@@ -1,6 +1,6 @@
 """The agent's batch on the wire, a ``window`` message: the records of one flush of a training process, most of them
 still as the short arrays its hooks made, which the hub turns into the records they stand for. Named for what it
-carries, not ``window.py``: a window in the engine is the training window its averages cover (``engine/window.py``).
+carries, not ``window.py``: a window in the engine is the training window its averages cover (``engine/training_window.py``).
 
 A tight loop makes a step, a loss and a data wait per iteration. Building those records (a Struct with a dozen fields
 and the producer's header each, then a map on the wire) cost the training process about 3 µs per iteration, more

@@ -5,7 +5,7 @@ here because every header says it. Pure: no I/O, no clock.
 
 # No ``from __future__ import annotations`` here, nor in any module of the records package: the decoders (built at
 # the first decode) would then evaluate ~600 annotations from strings, which cost every tm process 3-8 ms at start
-# (docs/architecture.md, "What a short command pays"). tests/test_records.py holds every module of the package to it.
+# (docs/performance.md, "The launcher: what a short command pays"). tests/unit/test_records.py holds every module of the package to it.
 import msgspec
 
 #: Version of the record schema; a reader keeps records of a newer version and counts what it does not know.
