@@ -272,6 +272,17 @@ def test_no_product_module_is_over_650_lines_but_the_mirror_of_pynvml():
     assert not long, "modules over 650 lines: " + ", ".join(long)
 
 
+def test_every_product_module_says_at_its_top_what_it_is_for():
+    bare = []
+    for package in ("trainmeter_core", "trainmeter_sources", "trainmeter_agent", "trainmeter_web", "plugins"):
+        for path in (REPO / package).rglob("*.py"):
+            if "tests" in path.parts or "bench" in path.parts or not path.read_text().strip():
+                continue
+            if not ast.get_docstring(ast.parse(path.read_text())) and path.name != "__init__.py":
+                bare.append(str(path.relative_to(REPO)))
+    assert not bare, "modules without a docstring saying their idea: " + ", ".join(bare)
+
+
 def test_a_module_over_500_lines_says_at_its_top_why_it_stays_whole():
     for package in ("trainmeter_core", "trainmeter_sources", "trainmeter_agent", "trainmeter_web", "plugins"):
         for path in (REPO / package).rglob("*.py"):
