@@ -169,3 +169,22 @@ def test_the_loops_own_loss_after_its_step_still_replaces_the_one_read_at_backwa
         (2.0, 0.5),
         (3.0, 1 / 3),
     ]
+
+
+def test_a_gpu_loss_read_a_few_steps_late_is_kept_too():
+    # A CUDA loss is read once its copy has landed, some steps later, in step order: loss k comes after step k + 3.
+    logged: list[records.Record] = []
+    for step in range(1, 101):
+        t = step * STEP_S
+        logged.append(records.Step(step=step, t=t, wall=1e9 + t, step_time_s=STEP_S if step > 1 else None))
+        if step > 3:
+            late = step - 3
+            logged.append(
+                records.Metric(
+                    values={"train_loss": loss_curve(late)}, step=late, t=t, wall=1e9 + t, origin="backward"
+                )
+            )
+    engine, snapshots = replay(with_ticks(logged))
+    points = engine.history.query("train_loss", "step")
+    assert [(p.x, p.value) for p in points] == [(float(s), loss_curve(s)) for s in range(1, 98)]
+    assert snapshots[-1].series["train_loss"].step == 97
