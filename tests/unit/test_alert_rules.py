@@ -225,7 +225,7 @@ def test_loss_nan_names_the_first_nan_step_of_the_episode_not_the_latest():
     # 20 steps a snapshot, NaN from step 101: the snapshot at step 120 holds 20 of them, the first at step 101.
     (fired,) = alerter(LossNan()).observe(loss(6, math.nan, 20, step=120, first=101))
     assert fired.message == (
-        "train_loss went NaN or infinite at step 101 (20 NaN or infinite values so far; nan at step 120)"
+        "train_loss is nan (the first NaN or infinite value at step 101; 20 so far, the latest at step 120)"
     )
     assert (fired.numbers["step"], fired.numbers["latest_step"]) == (101.0, 120.0)
 
@@ -237,7 +237,7 @@ def test_loss_nan_that_fires_later_still_names_the_step_where_its_condition_bega
     sequence += [loss(t, math.nan, 20 * (t - 5), step=20 * t, first=20 * t - 19) for t in (6, 7, 8)]
     fired = [a for s in sequence for a in alerts.observe(s)]
     assert [(a.t, a.state) for a in fired] == [(8.0, "fired")]
-    assert fired[0].numbers["step"] == 101.0 and "at step 101 (60 NaN" in fired[0].message
+    assert fired[0].numbers["step"] == 101.0 and "at step 101; 60 so far" in fired[0].message
 
 
 def test_a_second_nan_episode_names_its_own_first_step():

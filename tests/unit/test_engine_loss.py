@@ -138,7 +138,7 @@ def test_nan_from_step_101_on_counts_each_value_and_the_alert_names_step_101():
     assert [(a.rule, a.state) for a in fired] == [("loss_nan", "fired")]
     assert fired[0].numbers["step"] == 101.0 and fired[0].numbers["latest_step"] == 120.0
     assert fired[0].message == (
-        "train_loss went NaN or infinite at step 101 (20 NaN or infinite values so far; nan at step 120)"
+        "train_loss is nan (the first NaN or infinite value at step 101; 20 so far, the latest at step 120)"
     )
     assert [p.count for p in engine.history.query("train_loss", "step")] == [1] * 150
 

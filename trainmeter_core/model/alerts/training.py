@@ -197,7 +197,8 @@ class LossNan(Rule):
             if not at or at == latest_at:
                 message = f"train_loss is {latest}{latest_at} ({so_far})"
             else:
-                message = f"train_loss went NaN or infinite{at} ({so_far}; {latest}{latest_at})"
+                latest_words = f", the latest{latest_at}" if latest_at else ""
+                message = f"train_loss is {latest} (the first NaN or infinite value{at}; {count:.0f} so far{latest_words})"
             return Verdict(active=[Condition(message, numbers)])
         if count > before:
             first_at = f", the first{at}" if at else ""
