@@ -6,6 +6,7 @@ engine lets a tracker's or emit()'s own loss win over it, and the training stays
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -158,6 +159,76 @@ def test_a_reentrant_checkpoints_own_backward_calls_are_not_the_loops(run, torch
     printed = json.loads(done.stdout)
     losses = backward_losses(run.records())
     assert [losses[step] for step in (1, 2, 3)] == printed
+
+
+# A loop with no tracker and no emit(): its only loss is the one it passes to backward(), NaN from NAN_FROM on.
+ONLY_BACKWARD = """
+import math, sys, time
+import torch
+torch.set_num_threads(1)
+torch.manual_seed(0)
+steps, nan_from = int(sys.argv[1]), int(sys.argv[2])
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+inputs, targets = torch.randn(8, 4), torch.randn(8, 1)
+for step in range(1, steps + 1):
+    optimizer.zero_grad()
+    loss = ((model(inputs) - targets) ** 2).mean()
+    if step >= nan_from:
+        loss = loss * math.nan
+    loss.backward()
+    optimizer.step()
+    time.sleep(0.02)  # about 50 steps a second: some 20 steps between two ticks
+"""
+
+
+def run_only_backward(tmp_path, tm_env, steps: int, nan_from: int):
+    """The loop above under tm (no web page); returns its run directory and its log as JSON."""
+    from tm_runs import log_records, only_run, run_tm
+
+    script = tmp_path / "loop.py"
+    script.write_text(ONLY_BACKWARD)
+    env = dict(tm_env, TM_DISABLE_COMPONENTS="web")
+    done = run_tm([str(script), str(steps), str(nan_from)], env, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run_dir = only_run(tmp_path / "runs")
+    return run_dir, log_records(run_dir)
+
+
+@heavy
+def test_a_run_whose_only_loss_is_read_at_backward_keeps_every_loss_beside_its_step_times(
+    torch, tm_env, tmp_path
+):
+    from trainmeter_web.follow import replayed_dashboard
+
+    run_dir, logged = run_only_backward(tmp_path, tm_env, steps=200, nan_from=10**9)
+    assert sorted(backward_losses(logged)) == list(range(1, 201))
+    # What the dashboard, the report and tm compare read: the engine's history, as /api/series and /api/history give it.
+    dashboard = replayed_dashboard(run_dir)
+    catalog = dashboard.catalog()
+    assert catalog["train_loss"]["points"] == 200
+    assert catalog["tm:rank:0:step_time_s"]["points"] == 199  # 200 steps, 199 intervals
+    # Thinned to 40 points, both merge ceil(200 / 40) = ceil(199 / 40) = 5 neighbours a point and keep every count.
+    losses = dashboard.history("train_loss", "step", max_points=40)
+    times = dashboard.history("tm:rank:0:step_time_s", "step", max_points=40)
+    assert [p.count for p in losses] == [5] * 40 and sum(p.count for p in times) == 199
+    assert [p.x for p in losses] == [float(step) for step in range(5, 201, 5)]
+
+
+@heavy
+def test_a_loss_read_at_backward_that_turns_nan_at_step_101_counts_50_and_the_alert_names_step_101(
+    torch, tm_env, tmp_path
+):
+    run_dir, logged = run_only_backward(tmp_path, tm_env, steps=150, nan_from=101)
+    losses = backward_losses(logged)
+    # JSON has no NaN: the log writes it as the string "NaN" (docs/bus.md).
+    assert [step for step, value in losses.items() if value == "NaN"] == list(range(101, 151))
+    summary = json.loads((run_dir / "summary.json").read_text())["snapshot"]
+    assert summary["metrics"]["loss_nonfinite"]["value"] == 50.0
+    fired = [r for r in logged if r["kind"] == "alert" and r["rule"] == "loss_nan" and r["state"] == "fired"]
+    assert len(fired) == 1, fired
+    assert fired[0]["numbers"]["step"] == 101.0
+    assert re.search(r"at step 101\b", fired[0]["message"]), fired[0]["message"]
 
 
 class LandingRing:

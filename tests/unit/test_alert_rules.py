@@ -195,13 +195,20 @@ def test_a_stall_does_not_move_the_throughput_median():
 # loss
 
 
-def loss(t, value, nonfinite, step=None):
+def loss(t, value, nonfinite, step=None, first=None):
+    """A snapshot whose latest train_loss is ``value``; ``first``: the step of the tick's first NaN or infinite one."""
     series = {
         "train_loss": records.SeriesPoint(
             canonical="train_loss", raw_key="loss", value=value, step=step or int(t)
         )
     }
-    return snap(t, series=series, loss_nonfinite=float(nonfinite))
+    none = mv(None, absent="no NaN or infinite train_loss since the previous tick")
+    return snap(
+        t,
+        series=series,
+        loss_nonfinite=float(nonfinite),
+        loss_tick_nonfinite_step=none if first is None else float(first),
+    )
 
 
 def test_loss_nan_fires_at_once_and_clears_when_the_loss_stays_finite():
@@ -214,11 +221,43 @@ def test_loss_nan_fires_at_once_and_clears_when_the_loss_stays_finite():
     assert fired.message == "train_loss is inf at step 41 (1 NaN or infinite values so far)"
 
 
+def test_loss_nan_names_the_first_nan_step_of_the_episode_not_the_latest():
+    # 20 steps a snapshot, NaN from step 101: the snapshot at step 120 holds 20 of them, the first at step 101.
+    (fired,) = alerter(LossNan()).observe(loss(6, math.nan, 20, step=120, first=101))
+    assert fired.message == (
+        "train_loss is nan (the first NaN or infinite value at step 101; 20 so far, the latest at step 120)"
+    )
+    assert (fired.numbers["step"], fired.numbers["latest_step"]) == (101.0, 120.0)
+
+
+def test_loss_nan_that_fires_later_still_names_the_step_where_its_condition_began():
+    # fire_after_s 2: the condition holds from t 6 (first NaN at step 101), it fires at t 8 and names step 101.
+    alerts = alerter(LossNan(), fire_after_s=2)
+    sequence = [loss(5, 2.0, 0, step=100)]
+    sequence += [loss(t, math.nan, 20 * (t - 5), step=20 * t, first=20 * t - 19) for t in (6, 7, 8)]
+    fired = [a for s in sequence for a in alerts.observe(s)]
+    assert [(a.t, a.state) for a in fired] == [(8.0, "fired")]
+    assert fired[0].numbers["step"] == 101.0 and "at step 101; 60 so far" in fired[0].message
+
+
+def test_a_second_nan_episode_names_its_own_first_step():
+    alerts = alerter(LossNan(), clear_after_s=1, flap_window_s=0)
+    sequence = [loss(1, math.nan, 3, step=12, first=10), loss(2, 1.5, 3, step=20), loss(3, 1.4, 3, step=30)]
+    sequence += [loss(4, math.nan, 5, step=40, first=37)]
+    fired = [a for s in sequence for a in alerts.observe(s) if a.state == "fired"]
+    assert [a.numbers["step"] for a in fired] == [10.0, 37.0]
+
+
 def test_a_nan_between_two_snapshots_still_fires():
     alerts = alerter(LossNan())
     feed(alerts, [loss(1, 2.0, 0)])
-    (fired,) = alerts.observe(loss(2, 1.9, 1))  # one NaN came and went between the snapshots
-    assert fired.numbers["new_nonfinite_values"] == 1.0 and "since the previous check" in fired.message
+    (fired,) = alerts.observe(
+        loss(2, 1.9, 1, step=30, first=27)
+    )  # one NaN came and went between the snapshots
+    assert fired.numbers["new_nonfinite_values"] == 1.0 and fired.numbers["step"] == 27.0
+    assert fired.message == (
+        "1 NaN or infinite train_loss values since the previous check, the first at step 27; latest 1.9 at step 30"
+    )
 
 
 def test_loss_rules_say_nothing_without_a_loss():

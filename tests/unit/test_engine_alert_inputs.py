@@ -119,6 +119,30 @@ def test_nan_losses_are_counted_and_the_tick_keeps_its_largest_finite_loss():
     assert quiet.metrics["loss_nonfinite"].absent == "no train_loss reported"
 
 
+def test_the_tick_names_the_step_of_its_first_nan_loss_or_says_it_had_none():
+    engine = Engine()
+    logged = [
+        records.Metric(values={"loss": math.nan}, t=0.5),  # before any step: a NaN with no step to name
+        tick(1, 1.0),
+        records.Step(step=1, t=1.5),
+        records.Metric(values={"loss": 2.5}, step=1, t=1.6),
+        records.Metric(values={"loss": math.inf}, step=2, t=1.7),
+        records.Metric(values={"loss": math.nan}, step=3, t=1.8),
+        tick(2, 2.0),
+        tick(3, 3.0),
+    ]
+    first, second, third = feed(engine, *logged)
+    assert first.metrics["loss_tick_nonfinite_step"].absent == (
+        "the first NaN or infinite train_loss since the previous tick came with no step"
+    )
+    assert value(second, "loss_tick_nonfinite_step") == 2.0 and value(second, "loss_nonfinite") == 3.0
+    assert (
+        third.metrics["loss_tick_nonfinite_step"].absent
+        == "no NaN or infinite train_loss since the previous tick"
+    )
+    assert Engine().snapshot().metrics["loss_tick_nonfinite_step"].absent == "no train_loss reported"
+
+
 def test_gpu_health_per_gpu_throttle_xid_ecc_and_lost():
     engine = Engine()
     samples = [

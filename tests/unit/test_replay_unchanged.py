@@ -98,6 +98,11 @@ GPU_HOURS_FORMULA = "elapsed × the run's GPUs / 3600"
 OFU_FORMULA = (
     "tensor active × min(SM clock, clock basis) / clock basis, per GPU, averaged over the run's GPUs"
 )
+# 9. Issue 41, every log: a new alert input, the step of the first NaN or infinite train_loss since the previous tick
+#    (the loss_nan alert names it). No fixture log has a NaN or infinite loss, so it is absent in every snapshot, with
+#    the same reason as loss_nonfinite before the first train_loss and "none since the previous tick" after it.
+NONFINITE_STEP = "loss_tick_nonfinite_step"
+NONFINITE_STEP_FORMULA = "the step of the first NaN or infinite train_loss since the previous tick"
 
 
 def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
@@ -121,6 +126,7 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
         _phantom(where, expected, new)
     _goodput(where, expected, new)
     _gpu_hours(where, log, expected, new)
+    _nonfinite_step(where, expected, new)
     assert set(metrics) == set(expected["metrics"]), where
     assert set(explain) == set(expected["explain"]), where
 
@@ -257,3 +263,16 @@ def _gpu_hours(where: str, log: str, expected: dict[str, Any], new: dict[str, An
     else:
         assert now == old, where
     _carry(expected, new, "gpu_hours")
+
+
+def _nonfinite_step(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
+    loss = expected["metrics"]["loss_nonfinite"]
+    assert NONFINITE_STEP not in expected["metrics"], where
+    assert new["explain"][NONFINITE_STEP] == {"formula": NONFINITE_STEP_FORMULA}, where
+    if "absent" in loss:
+        assert new["metrics"][NONFINITE_STEP] == {"absent": loss["absent"]}, where
+    else:
+        assert loss["value"] == 0.0, where  # no NaN in any fixture log: nothing to name
+        why = "no NaN or infinite train_loss since the previous tick"
+        assert new["metrics"][NONFINITE_STEP] == {"absent": why}, where
+    _carry(expected, new, NONFINITE_STEP)

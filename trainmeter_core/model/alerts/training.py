@@ -164,7 +164,8 @@ def _rate(snapshot: records.Snapshot, memory: dict) -> tuple[float | None, str]:
 
 
 class LossNan(Rule):
-    """The training loss is NaN or infinite (the latest value, or any since the previous snapshot)."""
+    """The training loss is NaN or infinite (the latest value, or any since the previous snapshot). The alert names
+    the step of the first NaN or infinite value of the episode, not the latest one's."""
 
     name = "loss_nan"
     severity = "critical"
@@ -174,21 +175,40 @@ class LossNan(Rule):
         count = metric(snapshot, "loss_nonfinite")
         if count is None:
             return Verdict()
-        before = state.memory.get("count", 0.0)
-        state.memory["count"] = count
+        memory = state.memory
+        before = memory.get("count", 0.0)
+        memory["count"] = count
         point = snapshot.series.get("train_loss")
         latest = point.value if point is not None else math.nan
+        if count > before and not memory.get("open"):
+            # The condition starts here: its first value is the first one since the previous snapshot.
+            memory["open"] = True
+            memory["first_step"] = metric(snapshot, "loss_tick_nonfinite_step")
+        first = memory.get("first_step") if memory.get("open") else None
         numbers = {"nonfinite_values": count, "new_nonfinite_values": count - before, "train_loss": latest}
         if point is not None and point.step is not None:
-            numbers["step"] = float(point.step)
-        at = f" at step {point.step}" if point is not None and point.step is not None else ""
+            numbers["step"] = numbers["latest_step"] = float(point.step)
+        if first is not None:
+            numbers["step"] = first  # the first NaN or infinite value's
+        at = f" at step {first:.0f}" if first is not None else ""
+        latest_at = f" at step {point.step}" if point is not None and point.step is not None else ""
         if not math.isfinite(latest):
-            message = f"train_loss is {latest}{at} ({count:.0f} NaN or infinite values so far)"
+            so_far = f"{count:.0f} NaN or infinite values so far"
+            if not at or at == latest_at:
+                message = f"train_loss is {latest}{latest_at} ({so_far})"
+            else:
+                latest_words = f", the latest{latest_at}" if latest_at else ""
+                message = f"train_loss is {latest} (the first NaN or infinite value{at}; {count:.0f} so far{latest_words})"
             return Verdict(active=[Condition(message, numbers)])
         if count > before:
-            message = f"{count - before:.0f} NaN or infinite train_loss values since the previous check; latest {latest:.4g}{at}"
+            first_at = f", the first{at}" if at else ""
+            message = (
+                f"{count - before:.0f} NaN or infinite train_loss values since the previous check{first_at}; "
+                f"latest {latest:.4g}{latest_at}"
+            )
             return Verdict(active=[Condition(message, numbers)])
-        return Verdict(normal=[Condition(f"train_loss is finite again: {latest:.4g}{at}", numbers)])
+        memory["open"] = False
+        return Verdict(normal=[Condition(f"train_loss is finite again: {latest:.4g}{latest_at}", numbers)])
 
 
 class LossSpike(Rule):

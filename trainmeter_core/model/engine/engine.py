@@ -217,8 +217,15 @@ class Engine:
             elif name in emit_series:
                 continue  # emit() beats a tapped tracker for the same series
             elif origin == _BACKWARD:
-                if name in state.tapped_series:
-                    continue  # the loop's own tracker reports this series
+                if name in state.tapped_series or record.rank:
+                    # The loop's own tracker reports this series; or another rank's own loss (rank 0's steps are
+                    # the run's, and so is its loss: the others stay in the log).
+                    continue
+                held = state.pending_backward.get(name)
+                if held is not None:
+                    # A loss from backward() of a later iteration: the held one's is over, and stands.
+                    self._commit_held(held)
+                    del state.pending_backward[name]
                 point = records.SeriesPoint(
                     canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
                 )
@@ -232,7 +239,7 @@ class Engine:
                 state.pending_backward.pop(name, None)  # the loop's own value for the iteration wins
             # A series' point into the state and the history (as _commit_backward puts a held one)
             if name == _LOSS_SERIES:
-                self._on_loss(value)
+                self._on_loss(value, record.step if record.step is not None else state.last_step)
             state.series[name] = records.SeriesPoint(
                 canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
             )
@@ -240,30 +247,38 @@ class Engine:
                 add_point(name, step, tokens, flops, record.wall, value)
         return []
 
-    def _on_loss(self, value: float) -> None:
+    def _on_loss(self, value: float, step: int | None) -> None:
+        """One train_loss value of the series, at ``step`` (None: unknown)."""
         state = self.state
         if not state.loss_seen:
             state.loss_seen = True
         if not -_INF < value < _INF:
             state.loss_nonfinite += 1
+            if state.loss_tick_nonfinite_step is None and step is not None:
+                state.loss_tick_nonfinite_step = step  # the first since the previous tick: the alert names it
         elif state.loss_tick_max is None or value > state.loss_tick_max:
             state.loss_tick_max = value
 
+    def _commit_held(self, held: PendingPoint) -> None:
+        """A held loss from backward() into the state and the history, as ``_on_metric`` puts a point."""
+        point = held.point
+        if point.canonical == _LOSS_SERIES:
+            x_step = held.x_step
+            self._on_loss(point.value, point.step if x_step != x_step else int(x_step))
+        self.state.series[point.canonical] = point
+        self._history.add_point(
+            point.canonical, held.x_step, held.x_tokens, held.x_flop, held.wall, point.value
+        )
+
     def _commit_backward(self, before_step: int | None = None) -> None:
-        """Into the state and history, as ``_on_metric`` puts a point: the held losses from backward() of iterations
-        over (all, or those before ``before_step``: a loop reports its loss after its step, so k ends at step k+1)."""
-        state = self.state
-        pending = state.pending_backward
+        """The held losses from backward() of iterations over (all, or those before ``before_step``: a loop reports
+        its loss after its step, so k ends at step k+1, or at the next loss from backward())."""
+        pending = self.state.pending_backward
         for name, held in list(pending.items()):
-            point = held.point
-            if before_step is not None and point.step is not None and point.step >= before_step:
+            step = held.point.step
+            if before_step is not None and step is not None and step >= before_step:
                 continue
-            if point.canonical == _LOSS_SERIES:
-                self._on_loss(point.value)
-            state.series[point.canonical] = point
-            self._history.add_point(
-                point.canonical, held.x_step, held.x_tokens, held.x_flop, held.wall, point.value
-            )
+            self._commit_held(held)
             del pending[name]
 
     def _on_fact(self, record: records.Fact) -> list[records.Snapshot]:
@@ -339,6 +354,8 @@ class Engine:
             snapshot = build_snapshot(state, self.derived, final=False, lean=self._quiet)
             record_history(self._history, self.derived, snapshot, record.wall)
         state.loss_tick_max = None  # each snapshot shows the largest loss since the one before
+        state.loss_tick_nonfinite_step = None  # and the step of the first NaN or infinite one since then
+        state.loss_nonfinite_by_tick = state.loss_nonfinite
         return [] if self._quiet else [snapshot]  # not quiet: built above
 
     def _on_run_end(self, record: records.RunEnd) -> list[records.Snapshot]:

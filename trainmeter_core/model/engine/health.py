@@ -166,9 +166,11 @@ def put_steps(snap: SnapshotBuilder, now: float | None) -> None:
 def put_loss(snap: SnapshotBuilder) -> None:
     state = snap.state
     formula = "count of train_loss values that were NaN or infinite"
+    step_formula = "the step of the first NaN or infinite train_loss since the previous tick"
     if not state.loss_seen:
         for key in ("loss_nonfinite", "loss_tick_max"):
             snap.put(key, formula, absent="no train_loss reported")
+        snap.put("loss_tick_nonfinite_step", step_formula, absent="no train_loss reported")
         return
     snap.put("loss_nonfinite", formula, value=float(state.loss_nonfinite))
     formula = "the largest finite train_loss since the previous tick"
@@ -176,6 +178,14 @@ def put_loss(snap: SnapshotBuilder) -> None:
         snap.put("loss_tick_max", formula, absent="no finite train_loss since the previous tick")
     else:
         snap.put("loss_tick_max", formula, value=state.loss_tick_max)
+    if state.loss_tick_nonfinite_step is None:
+        if state.loss_nonfinite > state.loss_nonfinite_by_tick:
+            why = "the first NaN or infinite train_loss since the previous tick came with no step"
+        else:
+            why = "no NaN or infinite train_loss since the previous tick"
+        snap.put("loss_tick_nonfinite_step", step_formula, absent=why)
+    else:
+        snap.put("loss_tick_nonfinite_step", step_formula, value=float(state.loss_tick_nonfinite_step))
 
 
 def put_gpu_health(snap: SnapshotBuilder, key: str, gpu: GpuState) -> None:

@@ -224,6 +224,10 @@ class EngineState(msgspec.Struct, kw_only=True):
     loss_seen: bool = False
     loss_nonfinite: int = 0  # train_loss values that were NaN or infinite, over the run
     loss_tick_max: float | None = None  # the largest finite train_loss since the previous tick
+    loss_tick_nonfinite_step: int | None = (
+        None  # the step of the first NaN or infinite one since the previous tick
+    )
+    loss_nonfinite_by_tick: int = 0  # loss_nonfinite at the previous tick
     exit_code: int | None = None
     exit_signal: int | None = None
     exit_signal_name: str | None = None
