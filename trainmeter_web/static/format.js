@@ -113,12 +113,15 @@ export function byUnit(v, unit, key = "") {
   }
 }
 
-// A metric as the page shows it: one value, a range ("low–high") where it is one per convention, or "n/a".
+// A metric as the page shows it: one value, a range ("low–high") where it is one per convention, or "n/a". Ends that
+// read the same are one number, shown once (the tile's line says which conventions agree on it).
 export function metricText(metric, key) {
   if (!metric) return "n/a";
   if (finite(metric.value)) return byUnit(metric.value, metric.unit, key);
   if (finite(metric.low) && finite(metric.high)) {
-    return `${byUnit(metric.low, metric.unit, key)} – ${byUnit(metric.high, metric.unit, key)}`;
+    const low = byUnit(metric.low, metric.unit, key);
+    const high = byUnit(metric.high, metric.unit, key);
+    return low === high ? low : `${low} – ${high}`;
   }
   return "n/a";
 }
