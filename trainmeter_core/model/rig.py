@@ -4,9 +4,10 @@ sampled GPU).
 Pure: no I/O, no clock. Every consumer of a peak or a tensor clock (MFU, OFU, observed FLOPs, the roofline) reads it
 from here, so they can never disagree about it. Precedence: a declared peak beats the datasheet's, which beats one
 measured on the node (``tm peak``); a measured figure is used only where no datasheet gives one and is shown beside it
-otherwise. A run is never scored against a device no rank reported, nor against a sparse figure. The tensor clock is
-the spec's, else derived from the device's SM count and the architecture's per-SM rate, else OFU scales to the max SM
-clock the device reports; the basis is always named, never implied.
+otherwise, and only the one measured with the dtype (and, on a CPU, the threads) the device's rank computes with. A
+run is never scored against a device no rank reported, nor against a sparse figure. The tensor clock is the spec's,
+else derived from the device's SM count and the architecture's per-SM rate, else OFU scales to the max SM clock the
+device reports; the basis is always named, never implied.
 """
 
 from __future__ import annotations
