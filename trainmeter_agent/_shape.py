@@ -107,7 +107,10 @@ def config_int(config: object, keys: tuple[str, ...]) -> tuple[str, int] | None:
 
 
 def device_of(root) -> dict | None:
-    """``{"type", "index", "uuid"}`` of the model's first parameter, without creating a CUDA context."""
+    """``{"type", "index", "uuid", "dtype", "threads"}`` of the model's first parameter, without creating a CUDA
+    context. ``dtype`` is what its matmuls compute in (autocast's dtype where autocast is on, as it is in the forward
+    that adopts the model, else the parameter's); ``threads`` is torch's intra-op thread count. A peak measured with
+    ``tm peak`` scores the run only where both match the peak's."""
     for param in root.parameters():
         device = param.device
         uuid = None
@@ -119,8 +122,27 @@ def device_of(root) -> dict | None:
                     uuid = "GPU-" + str(cuda.get_device_properties(device.index).uuid)
                 except Exception:
                     uuid = None
-        return {"type": device.type, "index": device.index, "uuid": uuid}
+        dtype, threads = compute_basis(device.type, param.dtype)
+        return {"type": device.type, "index": device.index, "uuid": uuid, "dtype": dtype, "threads": threads}
     return None
+
+
+def compute_basis(device_type: str, param_dtype) -> tuple[str | None, int | None]:
+    """(the dtype matmuls run in, torch's intra-op threads), each None where torch cannot say."""
+    torch = sys.modules.get("torch")
+    dtype = param_dtype
+    threads = None
+    try:
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+    except Exception:
+        pass  # a torch without the per-device autocast queries: the parameters' dtype
+    try:
+        threads = int(torch.get_num_threads())
+    except Exception:
+        threads = None
+    name = str(dtype).removeprefix("torch.") if dtype is not None else None
+    return name, threads
 
 
 def env_int(name: str) -> int | None:

@@ -78,7 +78,14 @@ def test_a_small_gpt_with_accumulation_and_eval_is_measured_as_the_model_counts_
     assert all(p["end_t"] >= p["start_t"] for p in evals)
     data_waits = [p for p in kinds(records, "phase") if p["phase"] == "data_wait"]
     assert len(data_waits) == 6 * 4  # one DataLoader batch per micro-batch
-    assert found["device"]["value"] == {"type": "cpu", "index": None, "uuid": None}
+    # what a measured peak must match: float32 parameters, no autocast, OMP_NUM_THREADS=1 (tm_env)
+    assert found["device"]["value"] == {
+        "type": "cpu",
+        "index": None,
+        "uuid": None,
+        "dtype": "float32",
+        "threads": 1,
+    }
     assert (found["dp"]["value"], found["world_size"]["value"]) == (1, 1)
     for probe in ("model", "eval", "data_wait", "checkpoint", "compile", "flops"):
         assert found[f"probe.{probe}"]["value"] == "attached", probe

@@ -46,6 +46,13 @@ def test_two_ranks_report_dp_two_and_their_own_steps_and_the_torchrun_parent_sta
         facts = {f["name"]: f for f in kinds(mine, "fact")}
         assert facts["dp"]["value"] == 2 and "DistributedDataParallel" in facts["dp"]["note"]
         assert facts["world_size"]["value"] == 2
-        assert facts["device"]["value"] == {"type": "cpu", "index": None, "uuid": None}
+        # what a measured peak must match: float32 parameters, no autocast, OMP_NUM_THREADS=1 (tm_env)
+        assert facts["device"]["value"] == {
+            "type": "cpu",
+            "index": None,
+            "uuid": None,
+            "dtype": "float32",
+            "threads": 1,
+        }
         # FLOPs are counted on rank 0 only.
         assert ("counted_flop_per_token" in facts) == (rank == 0)

@@ -306,11 +306,21 @@ def test_a_chosen_convention_missing_an_input_is_absent_with_the_flag():
     assert flops.absent == "layers unknown: pass --layers (or pass --flops-per-token)"
 
 
-def test_the_range_covers_the_conventions_that_can_be_computed_and_says_which_are_left_out():
+def test_the_one_convention_that_can_be_computed_gives_one_number_under_it_and_names_the_others():
     flops = model_flops(table(*shape_facts(layers=None)))
-    # only hf = 6(N − E) = 6 × 971,657,216 = 5,829,943,296 needs no layers
-    assert (flops.low, flops.high) == (5_829_943_296, 5_829_943_296)
-    assert "leaves out all_params, megatron, titan" in flops.note
+    # only hf = 6(N − E) = 6 × 971,657,216 = 5,829,943,296 needs no layers: one number under hf, not a range
+    assert (flops.value, flops.convention, flops.low, flops.high) == (5_829_943_296, "hf", None, None)
+    assert flops.note == (
+        "only hf could be computed (no convention chosen); the others lack an input: "
+        "titan: layers unknown: pass --layers; megatron: layers unknown: pass --layers; "
+        "all_params: layers unknown: pass --layers"
+    )
+
+
+def test_without_the_embedding_count_all_params_is_the_one_number():
+    # No embedding count: titan, megatron and hf need it; all_params alone does not, so it is the one number.
+    flops = model_flops(table(*shape_facts(embedding_params=None)))
+    assert flops.convention == "all_params" and flops.value == flops.per_convention["all_params"]
 
 
 def test_no_shape_at_all_names_every_missing_input_once():

@@ -85,12 +85,13 @@ def test_the_passport_of_the_eager_run_gives_the_window_averages_and_the_lost_ti
     markdown = passport.passport_markdown(data)
     assert "## Counters over the training window" in markdown
     assert "- GPU-Util: 0.9323 (counters, training window)" in markdown
-    # MFU and OFU read as percentages: the training window's MFU over the conventions (28.9% to 33.5%, the datasheet's
-    # 989.5 TFLOP/s) and OFU 30.38%.
+    # MFU and OFU read as percentages: the training window's MFU over the conventions (28.9% to 33.5%, each named),
+    # against the datasheet's 989.5 TFLOP/s, and OFU 30.38%.
     mfu = data["mfu"]
     assert (
-        f"- MFU: {mfu['low'] * 100:.4g} to {mfu['high'] * 100:.4g}% (range over the four conventions)"
-        in markdown
+        f"- MFU: {mfu['low'] * 100:.4g} to {mfu['high'] * 100:.4g}% (datasheet, range over titan, megatron, hf, "
+        "all_params); against the peak 989.5 TFLOP/s (NVIDIA H200 SXM, datasheet peak: "
+        "https://www.nvidia.com/en-us/data-center/h200/)" in markdown
     )
     assert f"- OFU: {data['ofu']['value'] * 100:.4g}% (counters, training window," in markdown
     # passport.json keeps schema 1's names of the FLOP counts beside the new ones for one release

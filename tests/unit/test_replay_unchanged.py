@@ -127,6 +127,7 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     _goodput(where, expected, new)
     _gpu_hours(where, log, expected, new)
     _nonfinite_step(where, expected, new)
+    _one_convention(where, expected, new)
     assert set(metrics) == set(expected["metrics"]), where
     assert set(explain) == set(expected["explain"]), where
 
@@ -276,3 +277,41 @@ def _nonfinite_step(where: str, expected: dict[str, Any], new: dict[str, Any]) -
         why = "no NaN or infinite train_loss since the previous tick"
         assert new["metrics"][NONFINITE_STEP] == {"absent": why}, where
     _carry(expected, new, NONFINITE_STEP)
+
+
+# 10. Issue 41, point 2: a model whose shape allows one convention only (two-rank: no layers nor width, so hf alone)
+#    had a "range" whose two ends were that one value; it is now that value under that convention, and the note of
+#    FLOPs per token names the others with what each lacks. The MFU, absent there for want of a peak, names hf too.
+ONE_CONVENTION_KEYS = ("flop_per_token", "flops_per_token", "spent_flop", "flops_spent")
+
+
+def _one_convention(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
+    old = expected["metrics"]["flop_per_token"]
+    if "low" not in old or old["low"] != old["high"]:
+        return
+    metrics = new["metrics"]
+    computed = [
+        c for c in ("titan", "megatron", "hf", "all_params") if "value" in metrics[f"flop_per_token.{c}"]
+    ]
+    assert len(computed) == 1, where
+    (only,) = computed
+    for key in ONE_CONVENTION_KEYS:
+        before = expected["metrics"][key]
+        assert before["low"] == before["high"], (where, key)
+        assert metrics[key] == {"value": before["low"], "unit": before["unit"], "convention": only}, (
+            where,
+            key,
+        )
+        expected["metrics"][key] = metrics[key]
+    for key in ("mfu", "mfu_avg"):
+        if "absent" in expected["metrics"][key]:
+            assert metrics[key] == {**expected["metrics"][key], "convention": only}, (where, key)
+            expected["metrics"][key] = metrics[key]
+    fpt_old, fpt_new = expected["explain"]["flop_per_token"], new["explain"]["flop_per_token"]
+    assert fpt_new["inputs"] == fpt_old["inputs"] and fpt_new["formula"] == "6(N-E)", where
+    assert fpt_new["note"].startswith(f"only {only} could be computed (no convention chosen)"), where
+    spent_old, spent_new = expected["explain"]["spent_flop"], new["explain"]["spent_flop"]
+    assert spent_old["note"].startswith("no convention chosen") and "note" not in spent_new, where
+    assert {k: v for k, v in spent_old.items() if k != "note"} == spent_new, where
+    for key in ("flop_per_token", "spent_flop"):
+        expected["explain"][key] = new["explain"][key]

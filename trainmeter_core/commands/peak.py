@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
+import sys
 import time
 
 from trainmeter_core.commands.usage import ArgumentParser
@@ -28,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="how long to measure (default 5)")
     parser.add_argument("--dry-run", action="store_true", help="measure and print, store nothing")
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="store this measurement even where it disagrees with the stored one by more than its spread",
+    )
 
 
 def gpu_busy(index: int) -> str | None:
@@ -52,8 +59,9 @@ def gpu_busy(index: int) -> str | None:
 
 def measure(
     device: str, dtype_name: str, threads: int | None, size: int, seconds: float
-) -> tuple[float, str]:
-    """The best FLOP/s of repeated n×n×n matmuls (2·n³ FLOP each) over ``seconds``, and a description."""
+) -> tuple[float, float, str]:
+    """The best FLOP/s of repeated n×n×n matmuls (2·n³ FLOP each) over ``seconds``, its spread (how far the best
+    stands above the median repetition), and a description that says when."""
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -70,7 +78,7 @@ def measure(
     for _ in range(3):  # warm up
         a @ b
     sync()
-    best = 0.0
+    rates: list[float] = []
     deadline = time.perf_counter() + seconds
     reps = 1
     while time.perf_counter() < deadline:
@@ -79,15 +87,17 @@ def measure(
             a @ b
         sync()
         took = time.perf_counter() - start
-        best = max(best, 2 * size**3 * reps / took)
+        rates.append(2 * size**3 * reps / took)
         if took < 0.05:
             reps *= 2
+    best = max(rates)
+    spread = best - statistics.median(rates)
     described = (
         f"tm peak: best of repeated {size}x{size}x{size} {dtype_name} matmuls on {device}"
         f"{f', {torch.get_num_threads()} thread(s)' if dev.type == 'cpu' else ''}, torch {torch.__version__}, "
-        f"{time.strftime('%Y-%m-%d')}"
+        f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
-    return best, described
+    return best, spread, described
 
 
 def main(argv: list[str]) -> int:
@@ -116,13 +126,13 @@ def main(argv: list[str]) -> int:
                 f"GPU {index} is busy ({busy}): a peak measured now would be wrong; retry when it is idle", 1
             )
     size = args.size or (8192 if is_gpu else 1024)
-    flop_per_s, described = measure(device, dtype, args.threads, size, args.seconds)
+    flop_per_s, spread, described = measure(device, dtype, args.threads, size, args.seconds)
     host = socket.gethostname()
-    print(f"{flop_per_s / 1e12:.4g} TFLOP/s dense {dtype} on {device} ({described})")
+    print(
+        f"{flop_per_s / 1e12:.4g} TFLOP/s dense {dtype} on {device}, spread {spread / 1e12:.3g} ({described})"
+    )
     if args.dry_run:
         return 0
-    from trainmeter_core.run import peakstore
-
     entry = {
         "host": host,
         "device": f"{host}/{device}",
@@ -130,12 +140,34 @@ def main(argv: list[str]) -> int:
         "dtype": dtype,
         "threads": torch.get_num_threads() if not is_gpu else None,
         "flop_per_s": flop_per_s,
+        "spread_flop_per_s": spread,
         "source": described,
         "measured_wall": time.time(),
     }
+    return keep_or_store(entry, args.replace)
+
+
+def keep_or_store(entry: dict, replace: bool) -> int:
+    """Store ``entry`` unless a stored peak of the same device, dtype and threads disagrees with it by more than its
+    spread and ``replace`` was not given: then the stored one stays, and that is said (exit 1)."""
+    from trainmeter_core.run import peakstore
+
+    stored = peakstore.stored_for(entry)
+    why = peakstore.disagreement(stored, entry) if stored is not None else None
+    threads = f", {entry['threads']} thread(s)" if entry.get("threads") else ""
+    what = f"{entry['dtype']} on {entry['device']}{threads}"
+    if why and not replace:
+        print(
+            f"tm peak: {why}: kept the stored peak of {what}; measure again on an idle machine, "
+            "or pass --replace to store this one",
+            file=sys.stderr,
+        )
+        return 1
     where = peakstore.store(entry)
+    replaced = f" (replacing the stored one: {why})" if why else ""
     print(
-        f"stored in {where}: runs on {host} use it where no datasheet gives a peak (MFU labelled measured), "
-        "and show it beside the datasheet figure otherwise"
+        f"stored the peak of {what} in {where}{replaced}: runs on {entry['host']} computing in {entry['dtype']}"
+        f"{' with the same threads' if threads else ''} are scored against it where no datasheet gives a peak "
+        "(MFU labelled measured), and show it beside the datasheet figure otherwise"
     )
     return 0

@@ -27,6 +27,7 @@ __all__ = [
     "format_number",
     "model_flops",
     "number",
+    "peak_variant",
     "upgrade_fact",
     "whole",
 ]
@@ -61,12 +62,29 @@ _SHAPE_FACTS = (
 
 
 def fact_key(fact: Fact) -> str:
-    """Where a fact competes: its name, or ``name@scope`` for a per-device (``device`` field) or per-rank fact."""
+    """Where a fact competes: its name, or ``name@scope`` for a per-device (``device`` field) or per-rank fact.
+
+    A measured peak belongs to the dtype and thread count it was measured with: ``peak@vm/cpu, float32, 1 thread``
+    competes with neither the 2-thread peak of the same CPU nor its float64 one."""
     if fact.device:
-        return f"{fact.name}@{fact.device}"
+        variant = peak_variant(fact.value) if fact.name == "peak" else ""
+        return f"{fact.name}@{fact.device}{variant}"
     if fact.name in _PER_RANK:
         return f"{fact.name}@rank{fact.rank or 0}"
     return fact.name
+
+
+def peak_variant(value: Any) -> str:
+    """``, float32, 1 thread`` for a peak fact that says what it was measured with; empty for one that does not."""
+    if not isinstance(value, Mapping):
+        return ""
+    parts = []
+    if isinstance(value.get("dtype"), str):
+        parts.append(value["dtype"])
+    threads = whole(value.get("threads"))
+    if threads is not None:
+        parts.append(f"{threads} thread{'s' if threads != 1 else ''}")
+    return "".join(f", {p}" for p in parts)
 
 
 def number(value: Any) -> float | None:
@@ -171,7 +189,8 @@ class FactTable(msgspec.Struct, kw_only=True):
 class ModelFlops:
     """FLOPs per token as the facts give it: one value under ``convention``, or a range over the four.
 
-    ``convention`` is the chosen one, the provenance of a declared figure ("declared"), or None for a range.
+    ``convention`` is the chosen one, the provenance of a declared figure ("declared"), the only one the inputs allow
+    (with ``note`` naming the others and what each lacks), or None for a range over two or more.
     """
 
     value: float | None = None
@@ -190,7 +209,8 @@ class ModelFlops:
 
 
 def model_flops(facts: FactTable) -> ModelFlops:
-    """FLOPs per token: a declared figure, else the chosen convention, else a range over the computable ones."""
+    """FLOPs per token: a declared figure, else the chosen convention, else a range over the computable ones (one
+    value under its convention where only one can be computed)."""
     shape: dict[str, int | None] = {}
     inputs: dict[str, ExplainInput] = {}
     for fact_name, argument in _SHAPE_FACTS:
@@ -246,6 +266,20 @@ def model_flops(facts: FactTable) -> ModelFlops:
         absent = "; ".join(phrases) + " (or pass --flops-per-token)"
         return ModelFlops(
             absent=absent, per_convention=per_convention, reasons=reasons, inputs=inputs, note=note
+        )
+    if len(known) == 1:
+        # A range whose ends are one value is one number: under the one convention the inputs allow, the others named
+        # with what each lacks, so that nobody reads it as the conventions agreeing.
+        (only,) = [name for name, value in per_convention.items() if value is not None]
+        missing = "; ".join(f"{name}: {reasons[name]}" for name in per_convention if name in reasons)
+        said = f"only {only} could be computed (no convention chosen); the others lack an input: {missing}"
+        return ModelFlops(
+            value=known[0],
+            convention=only,
+            per_convention=per_convention,
+            reasons=reasons,
+            inputs=inputs,
+            note=(note + "; " if note else "") + said,
         )
     if len(known) < len(per_convention):
         missing = ", ".join(sorted(reasons))

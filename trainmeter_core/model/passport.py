@@ -6,6 +6,7 @@ Every FLOPs figure names its convention and every MFU its peak; a figure the run
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from trainmeter_core.model import records
@@ -56,6 +57,90 @@ def lost_time(snapshot: records.Snapshot) -> dict[str, Any] | None:
     return {"note": explain.note.split("; ")[0], "seconds": parts}
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Which conventions a number is under, and which peak an MFU is against, in words (the passport and the summary line)
+
+
+def conventions_basis(metrics: Mapping[str, records.MetricValue]) -> dict[str, Any] | None:
+    """The conventions the run computed and, for each it could not, what it lacks (``flop_per_token.<convention>``);
+    None where the snapshot has no per-convention figures (a hand-made one)."""
+    computed: list[str] = []
+    missing: dict[str, str] = {}
+    for conv in CONVENTIONS:
+        metric = metrics.get(f"flop_per_token.{conv}")
+        if metric is None:
+            return None
+        if metric.value is not None:
+            computed.append(conv)
+        else:
+            missing[conv] = metric.absent or "not computed"
+    return {"computed": computed, "missing": missing}
+
+
+def missing_words(basis: Mapping[str, Any] | None) -> str | None:
+    """``titan, megatron, all_params not computed (layers unknown: pass --layers; …)``: the conventions the run could
+    not compute, those that lack the same inputs together; None when it computed them all."""
+    if not basis or not basis["missing"]:
+        return None
+    by_reason: dict[str, list[str]] = {}
+    for conv, reason in basis["missing"].items():
+        by_reason.setdefault(reason, []).append(conv)
+    return ", ".join(f"{', '.join(convs)} not computed ({reason})" for reason, convs in by_reason.items())
+
+
+def range_words(basis: Mapping[str, Any] | None, collapsed: bool) -> str:
+    """What a range is over: the conventions by name (``range over titan, megatron, hf, all_params``), or that they
+    agree where both ends read the same."""
+    names = ", ".join(basis["computed"]) if basis and len(basis["computed"]) > 1 else None
+    if collapsed:
+        return f"{names} agree" if names else "the conventions agree"
+    return f"range over {names}" if names else "range over conventions"
+
+
+def mfu_peak(snapshot: records.Snapshot) -> dict[str, Any] | None:
+    """The peak MFU is against, from MFU's explain: the total, the devices, and each distinct device peak with its
+    source (which names the peak's kind and, for one measured with ``tm peak``, how and when); None where unknown."""
+    for key in ("mfu_avg", "mfu"):
+        explain = snapshot.explain.get(key)
+        inputs = explain.inputs if explain is not None else {}
+        total = inputs.get("peak_total_flop_per_s")
+        if total is None or not isinstance(total.value, (int, float)):
+            continue
+        count = inputs.get("n_devices")
+        peaks = [
+            {"flop_per_s": entry.value, "source": entry.source}
+            for name, entry in inputs.items()
+            if name.startswith("peak_flop_per_s") and isinstance(entry.value, (int, float))
+        ]
+        return {
+            "total_flop_per_s": total.value,
+            "devices": count.value if count is not None else len(peaks),
+            "per_device": peaks,
+        }
+    return None
+
+
+def rate_text(value: float, unit: str = "FLOP/s", digits: int = 4) -> str:
+    """A rate with its SI prefix, four significant digits: 85.57 GFLOP/s, 989.5 TFLOP/s."""
+    for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}g} {prefix}{unit}"
+    return f"{value:.{digits}g} {unit}"
+
+
+def peak_words(peak: Mapping[str, Any] | None) -> str | None:
+    """``85.6 GFLOP/s (CPU, measured peak: tm peak: … 1 thread(s) … 2026-12-05)``, ``8 × 989 TFLOP/s (…)``, or a sum
+    over devices whose peaks differ."""
+    if not peak:
+        return None
+    devices, per_device = peak["devices"], peak["per_device"]
+    if len(per_device) == 1:
+        (one,) = per_device
+        count = f"{devices} × " if isinstance(devices, int) and devices > 1 else ""
+        return f"{count}{rate_text(one['flop_per_s'])} ({one['source']})"
+    return f"{rate_text(peak['total_flop_per_s'])} over {devices} devices whose peaks differ (tm view lists each)"
+
+
 def passport_data(snapshot: records.Snapshot, meta: dict) -> dict[str, Any]:
     """The passport as plain data (``passport.json``)."""
 
@@ -87,6 +172,8 @@ def passport_data(snapshot: records.Snapshot, meta: dict) -> dict[str, Any]:
         "steps": snapshot.steps,
         "spent_flop": value("spent_flop"),
         "mfu": value("mfu_avg") or value("mfu"),
+        "mfu_peak": mfu_peak(snapshot),
+        "conventions": conventions_basis(snapshot.metrics),
         "ofu": value("ofu_avg") or value("ofu"),
         "training_window": window_counters(snapshot),
         "lost_time": lost_time(snapshot),
@@ -140,18 +227,30 @@ def _profile(snapshot: records.Snapshot) -> list[dict[str, Any]] | None:
     return out
 
 
-def _fmt(entry: dict[str, Any] | None, unit: str = "", scale: float = 1.0) -> str:
+def _fmt(
+    entry: dict[str, Any] | None, unit: str = "", scale: float = 1.0, basis: Mapping[str, Any] | None = None
+) -> str:
     if not entry:
         return "n/a"
-    if entry.get("value") is None:
-        if entry.get("low") is not None and entry.get("high") is not None:
-            low, high = entry["low"] * scale, entry["high"] * scale
-            return f"{low:.4g} to {high:.4g}{unit} (range over the four conventions)"
-        return f"n/a ({entry.get('absent') or 'not known'})"
-    text = f"{entry['value'] * scale:.4g}{unit}"
     # Each label once: `counted` is both the convention and the label of the counted figure.
     labels = list(dict.fromkeys(entry[k] for k in ("convention", "label") if entry.get(k)))
+    if entry.get("value") is None:
+        if entry.get("low") is not None and entry.get("high") is not None:
+            low, high = f"{entry['low'] * scale:.4g}", f"{entry['high'] * scale:.4g}"
+            # Ends that read the same are one number, said once, with the conventions that agree on it.
+            text = low if low == high else f"{low} to {high}"
+            return f"{text}{unit} ({', '.join([*labels, range_words(basis, low == high)])})"
+        return f"n/a ({entry.get('absent') or 'not known'})"
+    text = f"{entry['value'] * scale:.4g}{unit}"
     return f"{text} ({', '.join(labels)})" if labels else text
+
+
+def _with_missing(text: str, entry: dict[str, Any] | None, basis: Mapping[str, Any] | None) -> str:
+    """A number under one of the four conventions, followed by those the run could not compute and what they lack."""
+    missing = missing_words(basis)
+    if not missing or not entry or entry.get("value") is None or entry.get("convention") not in CONVENTIONS:
+        return text
+    return f"{text}; {missing}"
 
 
 def passport_markdown(data: dict[str, Any]) -> str:
@@ -173,8 +272,14 @@ def passport_markdown(data: dict[str, Any]) -> str:
             f"{superseded:,} steps done again)"
         )
     lines.append(f"- tokens seen: {_fmt(data['tokens'])}")
-    lines.append(f"- FLOPs spent: {_fmt(data['spent_flop'])}")
-    lines.append(f"- MFU: {_fmt(data['mfu'], '%', 100.0)}")
+    basis = data.get("conventions")
+    spent = data["spent_flop"]
+    lines.append(f"- FLOPs spent: {_with_missing(_fmt(spent, basis=basis), spent, basis)}")
+    mfu = _fmt(data["mfu"], "%", 100.0, basis)
+    if not (spent or {}).get("value"):
+        mfu = _with_missing(mfu, data["mfu"], basis)  # said once: with the FLOPs where they are known
+    peak = peak_words(data.get("mfu_peak"))
+    lines.append(f"- MFU: {mfu}" + (f"; against the peak {peak}" if peak else ""))
     lines.append(f"- OFU: {_fmt(data['ofu'], '%', 100.0)}")
     lines.append(f"- GPU-hours: {_fmt(data['gpu_hours'])}")
     lines.append(f"- energy: {_fmt(data['energy_j'], ' J')}")

@@ -4,9 +4,10 @@ sampled GPU).
 Pure: no I/O, no clock. Every consumer of a peak or a tensor clock (MFU, OFU, observed FLOPs, the roofline) reads it
 from here, so they can never disagree about it. Precedence: a declared peak beats the datasheet's, which beats one
 measured on the node (``tm peak``); a measured figure is used only where no datasheet gives one and is shown beside it
-otherwise. A run is never scored against a device no rank reported, nor against a sparse figure. The tensor clock is
-the spec's, else derived from the device's SM count and the architecture's per-SM rate, else OFU scales to the max SM
-clock the device reports; the basis is always named, never implied.
+otherwise, and only the one measured with the dtype (and, on a CPU, the threads) the device's rank computes with. A
+run is never scored against a device no rank reported, nor against a sparse figure. The tensor clock is the spec's,
+else derived from the device's SM count and the architecture's per-SM rate, else OFU scales to the max SM clock the
+device reports; the basis is always named, never implied.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmeter_core.model.device_specs import derived_tensor_clock_mhz
-from trainmeter_core.model.facts import NO_RANK_DEVICE, FactTable, format_number, number, whole
+from trainmeter_core.model.facts import NO_RANK_DEVICE, FactTable, format_number, number, peak_variant, whole
 from trainmeter_core.model.records import Fact
 
 __all__ = ["PEAK_FLAG", "ClockBasis", "Rig", "RigDevice", "ofu_clock", "resolve_rig"]
@@ -164,11 +165,13 @@ def resolve_rig(facts: FactTable, visible_devices: Mapping[str, tuple[str, ...]]
         else:
             gpu, mapped_by = None, "none"
             key = f"{host}/{kind}/rank{rank}"  # one CPU device per rank
-        entry = by_key.setdefault(key, [host, kind, [], gpu, mapped_by, cuda_index])
+        # What the device computes with (the first rank's word for it): a measured peak must match it.
+        compute = _Compute(_dtype(value.get("dtype")), whole(value.get("threads")))
+        entry = by_key.setdefault(key, [host, kind, [], gpu, mapped_by, cuda_index, compute])
         entry[2].append(rank)
     devices = tuple(
-        _device(key, host, kind, tuple(sorted(ranks)), gpu, mapped_by, cuda_index, facts)
-        for key, (host, kind, ranks, gpu, mapped_by, cuda_index) in sorted(by_key.items())
+        _device(key, host, kind, tuple(sorted(ranks)), gpu, mapped_by, cuda_index, facts, compute)
+        for key, (host, kind, ranks, gpu, mapped_by, cuda_index, compute) in sorted(by_key.items())
     )
     claimed = {d.gpu_key: d for d in devices if d.gpu_key is not None}
     sampled = {}
@@ -230,6 +233,29 @@ class _Peak:
     absent: str | None
 
 
+@dataclass(frozen=True)
+class _Compute:
+    """What a rank's device computes with, as its device fact says: a measured peak scores it only where they match.
+    None where the rank did not say (logs recorded before it did), which matches only a peak that does not say
+    either."""
+
+    dtype: str | None
+    threads: int | None
+
+    def words(self, kind: str) -> str:
+        parts = [self.dtype or "an unreported dtype"]
+        if kind == "cpu":
+            threads = self.threads
+            parts.append(
+                "an unreported thread count" if threads is None else f"{threads} thread{'s' * (threads != 1)}"
+            )
+        return ", ".join(parts)
+
+
+def _dtype(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def _device(
     key: str,
     host: str,
@@ -239,10 +265,11 @@ def _device(
     mapped_by: str,
     cuda_index: Any,
     facts: FactTable,
+    compute: _Compute | None = None,
 ) -> RigDevice:
     gval: Mapping[str, Any] = gpu.value if gpu is not None and isinstance(gpu.value, Mapping) else {}
     name = str(gval.get("display_name") or gval.get("name") or ("CPU" if kind == "cpu" else kind))
-    declared, measured = _peak_facts(host, kind, gpu, cuda_index, facts)
+    declared, measured = _peak_facts(host, kind, gpu, cuda_index, facts, compute)
     datasheet = _datasheet_peak(gpu, gval, name)
     if declared is not None:
         used = declared
@@ -258,7 +285,10 @@ def _device(
         )
     else:
         used = _Peak(
-            None, None, None, f"no peak for a {kind} device: {PEAK_FLAG} (or measure one with tm peak)"
+            None,
+            None,
+            None,
+            f"no peak for a {kind} device: {PEAK_FLAG} (or measure one with {_peak_command(kind, cuda_index, compute)})",
         )
     beside = tuple(
         f"{key}: the {other.kind} peak {format_number(other.flop_per_s)} FLOP/s ({other.source}) is shown beside "
@@ -336,9 +366,11 @@ def _datasheet_peak(gpu: Fact | None, gval: Mapping[str, Any], name: str) -> _Pe
 
 
 def _peak_facts(
-    host: str, kind: str, gpu: Fact | None, cuda_index: Any, facts: FactTable
+    host: str, kind: str, gpu: Fact | None, cuda_index: Any, facts: FactTable, compute: _Compute | None
 ) -> tuple[_Peak | None, _Peak | None]:
-    """The first declared and the first measured ``peak`` fact for this device: scoped to it before unscoped."""
+    """The first declared ``peak`` fact for this device, scoped to it before unscoped, and the first measured one that
+    matches what the device computes with (``compute``; None takes the first); a measured peak where only others
+    were measured is absent, naming them and the command that measures the right one."""
     keys = []
     if gpu is not None:
         keys.append(f"peak@{gpu.device}")
@@ -348,6 +380,7 @@ def _peak_facts(
         keys.append(f"peak@{host}/{kind}")
     keys.append("peak")
     declared = measured = None
+    others: list[str] = []
     for fact in _each_fact(facts, keys):
         if not isinstance(fact.value, Mapping):
             continue
@@ -357,6 +390,11 @@ def _peak_facts(
         if label not in ("declared", "measured"):
             label = "declared" if fact.provenance == "declared" else "measured"
         if (declared if label == "declared" else measured) is not None:
+            continue
+        if label == "measured" and compute is not None and not _matches(fact.value, kind, compute):
+            others.append(
+                peak_variant(fact.value).removeprefix(", ") or "an unrecorded dtype and thread count"
+            )
             continue
         flop_per_s = number(fact.value.get("flop_per_s"))
         if flop_per_s is None or flop_per_s <= 0:
@@ -369,13 +407,47 @@ def _peak_facts(
             declared = peak
         else:
             measured = peak
+    if measured is None and others and compute is not None:
+        stored = "; ".join(dict.fromkeys(others))
+        measured = _Peak(
+            None,
+            None,
+            None,
+            f"no peak measured on {host} with what the run computes with ({compute.words(kind)}), only with "
+            f"{stored}: measure one with {_peak_command(kind, cuda_index, compute)}, or {PEAK_FLAG}",
+        )
     return declared, measured
 
 
+def _matches(value: Mapping[str, Any], kind: str, compute: _Compute) -> bool:
+    """A measured peak scores a device only if it was measured with the device's dtype (and, on a CPU, its threads)."""
+    if _dtype(value.get("dtype")) != compute.dtype:
+        return False
+    return kind != "cpu" or whole(value.get("threads")) == compute.threads
+
+
+def _peak_command(kind: str, cuda_index: Any, compute: _Compute | None) -> str:
+    """The ``tm peak`` that measures the peak this device needs: its threads on a CPU, its index on a GPU, its dtype
+    where that is not tm peak's default."""
+    words = ["tm peak"]
+    if kind == "cuda":
+        index = cuda_index if isinstance(cuda_index, int) and not isinstance(cuda_index, bool) else 0
+        words.append(f"--device cuda:{index}")
+    default = "bfloat16" if kind == "cuda" else "float32"
+    if compute is not None and kind == "cpu" and compute.threads is not None:
+        words.append(f"--threads {compute.threads}")
+    if compute is not None and compute.dtype and compute.dtype != default:
+        words.append(f"--dtype {compute.dtype}")
+    return " ".join(words)
+
+
 def _each_fact(facts: FactTable, keys: list[str]) -> Iterator[Fact]:
-    """Every fact under these keys, the winner of each key first, then the values it beat."""
+    """Every fact under these keys and their measured variants (``peak@vm/cpu, float32, 1 thread``), the winner of
+    each key first, then the values it beat."""
     for key in keys:
-        winner = facts.get(key)
-        if winner is not None:
-            yield winner
-        yield from facts.losers.get(key, {}).values()
+        variants = [k for k in sorted(facts.winners) if k.startswith(key + ", ")] if "@" in key else []
+        for each in (key, *variants):
+            winner = facts.get(each)
+            if winner is not None:
+                yield winner
+            yield from facts.losers.get(each, {}).values()

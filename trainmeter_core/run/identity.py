@@ -234,6 +234,8 @@ def measured_peak_facts(declared: dict) -> list[records.Fact]:
 
     facts = []
     for entry in peakstore.load_for_host(socket.gethostname()):
+        # Every peak of this host goes in, one per (device, dtype, threads): the engine scores the run against the
+        # one measured with the run's own dtype and threads, never another.
         facts.append(
             records.Fact(
                 name="peak",
@@ -241,7 +243,11 @@ def measured_peak_facts(declared: dict) -> list[records.Fact]:
                     "flop_per_s": entry["flop_per_s"],
                     "label": "measured",
                     "source": entry["source"],
-                    "device_type": entry["device_type"],
+                    "device_type": entry.get("device_type"),
+                    "dtype": entry.get("dtype"),
+                    "threads": entry.get("threads"),
+                    "measured_wall": entry.get("measured_wall"),
+                    "spread_flop_per_s": entry.get("spread_flop_per_s"),
                 },
                 provenance="detected",
                 origin="tm peak",

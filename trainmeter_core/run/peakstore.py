@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
+
+from trainmeter_core.model.passport import rate_text
 
 
 def path() -> Path:
@@ -43,9 +46,42 @@ def load_for_host(host: str) -> list[dict]:
     return [e for e in load() if e.get("host") == host]
 
 
+#: What a peak belongs to: one stored figure per machine, device, dtype and thread count.
+KEY = ("host", "device", "dtype", "threads")
+
+
+def stored_for(entry: dict) -> dict | None:
+    """The peak stored for the same (host, device, dtype, threads) as ``entry``, or None."""
+    for stored in load():
+        if tuple(stored.get(k) for k in KEY) == tuple(entry.get(k) for k in KEY):
+            return stored
+    return None
+
+
+def disagreement(stored: dict, entry: dict) -> str | None:
+    """Why a new measurement disagrees with the stored one, or None where it agrees: they differ by more than the new
+    measurement's own spread (how far its best stands above its typical repetition)."""
+    spread = entry.get("spread_flop_per_s")
+    new, old = entry["flop_per_s"], stored["flop_per_s"]
+    if not isinstance(spread, (int, float)) or isinstance(spread, bool):
+        spread = 0.0
+    if abs(new - old) <= spread:
+        return None
+    when = stored.get("measured_wall")
+    stamp = (
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when))
+        if isinstance(when, (int, float))
+        else "earlier"
+    )
+    return (
+        f"this measurement ({rate_text(new)}, spread {rate_text(spread, digits=2)}) disagrees with the one stored "
+        f"({rate_text(old)}, measured {stamp}) by more than its spread"
+    )
+
+
 def store(entry: dict) -> Path:
     """Add or replace the peak of one (host, device, dtype, threads)."""
-    key = ("host", "device", "dtype", "threads")
+    key = KEY
     entries = [e for e in load() if tuple(e.get(k) for k in key) != tuple(entry.get(k) for k in key)]
     entries.append(entry)
     target = path()

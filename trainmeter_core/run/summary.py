@@ -112,20 +112,30 @@ def format_range(low: float, high: float) -> tuple[str, ...]:
     return ends[:1] if ends[0] == ends[1] else ends
 
 
-def _number(metric: records.MetricValue | None, unit: str = "", scale: float = 1.0) -> str | None:
+def _number(
+    metric: records.MetricValue | None,
+    unit: str = "",
+    scale: float = 1.0,
+    basis: dict | None = None,
+    extra: tuple[str | None, ...] = (),
+) -> str | None:
+    """One number of the line with its convention and label; ``extra`` phrases follow them in the parentheses."""
     if metric is None:
         return None
     labels = [x for x in (metric.convention, metric.label) if x]
     if metric.value is not None:
-        suffix = f" ({', '.join(labels)})" if labels else ""
-        return f"{metric.value * scale:.3g}{unit}{suffix}"
-    if metric.low is not None and metric.high is not None:
+        text = f"{metric.value * scale:.3g}{unit}"
+    elif metric.low is not None and metric.high is not None:
         ends = format_range(metric.low * scale, metric.high * scale)
-        # No convention was chosen: say whether the conventions differ, or agree (an MLP has no attention term).
-        labels.append("range over conventions" if len(ends) == 2 else "the conventions agree")
-        return f"{EN_DASH.join(ends)}{unit} ({', '.join(labels)})"
-    # The first missing input is enough for one line; `tm view` and the dashboard name them all.
-    return f"n/a ({metric.absent.split('; ')[0]})" if metric.absent else None
+        # No convention was chosen: say over which the ends differ, or that they agree (an MLP's nearly do).
+        labels.append(passport.range_words(basis, len(ends) == 1))
+        text = f"{EN_DASH.join(ends)}{unit}"
+    else:
+        # The first missing input is enough for one line; `tm view` and the dashboard name them all.
+        return f"n/a ({metric.absent.split('; ')[0]})" if metric.absent else None
+    said = [", ".join(labels)] if labels else []
+    said += [x for x in extra if x]
+    return f"{text} ({'; '.join(said)})" if said else text
 
 
 def _attempt_words(summary: dict) -> str:
@@ -164,8 +174,18 @@ def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None
     if snapshot is not None and snapshot.steps:
         m = snapshot.metrics
         tokens = _number(m.get("tokens"))
-        flops = _number(m.get("spent_flop"), " FLOP")
-        mfu = _number(m.get("mfu_avg"), "%", 100.0)
+        basis = passport.conventions_basis(m)
+        spent, mfu_avg = m.get("spent_flop"), m.get("mfu_avg")
+        # The conventions the run could not compute and what each lacks, said once: with the FLOPs where they are
+        # under one of the four, else with the MFU.
+        missing = passport.missing_words(basis)
+        on_flops = spent is not None and spent.value is not None and spent.convention in passport.CONVENTIONS
+        on_mfu = not on_flops and mfu_avg is not None and mfu_avg.convention in passport.CONVENTIONS
+        flops = _number(spent, " FLOP", basis=basis, extra=(missing if on_flops else None,))
+        peak = passport.peak_words(passport.mfu_peak(snapshot))
+        mfu = _number(
+            mfu_avg, "%", 100.0, basis, (missing if on_mfu else None, f"against {peak}" if peak else None)
+        )
         if tokens:
             parts.append(f"tokens {tokens}")
         if flops:

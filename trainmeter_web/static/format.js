@@ -113,12 +113,15 @@ export function byUnit(v, unit, key = "") {
   }
 }
 
-// A metric as the page shows it: one value, a range ("low–high") where it is one per convention, or "n/a".
+// A metric as the page shows it: one value, a range ("low–high") where it is one per convention, or "n/a". Ends that
+// read the same are one number, shown once (the tile's line says which conventions agree on it).
 export function metricText(metric, key) {
   if (!metric) return "n/a";
   if (finite(metric.value)) return byUnit(metric.value, metric.unit, key);
   if (finite(metric.low) && finite(metric.high)) {
-    return `${byUnit(metric.low, metric.unit, key)} – ${byUnit(metric.high, metric.unit, key)}`;
+    const low = byUnit(metric.low, metric.unit, key);
+    const high = byUnit(metric.high, metric.unit, key);
+    return low === high ? low : `${low} – ${high}`;
   }
   return "n/a";
 }
@@ -153,11 +156,15 @@ export function factText(fact) {
   if (Array.isArray(v)) return v.map((x) => factText({ value: x })).join(", ");
   if (fact.name === "device") {
     const index = v.index !== null && v.index !== undefined ? `:${v.index}` : "";
-    return `${v.type || "unknown"}${index}${v.uuid ? ` (${v.uuid})` : ""}`;
+    const threads = Number.isInteger(v.threads) ? `${v.threads} thread${v.threads === 1 ? "" : "s"}` : null;
+    const computes = [v.uuid, v.dtype, threads].filter(Boolean).join(", ");
+    return `${v.type || "unknown"}${index}${computes ? ` (${computes})` : ""}`;
   }
   if (fact.name === "peak") {
     const rate = finite(v.flop_per_s) ? v.flop_per_s : v.flops; // schema 1 called it flops
-    const label = [v.label, v.device_type].filter(Boolean).join(", ");
+    // a measured peak says what it was measured with: it scores only a rank that computes the same way
+    const threads = Number.isInteger(v.threads) ? `${v.threads} thread${v.threads === 1 ? "" : "s"}` : null;
+    const label = [v.label, v.device_type, v.dtype, threads].filter(Boolean).join(", ");
     return `${si(rate, "FLOP/s")}${label ? ` (${label})` : ""}`;
   }
   if (fact.name === "gpu") {

@@ -263,12 +263,12 @@ export function renderDetails() {
   for (const f of run.facts || []) {
     if (f.name !== "device" || !f.value || typeof f.value !== "object" || f.value.type === "cuda") continue;
     // A CPU (or other non-GPU) device of a rank: its peak is a declared or measured one (no datasheet gives it).
-    const peak = devicePeak(run.facts, f.host, f.value.type);
+    const peak = devicePeak(run.facts, f.host, f.value.type, f.value);
     hardware.append(el("tr", {}, el("td", {}, `${f.host ? `${f.host}/` : ""}${f.value.type}, rank ${f.rank ?? 0}`),
       el("td", {}, `${f.value.type === "cpu" ? "CPU" : f.value.type} of the rank`),
       el("td", { title: peak && peak.source ? peak.source : "" }, peak
         ? `${si(peak.flop_per_s, "FLOP/s")} (${peak.label})`
-        : "n/a: no datasheet gives a CPU's peak: measure one with tm peak, or pass --peak-tflops X --peak-source TEXT"),
+        : `n/a: no datasheet gives a CPU's peak: measure one with ${peakCommand(f.value)}, or pass --peak-tflops X --peak-source TEXT`),
       el("td", {}, "n/a"), el("td", {}, "n/a")));
   }
   const plugins = el("table", {}, el("tr", {}, el("th", {}, "plugin"), el("th", {}, "distribution"), el("th", {}, "provides")));
@@ -288,17 +288,29 @@ export function renderDetails() {
 }
 
 // The peak tm uses for a non-GPU device, as the engine resolves it: declared before measured, the device's own
-// (host/type) before one for every device of that type.
-export function devicePeak(facts, host, type) {
+// (host/type) before one for every device of that type; a measured one only if it was measured with the dtype and
+// threads the device's rank computes with (``device``, its device fact's value).
+export function devicePeak(facts, host, type, device) {
   const peaks = (facts || []).filter((f) => f.name === "peak" && f.value && typeof f.value === "object"
     && (f.device === `${host}/${type}` || (!f.device && [undefined, null, type].includes(f.value.device_type))));
   const rate = (f) => (finite(f.value.flop_per_s) ? f.value.flop_per_s : f.value.flops);
+  const same = (a, b) => (a ?? null) === (b ?? null);
+  const matches = (f) => !device || (same(f.value.dtype, device.dtype) && (type !== "cpu" || same(f.value.threads, device.threads)));
   for (const label of ["declared", "measured"]) {
-    const found = peaks.filter((f) => (f.value.label || (f.provenance === "declared" ? "declared" : "measured")) === label && finite(rate(f)));
+    const found = peaks.filter((f) => (f.value.label || (f.provenance === "declared" ? "declared" : "measured")) === label
+      && finite(rate(f)) && (label === "declared" || matches(f)));
     found.sort((a, b) => (a.device ? 0 : 1) - (b.device ? 0 : 1));
     if (found.length) return { flop_per_s: rate(found[0]), label, source: found[0].value.source || found[0].origin };
   }
   return null;
+}
+
+// The tm peak that measures the peak a device's rank needs: its threads on a CPU, its dtype where not the default.
+function peakCommand(device) {
+  const words = ["tm peak"];
+  if (device && device.type === "cpu" && Number.isInteger(device.threads)) words.push(`--threads ${device.threads}`);
+  if (device && device.dtype && device.dtype !== "float32") words.push(`--dtype ${device.dtype}`);
+  return words.join(" ");
 }
 
 export function renderPassport() {

@@ -141,7 +141,7 @@ export function tileLine(key, m) {
     parts.push(`average over the training window${window ? ` (${window})` : ""}, as in the summary`);
   }
   if (key === "mfu" || key === "mfu_avg" || key === "flop_per_token") {
-    parts.push(m.convention ? m.convention : "range over the conventions (pass --convention)");
+    parts.push(...conventionWords(m, key));
   } else if (m.convention) parts.push(m.convention);
   if (m.label) parts.push(key.startsWith("mfu") && PEAK_LABELS.has(m.label) ? `${m.label} peak` : m.label);
   if (key === "mfu") {
@@ -152,6 +152,40 @@ export function tileLine(key, m) {
     if (ema && (finite(ema.value) || finite(ema.low))) parts.push(`latest EMA ${metricText(ema, "mfu")}`);
   }
   return parts.join(" · ");
+}
+
+const CONVENTIONS = ["titan", "megatron", "hf", "all_params"];
+
+// Which of the four conventions the run computed, and what each other one lacks (from flop_per_token.<convention>);
+// null where the snapshot has no per-convention figures.
+export function conventionsBasis() {
+  const computed = [];
+  const missing = {};
+  for (const c of CONVENTIONS) {
+    const m = metric(`flop_per_token.${c}`);
+    if (!m) return null;
+    if (finite(m.value)) computed.push(c);
+    else missing[c] = m.absent || "not computed";
+  }
+  return { computed, missing };
+}
+
+// What a FLOPs or MFU number is under, in words: its convention and the conventions the run could not compute with
+// what each lacks; or the conventions a range is over (or that agree on one number).
+function conventionWords(m, key) {
+  const basis = conventionsBasis();
+  if (!m.convention) {
+    const names = basis && basis.computed.length > 1 ? ` ${basis.computed.join(", ")}` : "";
+    const one = finite(m.low) && !metricText(m, key).includes(" – "); // both ends read the same
+    return [one && names ? `${names.trim()} agree (pass --convention)` : `range over the conventions${names} (pass --convention)`];
+  }
+  const words = [m.convention];
+  if (basis && CONVENTIONS.includes(m.convention)) {
+    const byReason = {};
+    for (const [c, reason] of Object.entries(basis.missing)) (byReason[reason] = byReason[reason] || []).push(c);
+    for (const [reason, convs] of Object.entries(byReason)) words.push(`${convs.join(", ")} not computed: ${reason}`);
+  }
+  return words;
 }
 
 // Labels that name where an MFU's peak came from (anything else is said as the engine wrote it).
