@@ -261,6 +261,17 @@ def test_the_readme_quick_start_has_exactly_two_commands():
         assert (REPO / script).exists()
 
 
+def test_right_after_the_quick_start_the_readme_says_how_tm_gets_onto_path_and_into_ones_own_environment():
+    quick = _section((REPO / "README.md").read_text(), "Quick start")
+    after = quick.split("```sh\n", 1)[1].split("```\n", 1)[1].strip().split("\n\n", 1)[0]
+    # The paragraph right after the two commands: the demo's last line as printed, the shell's PATH, one's own env.
+    for words in ("`.venv/bin/tm view RUN`", "`. .venv/bin/activate`", "`PATH`", "pip install"):
+        assert words in after, f"the README's paragraph after the quick start does not say {words}"
+    code = [line for line in (REPO / "scripts" / "demo").read_text().splitlines() if not line.startswith("#")]
+    # The demo runs its tm with the caller's PATH (no .venv activated), so its last line names tm as that shell can.
+    assert not any("bin/activate" in line for line in code)
+
+
 def test_no_product_module_is_over_650_lines_but_the_mirror_of_pynvml():
     """A module holds one idea; past 650 lines it holds more. ``fake_pynvml.py`` mirrors pynvml's one module."""
     long = []
