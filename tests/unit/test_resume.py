@@ -220,3 +220,19 @@ def test_a_secret_the_plugins_hid_in_the_recorded_command_still_counts_as_the_sa
     assert not resume.same_command(["train.py", "--lr", "1"], ["train.py", "--lr", "2"])
     assert not resume.same_command(["train.py"], ["train.py", "--lr", "2"])
     assert not resume.same_command(None, ["train.py"])
+
+
+def test_the_tasks_of_one_slurm_step_on_one_node_are_no_second_start(work, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    live, lock = live_run(runs, "20260101T000000Z", "train", ["train.py"], work)
+    meta = json.loads((live / "meta.json").read_text())
+    meta["env"] = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
+    (live / "meta.json").write_text(json.dumps(meta))
+    try:
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+        monkeypatch.setenv("SLURM_STEP_ID", "0")
+        assert resume.live_twin("train", ["train.py"], str(work), str(runs)) is None  # srun's next task
+        monkeypatch.setenv("SLURM_STEP_ID", "1")  # a later step of the job, while the first still runs
+        assert resume.live_twin("train", ["train.py"], str(work), str(runs)) == (live, "the same command")
+    finally:
+        lock.release()

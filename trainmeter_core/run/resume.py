@@ -116,6 +116,8 @@ def live_twin(name: str, command: list[str], cwd: str, runs_dir: str | None) -> 
     slug = rundir.slug(name)
     host = socket.gethostname()
     ours = redact_argv(command)
+    # Only an argument that names something existing can name a checkpoint: without one, no log is read.
+    names_a_path = any(os.path.exists(os.path.join(cwd, arg.split("=", 1)[-1])) for arg in command[1:] if arg)
     for run_dir in rundir.iter_runs(
         base, lambda folder: folder.endswith(f"-{slug}") or f"-{slug}-" in folder
     ):
@@ -124,14 +126,25 @@ def live_twin(name: str, command: list[str], cwd: str, runs_dir: str | None) -> 
         meta = rundir.read_json(run_dir / "meta.json") or {}
         if meta.get("name") != name or meta.get("attached") or meta.get("host") != host:
             continue  # not described yet (it started this instant), watched from outside, or another host's
-        if meta.get("cwd") == cwd and same_command(meta.get("command"), ours):
+        if meta.get("cwd") != cwd or _same_slurm_step(meta.get("env") or {}):
+            continue  # another folder's run, or a task of this Slurm step (srun starts one tm per task)
+        if same_command(meta.get("command"), ours):
             return run_dir, "the same command"
-        from trainmeter_core.runlog.reopen import checkpoint_paths
+        if names_a_path:
+            from trainmeter_core.runlog.reopen import checkpoint_paths
 
-        arg = names_checkpoint(command, cwd, checkpoint_paths(run_dir))
-        if arg is not None:
-            return run_dir, f"and writes its checkpoints to {arg}, which this command names"
+            arg = names_checkpoint(command, cwd, checkpoint_paths(run_dir))
+            if arg is not None:
+                return run_dir, f"and writes its checkpoints to {arg}, which this command names"
     return None
+
+
+def _same_slurm_step(recorded_env: dict) -> bool:
+    """Whether a run's recorded environment is of this process's Slurm job step (both under Slurm)."""
+    step = (os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"))
+    return (
+        step[0] is not None and (recorded_env.get("SLURM_JOB_ID"), recorded_env.get("SLURM_STEP_ID")) == step
+    )
 
 
 def same_command(recorded: object, redacted: list[str]) -> bool:
