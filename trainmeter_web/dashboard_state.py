@@ -78,10 +78,10 @@ class DashboardState:
         self.bus_stats: records.BusStats | None = None
         self.components: dict[str, dict[str, Any]] = {}
         self.agent_us_total = 0.0
-        #: The log lines that filling this dashboard had to skip (cut short, not JSON, not a record), by reason.
-        self.log_skipped: dict[str, Any] = {"lines": 0, "reasons": {}}
         self.agent_us_steps = 0
         self.agent_us_last: float | None = None
+        #: The log lines that filling this dashboard had to skip (cut short, not JSON, not a record), by reason.
+        self.log_skipped: dict[str, Any] = {"lines": 0, "reasons": {}}
         self.version = 0  # bumped whenever the live document changes
         self.through_seq = 0
         #: True while the history copy waits for a whole one (it never had one, or a delta came out of step).

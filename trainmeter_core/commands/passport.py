@@ -24,10 +24,8 @@ def cmd_passport(argv: list[str]) -> int:
     stats: dict = {}
     snapshot = replay.final_snapshot(run_dir, stats)
     skipped = replay.skipped_line(stats)
-    if skipped:
-        print(
-            f"tm: {skipped}", file=sys.stderr
-        )  # as tm view --json says it: the passport leaves those lines out
+    if skipped:  # as tm view --json says it: the passport leaves those lines out
+        print(f"tm: {skipped}", file=sys.stderr)
     if snapshot is None:
         raise UsageError(f"{run_dir.name} has no records to make a passport from")
     data = passport.passport_data(snapshot, rundir.read_json(run_dir / "meta.json") or {})

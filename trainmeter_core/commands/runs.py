@@ -48,7 +48,10 @@ def where_it_looked(flag: str | None, environ: dict | None = None) -> str:
         return " (from --runs-dir)"
     if env.get("TM_RUNS_DIR"):
         return " (from TM_RUNS_DIR)"
-    return ": tm keeps a run under the folder it was started in; pass --runs-dir DIR (or set TM_RUNS_DIR) to look elsewhere"
+    return (
+        ": tm keeps a run under the folder it was started in; "
+        "pass --runs-dir DIR (or set TM_RUNS_DIR) to look elsewhere"
+    )
 
 
 def count_steps(run_dir) -> int | None:
