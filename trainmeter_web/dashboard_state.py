@@ -80,6 +80,8 @@ class DashboardState:
         self.agent_us_total = 0.0
         self.agent_us_steps = 0
         self.agent_us_last: float | None = None
+        #: The log lines that filling this dashboard had to skip (cut short, not JSON, not a record), by reason.
+        self.log_skipped: dict[str, Any] = {"lines": 0, "reasons": {}}
         self.version = 0  # bumped whenever the live document changes
         self.through_seq = 0
         #: True while the history copy waits for a whole one (it never had one, or a delta came out of step).
@@ -223,6 +225,21 @@ class DashboardState:
             entry["crashes"] += 1
         entry["restarts"] = max(entry["restarts"], event.restarts)
 
+    def note_skipped(self, stats: dict) -> None:
+        """The lines a reader of the run's log skipped while filling this dashboard (``read_log``'s ``stats``)."""
+        if stats.get("skipped"):
+            with self.lock:
+                self.log_skipped = {"lines": stats["skipped"], "reasons": dict(stats.get("reasons") or {})}
+                self.version += 1
+
+    def skipped_line(self) -> str | None:
+        """``skipped N unreadable lines of the log (...)``, as ``tm view --json`` says it; None when none was."""
+        from trainmeter_core.runlog.replay import skipped_line
+
+        with self.lock:
+            skipped = self.log_skipped
+        return skipped_line({"skipped": skipped["lines"], "reasons": skipped["reasons"]})
+
     # ------------------------------------------------------------------------------------------------------------------
     # Documents (plain data, ready for JSON)
 
@@ -254,7 +271,12 @@ class DashboardState:
                 "plugins": [_plain(p) for p in (meta.get("plugins") or (start.plugins if start else []))],
                 "status": self._status(),
                 "facts": [records.to_builtins(f) for f in snapshot.facts.values()],
-                "warnings": list(snapshot.warnings),
+                # The log's unreadable lines, and the warning the page shows of them: its numbers leave them out.
+                "log_skipped": {
+                    "lines": self.log_skipped["lines"],
+                    "reasons": dict(self.log_skipped["reasons"]),
+                },
+                "warnings": list(snapshot.warnings) + [w for w in [self.skipped_line()] if w],
                 "notices": [dict(n) for n in self.notices],
             }
             if end is not None:

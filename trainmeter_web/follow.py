@@ -45,11 +45,18 @@ def replayed_dashboard(run_dir: Path, stats: dict | None = None) -> DashboardSta
     """A run no engine serves any more: the engine's checkpoint plus the log after it replayed here, and the dashboard's
     own parts (alerts, the run's start and end, tm's overhead) from the whole log (only those kinds are decoded)."""
     run_dir = Path(run_dir)
+    stats = {} if stats is None else stats
     engine, snapshot = replay_engine(run_dir, stats)
     dashboard = DashboardState(run_dir, read_meta(run_dir))
-    for record in read_log(run_dir, kinds=set(SIDE_KINDS)):
+    side: dict = {}
+    for record in read_log(run_dir, kinds=set(SIDE_KINDS), stats=side):
         dashboard.feed(record)
     dashboard.load_history(engine.history, REPLAYED, 0, snapshot)
+    # The whole log was read for the dashboard's own parts (the engine's read began at its checkpoint): its count of
+    # unreadable lines is the run's, for the page and for the caller's one line.
+    if side["skipped"] > stats.get("skipped", 0):
+        stats["skipped"], stats["reasons"] = side["skipped"], side["reasons"]
+    dashboard.note_skipped(stats)
     return dashboard
 
 
@@ -79,8 +86,10 @@ class Follower:
         # Asked once a record came: the subscription is live, so the answer cannot pass by unseen.
         self.ask("start")
         handover.wait_for_log()
-        for record in handover.from_log(kinds=set(SIDE_KINDS)):
+        stats: dict = {}
+        for record in handover.from_log(kinds=set(SIDE_KINDS), stats=stats):
             self.dashboard.feed(record)
+        self.dashboard.note_skipped(stats)  # lines of the log before the first live record it could not read
         deadline = time.monotonic() + HISTORY_WAIT_S
         while self.dashboard.needs_history and not self.stopping.is_set() and time.monotonic() < deadline:
             record = handover.next(0.1)

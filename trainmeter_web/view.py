@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 def print_final_snapshot(run_dir: Path) -> int:
     import msgspec
 
-    from trainmeter_core.runlog.replay import final_snapshot
+    from trainmeter_core.runlog.replay import final_snapshot, skipped_line
 
     stats: dict = {}
     snapshot = final_snapshot(run_dir, stats=stats)
@@ -95,8 +95,9 @@ def print_final_snapshot(run_dir: Path) -> int:
         print(f"tm: {run_dir.name} has no record the engine can use yet", file=sys.stderr)
         return 1
     sys.stdout.write(msgspec.json.encode(records.to_builtins(snapshot)).decode() + "\n")
-    if stats.get("skipped"):
-        print(f"tm: skipped {stats['skipped']} unreadable lines of the log", file=sys.stderr)
+    skipped = skipped_line(stats)
+    if skipped:
+        print(f"tm: {skipped}", file=sys.stderr)
     return 0
 
 
@@ -124,6 +125,9 @@ def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event 
     server.start()
     for line in bound.startup_lines():
         print(f"tm: {line}", file=sys.stderr)
+    skipped = dashboard.skipped_line()
+    if skipped:
+        print(f"tm: {skipped}", file=sys.stderr)  # the page says it too, among the run's warnings
     print(f"tm: viewing {run_dir.name} (Ctrl-C to stop)", file=sys.stderr)
     try:
         if following is not None:

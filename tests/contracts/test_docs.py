@@ -261,6 +261,17 @@ def test_the_readme_quick_start_has_exactly_two_commands():
         assert (REPO / script).exists()
 
 
+def test_right_after_the_quick_start_the_readme_says_how_tm_gets_onto_path_and_into_ones_own_environment():
+    quick = _section((REPO / "README.md").read_text(), "Quick start")
+    after = quick.split("```sh\n", 1)[1].split("```\n", 1)[1].strip().split("\n\n", 1)[0]
+    # The paragraph right after the two commands: the demo's last line as printed, the shell's PATH, one's own env.
+    for words in ("`.venv/bin/tm view RUN`", "`. .venv/bin/activate`", "`PATH`", "pip install"):
+        assert words in after, f"the README's paragraph after the quick start does not say {words}"
+    code = [line for line in (REPO / "scripts" / "demo").read_text().splitlines() if not line.startswith("#")]
+    # The demo runs its tm with the caller's PATH (no .venv activated), so its last line names tm as that shell can.
+    assert not any("bin/activate" in line for line in code)
+
+
 def test_no_product_module_is_over_650_lines_but_the_mirror_of_pynvml():
     """A module holds one idea; past 650 lines it holds more. ``fake_pynvml.py`` mirrors pynvml's one module."""
     long = []
@@ -375,3 +386,55 @@ def test_the_architecture_map_has_its_parts_and_names_every_record_kind():
     assert named == set(records.KINDS), (
         f"the record table misses {set(records.KINDS) - named} or names {named - set(records.KINDS)}"
     )
+
+
+def _spelled_alike(a: str, b: str) -> bool:
+    """Two spellings of one key: the same words once ``flops`` reads ``flop`` (``flops_spent``, ``spent_flop``)."""
+
+    def words(key: str) -> list[str]:
+        head, _, tail = key.partition(".")
+        return sorted("flop" if w == "flops" else w for w in head.split("_")) + [tail]
+
+    return a != b and words(a) == words(b)
+
+
+def _old_spellings_table() -> dict[str, tuple[str, str]]:
+    """docs/api.md's table of old spellings: each old key (its head) -> (the new key's head, the release it leaves in)."""
+    text = (REPO / "docs" / "api.md").read_text()
+    section = text.split("#### Old spellings", 1)[1].split("\n#", 1)[0]
+    table = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        old = re.findall(r"`([^`.]+)", cells[0])[0]
+        new = re.findall(r"`([^`.]+)", cells[1])[0]
+        table[old] = (new, cells[3])
+    return table
+
+
+def test_every_key_a_snapshot_or_passport_has_under_two_spellings_is_in_docs_api_with_the_release_it_leaves_in():
+    import tomllib
+
+    from trainmeter_core.model import passport
+    from trainmeter_core.model.engine.snapshot import OLD_KEYS_LEAVE_IN, OLD_METRIC_KEYS
+    from trainmeter_core.runlog import replay
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert tuple(map(int, OLD_KEYS_LEAVE_IN.split("."))) > tuple(map(int, version.split(".")))
+    table = _old_spellings_table()
+    snapshot = replay.final_snapshot(REPO / "tests" / "fixtures" / "golden" / "cpu-measured")
+    # Found in what tm writes, not in its own list: every key whose value is another key's, spelled alike.
+    for found in (snapshot.metrics, passport.passport_data(snapshot, {})):
+        pairs = {
+            tuple(sorted((a, b), key=lambda k: "flops" not in k))
+            for a in found
+            for b in found
+            if found[a] is found[b] and found[a] is not None and _spelled_alike(a, b)
+        }
+        assert pairs
+        for old, new in pairs:
+            row = table.get(old.partition(".")[0])
+            assert row is not None, f"docs/api.md does not list the old spelling {old}"
+            assert row == (new.partition(".")[0], OLD_KEYS_LEAVE_IN), f"docs/api.md: {old} -> {row}"
+    assert set(table) == set(OLD_METRIC_KEYS) and all(table[o][0] == n for o, n in OLD_METRIC_KEYS.items())

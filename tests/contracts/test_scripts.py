@@ -8,9 +8,11 @@ fail, and ``scripts/setup-browser`` replaced by the same: the demo must reach th
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -76,7 +78,6 @@ def test_the_demo_reaches_its_dashboard_without_apt_get_sudo_playwright_or_the_b
     }
     env.update(
         PATH=f"{stubs}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
-        TM_RUNS_DIR=str(tmp_path / "runs"),
         XDG_DATA_HOME=str(tmp_path / "data"),
         OMP_NUM_THREADS="1",
         PIP_NO_INPUT="1",
@@ -103,6 +104,7 @@ def test_the_demo_reaches_its_dashboard_without_apt_get_sudo_playwright_or_the_b
     # pip's own progress is shown, not swallowed.
     assert "Successfully installed" in result.stdout or "Installing collected packages" in result.stdout
     assert "tm: dashboard http://" in result.stderr, out[-4000:]
+    _the_last_line_runs_as_printed_in_a_fresh_shell(result.stderr, checkout, tmp_path)
     # The demo's setup installs only what tm needs: no test tools.
     listed = subprocess.run(
         [
@@ -121,6 +123,36 @@ def test_the_demo_reaches_its_dashboard_without_apt_get_sudo_playwright_or_the_b
     )
     installed = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
     assert "trainmeter" in installed and not installed & {"pytest", "ruff", "playwright"}, listed.stdout
+
+
+def _the_last_line_runs_as_printed_in_a_fresh_shell(stderr: str, checkout: Path, tmp_path: Path) -> None:
+    """The summary line's ``see it again`` command, run as printed by a shell with nothing but the system's ``PATH``
+    (no ``.venv`` activated, as after ``./scripts/demo`` in a new terminal), from the clone: the dashboard comes up."""
+    last = stderr.rstrip().splitlines()[-1]
+    printed = last.rsplit("see it again: ", 1)[1]
+    assert printed.startswith(".venv/bin/tm view "), last
+    view = subprocess.Popen(
+        ["bash", "-c", printed],
+        cwd=checkout,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    said: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("tm: viewing" in line for line in said):
+            line = view.stderr.readline()
+            if not line and view.poll() is not None:
+                break
+            said.append(line)
+        (run_dir,) = (checkout / ".trainmeter" / "runs").iterdir()
+        assert f"tm: viewing {run_dir.name}" in "".join(said), "".join(said)
+    finally:
+        os.killpg(view.pid, signal.SIGINT)
+        view.wait(30)
 
 
 def _venv_purelib(checkout: Path) -> Path:

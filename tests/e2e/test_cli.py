@@ -161,3 +161,22 @@ def test_a_table_of_a_plugins_rule_is_accepted_when_that_plugin_is_loaded(tm_env
         result.returncode == 2
         and "[alerts.my_rule]: no such alert rule; the rules loaded: died," in result.stderr
     )
+
+
+@pytest.mark.xdist_group("heavy")
+def test_tm_runs_in_a_folder_without_runs_says_where_it_looked_and_how_to_look_elsewhere(tm_env, tmp_path):
+    env = dict(tm_env)
+    env.pop("TM_RUNS_DIR")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_tm(["runs"], env, cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        f"no runs under {elsewhere / '.trainmeter' / 'runs'}: tm keeps a run under the folder it was started in; "
+        "pass --runs-dir DIR (or set TM_RUNS_DIR) to look elsewhere\n"
+    )
+    # Told where to look, it names what told it.
+    result = run_tm(["runs", "--runs-dir", str(tmp_path / "none")], env, cwd=elsewhere)
+    assert result.stdout == f"no runs under {tmp_path / 'none'} (from --runs-dir)\n"
+    result = run_tm(["runs"], {**env, "TM_RUNS_DIR": str(tmp_path / "none")}, cwd=elsewhere)
+    assert result.stdout == f"no runs under {tmp_path / 'none'} (from TM_RUNS_DIR)\n"

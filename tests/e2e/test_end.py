@@ -4,6 +4,7 @@ conventions agree), and its "see it again" command works exactly as printed, whe
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from deadline import wait_for
-from tm_runs import TM, run_tm
+from tm_runs import BIN, TM, run_tm
 
 from trainmeter_core.model import records
-from trainmeter_core.run.summary import format_range, summary_line, view_command
+from trainmeter_core.run.summary import format_range, summary_line, tm_command, view_command
 
 SUMMARY = {
     "exit_status": 0,
@@ -106,3 +107,69 @@ def test_after_runs_dir_the_printed_see_it_again_command_works_as_printed(tm_env
         view.send_signal(signal.SIGINT)
         view.wait(30)
     assert view.returncode == 0
+
+
+def test_see_it_again_calls_tm_by_its_path_where_the_shells_path_finds_no_tm_or_another(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TM_RUNS_DIR", raising=False)
+    venv_tm = tmp_path / ".venv" / "bin" / "tm"
+    venv_tm.parent.mkdir(parents=True)
+    venv_tm.write_text("#!/bin/sh\n")
+    venv_tm.chmod(0o755)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tm").write_text("#!/bin/sh\n")
+    (other / "tm").chmod(0o755)
+    run_dir = tmp_path / ".trainmeter" / "runs" / "r1"
+    # The shell's PATH finds this tm (an activated .venv): plain tm.
+    assert view_command(run_dir, {"PATH": f"{venv_tm.parent}:/usr/bin:/bin"}, str(venv_tm)) == "tm view r1"
+    # No tm on PATH, or another program of the name: this one's path, relative to where the user is.
+    assert view_command(run_dir, {"PATH": "/usr/bin:/bin"}, str(venv_tm)) == ".venv/bin/tm view r1"
+    assert view_command(run_dir, {"PATH": f"{other}:/usr/bin:/bin"}, ".venv/bin/tm") == ".venv/bin/tm view r1"
+    assert tm_command({"PATH": "/usr/bin:/bin"}, str(venv_tm)) == ".venv/bin/tm"
+    monkeypatch.chdir(other)
+    assert tm_command({"PATH": "/usr/bin:/bin"}, str(venv_tm)) == str(venv_tm)  # not under the working folder
+    assert tm_command({"PATH": "/usr/bin:/bin"}, "tm") == "./tm"  # this folder's own tm
+    # Not started as a tm script (python -m, a test): tm.
+    assert tm_command({"PATH": "/usr/bin:/bin"}, "/usr/lib/python3/cli.py") == "tm"
+
+
+@pytest.mark.xdist_group("heavy")
+def test_a_tm_started_by_its_path_prints_a_see_it_again_that_a_fresh_shell_runs_as_printed(tm_env, tmp_path):
+    """Issue 41, point 10: the demo runs .venv/bin/tm from a shell that never activated .venv; `tm view` printed there
+    was `bash: tm: command not found`."""
+    env = dict(tm_env)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p and Path(p) != BIN)
+    env.pop("TM_RUNS_DIR")
+    cwd = tmp_path / "here"
+    cwd.mkdir()
+    result = run_tm(["--no-web", "--", sys.executable, "-c", "pass"], env, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    printed = result.stderr.rsplit("see it again: ", 1)[1].strip()
+    assert not printed.startswith("tm "), printed
+    # As printed, by a fresh shell with nothing but the system's PATH, from where the user was.
+    view = subprocess.Popen(
+        ["bash", "-c", printed],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        cwd=cwd,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        wait_for(
+            lambda: (
+                "viewing" in (lines.append(view.stderr.readline()) or lines[-1]) or view.poll() is not None
+            ),
+            60,
+            "tm view",
+        )
+        (run_dir,) = (cwd / ".trainmeter" / "runs").iterdir()
+        assert f"tm: viewing {run_dir.name}" in "".join(lines), "".join(lines)
+    finally:
+        os.killpg(view.pid, signal.SIGINT)
+        view.wait(30)

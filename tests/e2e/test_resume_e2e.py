@@ -252,3 +252,44 @@ def test_resuming_a_run_that_still_runs_is_refused_in_one_line(tm_env, tmp_path)
     (line,) = runs_lines(tm_env)
     assert line.endswith("2 attempts") and "finished (exit 0)" in line
     time.sleep(0)  # nothing to wait for: tm exited after writing its summary
+
+
+@pytest.mark.xdist_group("heavy")
+def test_the_same_command_again_while_its_run_lives_is_refused_and_new_run_starts_a_separate_run(
+    tm_env, tmp_path
+):
+    """Issue 41, point 11: the second start would have trained beside the first, from its checkpoints, unsaid."""
+    release = tmp_path / "release"
+    holder = (
+        "import pathlib, sys, time\n"
+        f"with open({str(tmp_path / 'started')!r}, 'a') as f: f.write('x')\n"
+        f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
+    )
+    argv = ["--no-web", "--", sys.executable, "-c", holder]
+    runs = Path(tm_env["TM_RUNS_DIR"])
+    described = lambda: [p for p in runs.iterdir() if (p / "meta.json").exists()] if runs.is_dir() else []  # noqa: E731
+    first = subprocess.Popen([TM, *argv], env=tm_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second = None
+    try:
+        (live,) = wait_for(described, 60, "the first run's meta.json")
+        again = run_tm(argv, tm_env, timeout=60)  # unfixed, it ran (and waited) beside the first
+        assert again.returncode == 2
+        assert again.stderr == (
+            f"tm: run {live.name} is still running the same command (its launcher holds run.lock): "
+            f"watch it with tm view {live.name}, or pass --new-run to start a second run\n"
+        )
+        assert described() == [live]  # no run directory for the refused start
+        # --new-run: a second run, deliberately, beside the first.
+        second = subprocess.Popen(
+            [TM, "--new-run", *argv], env=tm_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        wait_for(lambda: len(described()) == 2, 60, "the second run's meta.json")
+        wait_for(lambda: (tmp_path / "started").read_text() == "xx", 60, "both commands to start")
+    finally:
+        release.write_text("go")
+        assert first.wait(60) == 0
+        if second is not None:
+            assert second.wait(60) == 0, second.stderr.read()
+    lines = runs_lines(tm_env)
+    assert len(lines) == 2 and all("finished (exit 0)" in line for line in lines), lines
+    assert all(not line.endswith("attempts") for line in lines)  # two runs, neither resumed the other

@@ -108,6 +108,53 @@ def test_a_run_that_never_ended_and_holds_no_lock_is_lost(tmp_path, capsys):
         thread.join(10)
 
 
+def damage(run_dir: Path) -> None:
+    """One line that is not JSON among the records, and a last line cut short (a kill mid-write)."""
+    log = run_dir / "events-0001.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:3]) + b"not a record\n" + b"".join(lines[3:]) + b'{"kind":"step","st')
+
+
+SKIPPED = "skipped 2 unreadable lines of the log (1 not JSON, 1 truncated last line)"
+
+
+def test_the_dashboard_server_says_which_log_lines_it_skipped_on_stderr_and_in_the_page(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "20260101T000000Z-host-demo"
+    write_run(run_dir, 5, ended=True)
+    damage(run_dir)
+    stopping = threading.Event()
+    thread = threading.Thread(target=view.serve, args=(run_dir, "127.0.0.1", 0, stopping))
+    thread.start()
+    seen: list[str] = []
+    try:
+        wait_for(
+            lambda: seen.append(capsys.readouterr().err) or "viewing" in "".join(seen), what="tm view's start"
+        )
+        said = "".join(seen)
+        assert f"tm: {SKIPPED}\n" in said, said
+        port = int(re.search(r"dashboard http://localhost:(\d+)/", said).group(1))
+        run = get_json(port, "/api/run")
+        assert run["log_skipped"] == {"lines": 2, "reasons": {"not JSON": 1, "truncated last line": 1}}
+        assert SKIPPED in run["warnings"]
+        assert get_json(port, "/api/snapshot")["steps"] == 5  # the readable lines all count
+    finally:
+        stopping.set()
+        thread.join(10)
+
+
+def test_tm_passport_says_which_log_lines_it_skipped_as_tm_view_json_does(tmp_path, capsys):
+    from trainmeter_core.commands import cli
+
+    run_dir = tmp_path / "runs" / "20260101T000000Z-host-demo"
+    write_run(run_dir, 5, ended=True)
+    damage(run_dir)
+    assert cli.main(["passport", str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("# Run passport") and captured.err == f"tm: {SKIPPED}\n"
+    assert view.main(["--json", str(run_dir)]) == 0
+    assert capsys.readouterr().err == f"tm: {SKIPPED}\n"  # the same line
+
+
 LOOP = """
 import os, sys, time
 from trainmeter_agent import emit

@@ -114,6 +114,7 @@ def test_the_run_snapshot_and_series_describe_the_run(served):
     assert run["command"] == ["train.py", "</script>"] and run["status"]["state"] == "running"
     snapshot = get_json(port, "/api/snapshot")
     assert snapshot["kind"] == "snapshot" and snapshot["steps"] == 5 and snapshot["tick"] == 5
+    assert snapshot["state"] == "running"  # as docs/api.md's example has one: a live snapshot's too
     assert snapshot["metrics"]["tokens_per_s"]["unit"] == "tokens/s"
     series = get_json(port, "/api/series")
     assert series["x_axes"] == ["step", "tokens", "flop", "wall"]

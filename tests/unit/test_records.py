@@ -302,6 +302,15 @@ def test_absent_field_is_left_out_and_named_with_its_reason():
     assert back.power_w is None and back.absent == {"power_w": "NVML: not supported on this board"}
 
 
+def test_a_snapshot_always_says_its_state_in_json_the_running_one_too():
+    # docs/api.md's example has a state: a live snapshot (state "running", the field's default) must carry it too.
+    for state in ("starting", "running", "finished", "lost"):
+        snapshot = records.Snapshot(tick=1, state=state)
+        assert msgspec.json.decode(msgspec.json.encode(snapshot))["state"] == state
+        assert records.to_builtins(snapshot)["state"] == state
+    assert records.to_builtins(records.Snapshot(tick=1))["state"] == "running"
+
+
 def test_nonfinite_metric_values_and_alert_numbers_survive_the_log():
     metric = records.Metric(values={"loss": math.nan, "grad_norm": math.inf, "neg": -math.inf, "lr": 0.5})
     alert = records.Alert(

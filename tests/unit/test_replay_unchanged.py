@@ -116,6 +116,7 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     assert set(seen) <= {"startup", "compile", "data_wait", "checkpoint", "eval", "profiler"}, where
     if seen:
         expected["phases_seen"] = seen
+    _state(where, expected, new)
     _window_keys(where, expected, new)
     for key in LADDER:
         _window_or_latest(where, expected, new, key, "counters, ")
@@ -130,6 +131,15 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     _one_convention(where, expected, new)
     assert set(metrics) == set(expected["metrics"]), where
     assert set(explain) == set(expected["explain"]), where
+
+
+def _state(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
+    """9. Every log (issue 41, point 15): a snapshot always says its state. The stored ones of a live run had none, as
+    ``running`` was the field's default and so left out of the JSON; a snapshot with its steps, before the end, says
+    ``running`` now, and every other state is written as before."""
+    if "state" not in expected:
+        assert new["state"] == "running" and not new.get("final") and new.get("steps", 0) > 0, where
+        expected["state"] = "running"
 
 
 def _carry(expected: dict[str, Any], new: dict[str, Any], key: str) -> None:

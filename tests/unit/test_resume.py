@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import socket
 
 import pytest
 from test_reopen import write_log
@@ -12,6 +14,7 @@ from test_reopen import write_log
 from trainmeter_core.commands.runs import count_steps
 from trainmeter_core.model import records
 from trainmeter_core.run import resume
+from trainmeter_core.run.run_options import RunOptions
 from trainmeter_core.runlog import rundir
 
 
@@ -141,3 +144,95 @@ def test_tm_runs_counts_each_step_once_over_attempts(tmp_path):
     write_log(tmp_path, list(enumerate(logged, start=1)))
     # 170 + 150 + 10 step records, of which steps 151..170 were done twice: 310 steps
     assert count_steps(tmp_path) == 310
+
+
+def live_run(base, stamp, name, command, cwd, *, host=None, checkpoint=None):
+    """A run whose launcher still holds its lock (this test holds it), described as ``tm`` describes one."""
+    run_dir = make_run(base, stamp, name, checkpoint=checkpoint)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    meta.update(command=command, cwd=str(cwd), host=host or socket.gethostname())
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    lock = rundir.RunLock(run_dir)
+    lock.acquire()
+    return run_dir, lock
+
+
+def options(command, runs, **kw):
+    return RunOptions(command=command, script_mode=True, runs_dir=str(runs), **kw)
+
+
+def test_the_same_command_again_beside_its_live_run_is_refused_in_one_line_and_new_run_starts_a_second(
+    work, tmp_path, monkeypatch
+):
+    monkeypatch.delenv(
+        "TM_RUNS_DIR", raising=False
+    )  # the run is named by its path: tm looks elsewhere by default
+    runs = tmp_path / "runs"
+    command = ["train.py", "--steps", "200"]
+    live, lock = live_run(runs, "20260101T000000Z", "train", command, work)
+    said = []
+    try:
+        with pytest.raises(resume.ResumeError) as raised:
+            resume.target_for(options(command, runs), "train", said.append)
+        assert str(raised.value) == (
+            f"run {live.name} is still running the same command (its launcher holds run.lock): "
+            f"watch it with tm view {shlex.quote(str(live))}, or pass --new-run to start a second run"
+        )
+        assert raised.value.exit_status == 2
+        # --new-run: a deliberate second run, said nothing about.
+        assert resume.target_for(options(command, runs, new_run=True), "train", said.append) is None
+        assert said == []
+    finally:
+        lock.release()
+    # Once it has ended, the same command starts a new run as before.
+    assert resume.target_for(options(command, runs), "train", said.append) is None
+
+
+def test_a_second_start_is_refused_when_it_names_the_live_runs_checkpoints_and_not_for_a_sweep_or_another_host(
+    work, tmp_path
+):
+    runs = tmp_path / "runs"
+    saved = work / "ckpt" / "step-50.pt"
+    live, lock = live_run(
+        runs, "20260101T000000Z", "train", ["train.py", "--lr", "1e-3", "ckpt"], work, checkpoint=saved
+    )
+    other, other_lock = live_run(runs, "20260102T000000Z", "train", ["train.py"], work, host="another-node")
+    try:
+        # Another learning rate, the same checkpoint folder: the two would write over each other's checkpoints.
+        with pytest.raises(resume.ResumeError) as raised:
+            resume.refuse_second_start("train", ["train.py", "--lr", "3e-4", "ckpt"], str(work), str(runs))
+        assert str(raised.value).startswith(
+            f"run {live.name} is still running and writes its checkpoints to ckpt, which this command names "
+        )
+        # A sweep's other point (its own checkpoint folder), another name, the same command on another host: no word.
+        resume.refuse_second_start("train", ["train.py", "--lr", "3e-4", "other"], str(work), str(runs))
+        resume.refuse_second_start("eval", ["train.py", "--lr", "1e-3", "ckpt"], str(work), str(runs))
+        assert resume.live_twin("train", ["train.py"], str(work), str(runs)) is None
+        # The same command in another folder is another run's business too.
+        assert resume.live_twin("train", ["train.py", "--lr", "1e-3", "x"], str(tmp_path), str(runs)) is None
+    finally:
+        lock.release()
+        other_lock.release()
+
+
+def test_a_secret_the_plugins_hid_in_the_recorded_command_still_counts_as_the_same_command():
+    assert resume.same_command(["train.py", "--wandb-secret", "***"], ["train.py", "--wandb-secret", "abc"])
+    assert not resume.same_command(["train.py", "--lr", "1"], ["train.py", "--lr", "2"])
+    assert not resume.same_command(["train.py"], ["train.py", "--lr", "2"])
+    assert not resume.same_command(None, ["train.py"])
+
+
+def test_the_tasks_of_one_slurm_step_on_one_node_are_no_second_start(work, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    live, lock = live_run(runs, "20260101T000000Z", "train", ["train.py"], work)
+    meta = json.loads((live / "meta.json").read_text())
+    meta["env"] = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
+    (live / "meta.json").write_text(json.dumps(meta))
+    try:
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+        monkeypatch.setenv("SLURM_STEP_ID", "0")
+        assert resume.live_twin("train", ["train.py"], str(work), str(runs)) is None  # srun's next task
+        monkeypatch.setenv("SLURM_STEP_ID", "1")  # a later step of the job, while the first still runs
+        assert resume.live_twin("train", ["train.py"], str(work), str(runs)) == (live, "the same command")
+    finally:
+        lock.release()

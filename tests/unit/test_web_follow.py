@@ -152,6 +152,21 @@ def test_catching_up_reads_the_log_until_the_first_live_record_and_counts_nothin
     assert model.through_seq == recs[-1].seq
 
 
+def test_a_live_dashboard_counts_the_log_lines_it_could_not_read_while_catching_up(tmp_path):
+    recs = run_records(10)
+    run_dir = tmp_path / "run"
+    write_log(run_dir, recs)
+    log = run_dir / "events-0001.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(
+        b"".join(lines[:5]) + b"not a record\n" + b"".join(lines[5:])
+    )  # before the first live record
+    model, _ = follow(run_dir, Bus(run_dir, recs, first_live=21))
+    assert model.run_doc()["log_skipped"] == {"lines": 1, "reasons": {"not JSON": 1}}
+    assert model.skipped_line() == "skipped 1 unreadable line of the log (1 not JSON)"
+    assert model.skipped_line() in model.run_doc()["warnings"]
+
+
 def test_a_missing_delta_makes_the_dashboard_ask_for_the_whole_history_again(tmp_path):
     recs = run_records(10)
     run_dir = tmp_path / "run"

@@ -48,7 +48,7 @@ Run options:
   --name NAME          the run's name (default: the script's name)
   --runs-dir DIR       where runs go (default: TM_RUNS_DIR, else ./.trainmeter/runs)
   --resume RUN         continue RUN (a preempted or crashed run) as its next attempt: one run, one timeline
-  --new-run            a new run even where the command names the checkpoint of an unfinished run of the same name
+  --new-run            a new run, even beside a live run of the same command or from an unfinished run's checkpoint
   --gpus LIST          the GPUs of the run (indices or UUIDs), when tm cannot tell
   --no-agent           watch from outside only: no agent inside the Python process
   --no-tap             do not read the trackers the loop uses (wandb, TensorBoard, MLflow)

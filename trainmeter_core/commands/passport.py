@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
 from trainmeter_core.errors import UsageError
@@ -19,7 +21,11 @@ def cmd_passport(argv: list[str]) -> int:
     parser.add_argument("--runs-dir")
     args = parser.parse_args(argv)
     run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
-    snapshot = replay.final_snapshot(run_dir)
+    stats: dict = {}
+    snapshot = replay.final_snapshot(run_dir, stats)
+    skipped = replay.skipped_line(stats)
+    if skipped:  # as tm view --json says it: the passport leaves those lines out
+        print(f"tm: {skipped}", file=sys.stderr)
     if snapshot is None:
         raise UsageError(f"{run_dir.name} has no records to make a passport from")
     data = passport.passport_data(snapshot, rundir.read_json(run_dir / "meta.json") or {})

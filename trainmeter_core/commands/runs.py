@@ -3,6 +3,7 @@ attempts."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from trainmeter_core.commands.stdout_lines import Output
@@ -19,7 +20,7 @@ def cmd_runs(argv: list[str]) -> int:
     out = Output()
     runs = rundir.list_runs(base)
     if not runs:
-        out.line(f"no runs under {base}")
+        out.line(f"no runs under {base}{where_it_looked(args.runs_dir)}")
         return 0
     for path in runs:
         info = rundir.run_info(path)
@@ -37,6 +38,20 @@ def cmd_runs(argv: list[str]) -> int:
             f"{attempts}"
         )
     return 0
+
+
+def where_it_looked(flag: str | None, environ: dict | None = None) -> str:
+    """What follows ``no runs under DIR``: what chose DIR (``--runs-dir``, ``TM_RUNS_DIR``), or, for the working
+    folder's own ``.trainmeter/runs``, that a run started in another folder is under that folder's, and how to look."""
+    env = os.environ if environ is None else environ
+    if flag:
+        return " (from --runs-dir)"
+    if env.get("TM_RUNS_DIR"):
+        return " (from TM_RUNS_DIR)"
+    return (
+        ": tm keeps a run under the folder it was started in; "
+        "pass --runs-dir DIR (or set TM_RUNS_DIR) to look elsewhere"
+    )
 
 
 def count_steps(run_dir) -> int | None:

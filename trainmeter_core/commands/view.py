@@ -49,9 +49,9 @@ def print_final_snapshot(run: str | None, runs_dir: str | None) -> int:
     run_dir = rundir.resolve_run(run, rundir.runs_dir(runs_dir) if runs_dir else None)
     stats: dict = {}
     snapshot = replay.final_snapshot(run_dir, stats)
-    if stats.get("skipped"):
-        reasons = ", ".join(f"{n} {r}" for r, n in sorted(stats["reasons"].items()))
-        print(f"tm: skipped {stats['skipped']} unreadable lines of the log ({reasons})", file=sys.stderr)
+    skipped = replay.skipped_line(stats)
+    if skipped:
+        print(f"tm: {skipped}", file=sys.stderr)
     if snapshot is None:
         raise UsageError(f"{run_dir.name} has no records to replay")
     import msgspec

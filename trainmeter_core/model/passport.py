@@ -189,7 +189,7 @@ def passport_data(snapshot: records.Snapshot, meta: dict) -> dict[str, Any]:
         "profile": _profile(snapshot),
         **({"attempts": [records.to_builtins(a) for a in snapshot.attempts]} if snapshot.attempts else {}),
     }
-    # Schema 1's names of the two FLOP counts, kept for one release (docs/bus.md has the table).
+    # Schema 1's names of the two FLOP counts, kept until 0.2.0 (docs/api.md, "Old spellings", has the table).
     data["flops_per_token"] = data["flop_per_token"]
     data["flops_spent"] = data["spent_flop"]
     return data

@@ -24,7 +24,7 @@ from trainmeter_core.run.child import lower_own_priority
 from trainmeter_core.run.component_start import plan_placements
 from trainmeter_core.run.identity import describe_run, open_run
 from trainmeter_core.run.stderr_lines import Say
-from trainmeter_core.run.summary import write_summary
+from trainmeter_core.run.summary import view_command, write_summary
 from trainmeter_core.runlog.recorder import Recorder
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -147,7 +147,7 @@ def watch(target: Target, command: list[str], name: str, runs_dir: str | None, s
     for signum, handler in previous.items():
         signal.signal(signum, handler)
     ended = f"pid {target.pid} exited" if exited else f"watch stopped, pid {target.pid} still runs"
-    say(f"{ended} after {elapsed_s:.1f} s · see it again: tm view {run_dir.name}", always=not say.quiet)
+    say(f"{ended} after {elapsed_s:.1f} s · see it again: {view_command(run_dir)}", always=not say.quiet)
     lock.release()
     sockets.remove()
     return 0

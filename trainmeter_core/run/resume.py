@@ -1,8 +1,9 @@
 """Resuming a run: which run a command continues (``--resume RUN``, or the unfinished run of the same name whose
 checkpoint the command names), and reopening it for the next attempt: its lock, a fresh socket folder, its log's end.
 
-It never starts a second launcher on a live run (the lock says so, in one line) and never rewrites what earlier
-attempts wrote: the log goes on in a new segment, and the summary and passport of the attempt before are removed
+It never starts a second launcher on a live run (the lock says so, in one line), never starts the same command again
+beside its live run without ``--new-run`` (the second would train from the first one's checkpoints, unseen), and
+never rewrites what earlier attempts wrote: the log goes on in a new segment, and the summary and passport of the attempt before are removed
 because they no longer describe a finished run (the launcher writes them again at the end).
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainmeter_core.errors import UsageError
+from trainmeter_core.model.redaction import REDACTED, redact_argv
 from trainmeter_core.runlog import rundir
 
 if TYPE_CHECKING:
@@ -76,6 +79,7 @@ def target_for(options: RunOptions, name: str, say: Say) -> ResumeTarget | None:
         return explicit(options.resume, options.runs_dir)
     if options.new_run:
         return None
+    refuse_second_start(name, options.command, os.getcwd(), options.runs_dir)
     found = matching(name, options.command, os.getcwd(), options.runs_dir)
     if found is None:
         return None
@@ -84,6 +88,73 @@ def target_for(options: RunOptions, name: str, say: Say) -> ResumeTarget | None:
         f"resuming run {target.run_dir.name} as attempt {target.attempt}: {target.reason} (--new-run starts a new run)"
     )
     return target
+
+
+def refuse_second_start(name: str, command: list[str], cwd: str, runs_dir: str | None) -> None:
+    """A ``ResumeError`` (exit 2) when a run of this name still runs on this host the same command in the same folder,
+    or writes its checkpoints where the command names: started again, the command would train beside it from its
+    checkpoints, as a second run nobody asked for. ``--new-run`` asks for one. Different commands of one name (a
+    sweep's) run side by side, and so do the nodes of a job (each on its own host)."""
+    found = live_twin(name, command, cwd, runs_dir)
+    if found is None:
+        return
+    run_dir, why = found
+    # Imported here: the summary's module (and what it imports) is the end of a run's, not its start's.
+    from trainmeter_core.run.summary import view_command
+
+    raise ResumeError(
+        f"run {run_dir.name} is still running {why} (its launcher holds {rundir.LOCK_NAME}): "
+        f"watch it with {view_command(run_dir)}, or pass --new-run to start a second run"
+    )
+
+
+def live_twin(name: str, command: list[str], cwd: str, runs_dir: str | None) -> tuple[Path, str] | None:
+    """The newest live run of this name on this host that runs ``command`` in ``cwd``, or writes its checkpoints
+    where ``command`` names, with the words that say which; None when there is none. Only live runs are read: the
+    lock is looked at first, ``meta.json`` only of a live run."""
+    base = rundir.runs_dir(runs_dir)
+    slug = rundir.slug(name)
+    host = socket.gethostname()
+    ours = redact_argv(command)
+    # Only an argument that names something existing can name a checkpoint: without one, no log is read.
+    names_a_path = any(os.path.exists(os.path.join(cwd, arg.split("=", 1)[-1])) for arg in command[1:] if arg)
+    for run_dir in rundir.iter_runs(
+        base, lambda folder: folder.endswith(f"-{slug}") or f"-{slug}-" in folder
+    ):
+        if not rundir.is_live(run_dir):
+            continue
+        meta = rundir.read_json(run_dir / "meta.json") or {}
+        if meta.get("name") != name or meta.get("attached") or meta.get("host") != host:
+            continue  # not described yet (it started this instant), watched from outside, or another host's
+        if meta.get("cwd") != cwd or _same_slurm_step(meta.get("env") or {}):
+            continue  # another folder's run, or a task of this Slurm step (srun starts one tm per task)
+        if same_command(meta.get("command"), ours):
+            return run_dir, "the same command"
+        if names_a_path:
+            from trainmeter_core.runlog.reopen import checkpoint_paths
+
+            arg = names_checkpoint(command, cwd, checkpoint_paths(run_dir))
+            if arg is not None:
+                return run_dir, f"and writes its checkpoints to {arg}, which this command names"
+    return None
+
+
+def _same_slurm_step(recorded_env: dict) -> bool:
+    """Whether a run's recorded environment is of this process's Slurm job step (both under Slurm)."""
+    step = (os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"))
+    return (
+        step[0] is not None and (recorded_env.get("SLURM_JOB_ID"), recorded_env.get("SLURM_STEP_ID")) == step
+    )
+
+
+def same_command(recorded: object, redacted: list[str]) -> bool:
+    """Whether a run's recorded command (redacted by the launcher, with its plugins' secret names too) is ``redacted``
+    (this command, redacted by the built-in names): an element the plugins hid counts as the same."""
+    if not isinstance(recorded, list) or len(recorded) != len(redacted):
+        return False
+    return all(
+        a == b or (isinstance(a, str) and REDACTED in a) for a, b in zip(recorded, redacted, strict=True)
+    )
 
 
 def matching(

@@ -33,4 +33,6 @@ class RunOptions:
     job_keys: str | None = None
     no_job: bool = False
     resume: str | None = None  # --resume RUN: continue that run as its next attempt
-    new_run: bool = False  # --new-run: never continue a run whose checkpoint the command names
+    new_run: bool = (
+        False  # --new-run: never continue a run, nor refuse to start beside a live one of this command
+    )

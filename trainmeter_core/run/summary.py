@@ -9,6 +9,8 @@ import json
 import math
 import os
 import shlex
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -153,15 +155,37 @@ def _attempt_words(summary: dict) -> str:
     return words
 
 
-def view_command(run_dir: Path, environ: dict | None = None) -> str:
-    """The ``tm view`` that finds this run again as printed: by name where tm looks by default, else by its path."""
-    if run_dir.parent == rundir.runs_dir(None, os.environ if environ is None else environ):
-        return f"tm view {run_dir.name}"
+def tm_command(environ: dict | None = None, argv0: str | None = None) -> str:
+    """How the shell that started this ``tm`` calls it again: ``tm`` where the ``tm`` on its ``PATH`` is this one,
+    else this one's path (relative to the working folder when under it): a ``tm`` started as ``.venv/bin/tm`` (the
+    demo's) from a shell that never activated ``.venv`` is not ``tm`` there. ``tm`` when this is no ``tm`` script."""
+    env = os.environ if environ is None else environ
+    program = sys.argv[0] if argv0 is None else argv0
+    if os.path.basename(program) != "tm" or not os.path.isfile(program):
+        return "tm"
+    found = shutil.which("tm", path=env.get("PATH", ""))
+    if found is not None and os.path.realpath(found) == os.path.realpath(program):
+        return "tm"
+    path = Path(program).absolute()
+    try:
+        shown = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return shlex.quote(shown if os.sep in shown else f".{os.sep}{shown}")
+
+
+def view_command(run_dir: Path, environ: dict | None = None, argv0: str | None = None) -> str:
+    """The ``tm view`` that finds this run again as printed, from the shell that started tm: by name where tm looks by
+    default, else by its path; ``tm`` itself as that shell finds this one (``tm_command``)."""
+    env = os.environ if environ is None else environ
+    tm = tm_command(env, argv0)
+    if run_dir.parent == rundir.runs_dir(None, env):
+        return f"{tm} view {run_dir.name}"
     try:
         shown = run_dir.relative_to(Path.cwd())
     except ValueError:
         shown = run_dir
-    return f"tm view {shlex.quote(str(shown))}"
+    return f"{tm} view {shlex.quote(str(shown))}"
 
 
 def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None = None) -> str:

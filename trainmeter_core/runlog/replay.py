@@ -111,3 +111,15 @@ def final_snapshot(
     """The last snapshot of a run: its engine's checkpoint plus the log after it (or the whole log), replayed by an
     engine that keeps no history (a quarter fewer instructions per record: points and quiet ticks left out)."""
     return replay_engine(run_dir, stats, use_checkpoint, keep_history=False)[1]
+
+
+def skipped_line(stats: dict) -> str | None:
+    """What a reader of the log says of the lines it skipped (``read_log``'s ``stats``), as every command says it:
+    ``skipped 2 unreadable lines of the log (1 not JSON, 1 truncated last line)``; None when it skipped none."""
+    if not stats.get("skipped"):
+        return None
+    reasons = ", ".join(f"{n} {r}" for r, n in sorted((stats.get("reasons") or {}).items()))
+    n = stats["skipped"]
+    return f"skipped {n} unreadable line{'s' if n != 1 else ''} of the log" + (
+        f" ({reasons})" if reasons else ""
+    )

@@ -28,13 +28,16 @@ if TYPE_CHECKING:
     from trainmeter_core.model.history import History
 
 #: Metric keys of schema 1, where ``flops`` named a count and a rate alike, and their schema-2 names. Each snapshot
-#: carries the old key too, as a copy of the new one, for one release (docs/bus.md), so subscribers keep working.
+#: carries the old key too, as a copy of the new one, until ``OLD_KEYS_LEAVE_IN`` (docs/api.md, "Old spellings"), so
+#: subscribers keep working meanwhile.
 OLD_METRIC_KEYS = {
     "flops_per_token": "flop_per_token",
     "flops_spent": "spent_flop",
     "flops_required": "required_flop",
     "observed_flops": "observed_flop",
 }
+#: The release that drops the old spellings (of the snapshot's metrics and of passport.json); docs/api.md says so.
+OLD_KEYS_LEAVE_IN = "0.2.0"
 
 
 def with_old_keys(metrics: dict[str, records.MetricValue]) -> dict[str, records.MetricValue]:

@@ -115,7 +115,12 @@ class Snapshot(Record, tag="snapshot", kw_only=True):
 
     tick: int
     final: bool = False
-    state: Literal["starting", "running", "finished", "lost"] = "running"
+    # A factory, not a plain default: omit_defaults leaves a plain default out of the JSON, and a live snapshot (its
+    # state the default) would then reach /api/snapshot and `tm view --json` with no state. msgspec compares only
+    # plain defaults (and empty collections) with the value, so a factory's string is always written.
+    state: Literal["starting", "running", "finished", "lost"] = msgspec.field(
+        default_factory=lambda: "running"
+    )
     elapsed_s: float | None = None
     steps: int = 0
     tokens: int | None = None
