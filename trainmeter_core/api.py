@@ -1,5 +1,6 @@
 """The public plugin API: a Protocol for every object a hook returns, ``hookimpl``, and the helpers and record types a
-plugin uses. ``hookimpl`` and this module are all a plugin imports; every other module of tm is internal.
+plugin uses (and ``subscribe``, for a tool of one's own on a run's bus). ``hookimpl`` and this module are all a plugin
+imports; every other module of tm is internal.
 
 Importing it must stay cheap, because tracker taps load inside the training process: it imports the dependency-free
 hook marker and ``typing`` only, and resolves everything else on first use (PEP 562), so ``ComponentContext`` brings in
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import ModuleType
 
+    from trainmeter_core.bus.client import subscribe
     from trainmeter_core.bus.component import ComponentContext, alerts_until_stopped
     from trainmeter_core.model import records
     from trainmeter_core.model.alerts.episodes import Condition, RuleState, Verdict, metric
@@ -74,6 +76,8 @@ __all__ = [
     # components and sinks
     "ComponentContext",
     "alerts_until_stopped",
+    # a tool of your own on a run's bus (docs/bus.md)
+    "subscribe",
     # alert rules
     "Condition",
     "RuleState",
@@ -299,6 +303,12 @@ class Command(Protocol):
 # Everything else resolves on first use, from the one module that defines it.
 
 
+def _client_module():
+    from trainmeter_core.bus import client
+
+    return client
+
+
 def _component_module():
     from trainmeter_core.bus import component
 
@@ -330,6 +340,7 @@ def _records_module():
 
 
 _LAZY = {
+    "subscribe": _client_module,
     "ComponentContext": _component_module,
     "alerts_until_stopped": _component_module,
     "Condition": _episodes_module,
