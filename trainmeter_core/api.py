@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from trainmeter_core.bus.component import ComponentContext, alerts_until_stopped
     from trainmeter_core.model import records
     from trainmeter_core.model.alerts.episodes import Condition, RuleState, Verdict, metric
+    from trainmeter_core.model.catalog import is_loss
     from trainmeter_core.model.platform_adapters import (
         FIRST_SAMPLE,
         GPM_BEFORE_HOPPER,
@@ -83,6 +84,8 @@ __all__ = [
     "RuleState",
     "Verdict",
     "metric",
+    # the series a loop reports (a snapshot's ``series``)
+    "is_loss",
     # platform adapters
     "GpuReading",
     "MEASURED_FIELDS",
@@ -321,6 +324,12 @@ def _episodes_module():
     return episodes
 
 
+def _catalog_module():
+    from trainmeter_core.model import catalog
+
+    return catalog
+
+
 def _adapters_module():
     from trainmeter_core.model import platform_adapters
 
@@ -347,6 +356,7 @@ _LAZY = {
     "RuleState": _episodes_module,
     "Verdict": _episodes_module,
     "metric": _episodes_module,
+    "is_loss": _catalog_module,
     "GpuReading": _adapters_module,
     "MEASURED_FIELDS": _adapters_module,
     "FIRST_SAMPLE": _adapters_module,

@@ -98,6 +98,9 @@ GPU_HOURS_FORMULA = "elapsed × the run's GPUs / 3600"
 OFU_FORMULA = (
     "tensor active × min(SM clock, clock basis) / clock basis, per GPU, averaged over the run's GPUs"
 )
+# 9. Every log (issue 41): each series point names the origin of the metric record its value came from (the
+#    Prometheus exporter labels the losses with it); the point is otherwise the same.
+ORIGINS = {"emit", "backward", "wandb", "tensorboard", "mlflow"}
 
 
 def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
@@ -121,6 +124,7 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
         _phantom(where, expected, new)
     _goodput(where, expected, new)
     _gpu_hours(where, log, expected, new)
+    _series_origin(where, expected, new)
     assert set(metrics) == set(expected["metrics"]), where
     assert set(explain) == set(expected["explain"]), where
 
@@ -257,3 +261,11 @@ def _gpu_hours(where: str, log: str, expected: dict[str, Any], new: dict[str, An
     else:
         assert now == old, where
     _carry(expected, new, "gpu_hours")
+
+
+def _series_origin(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
+    for name, point in new.get("series", {}).items():
+        assert point.get("origin") in ORIGINS, (where, name, point)
+        old = expected.get("series", {}).get(name)
+        assert old == {k: v for k, v in point.items() if k != "origin"}, (where, name)
+        expected["series"][name] = point

@@ -220,7 +220,7 @@ class Engine:
                 if name in state.tapped_series:
                     continue  # the loop's own tracker reports this series
                 point = records.SeriesPoint(
-                    canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
+                    canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t, origin=origin
                 )
                 state.pending_backward[name] = PendingPoint(
                     point=point, x_step=step, x_tokens=tokens, x_flop=flops, wall=record.wall
@@ -234,7 +234,7 @@ class Engine:
             if name == _LOSS_SERIES:
                 self._on_loss(value)
             state.series[name] = records.SeriesPoint(
-                canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
+                canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t, origin=origin
             )
             if keeps:
                 add_point(name, step, tokens, flops, record.wall, value)
