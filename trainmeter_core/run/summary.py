@@ -154,6 +154,29 @@ def view_command(run_dir: Path, environ: dict | None = None) -> str:
     return f"tm view {shlex.quote(str(shown))}"
 
 
+def headline(snapshot: records.Snapshot) -> list[str]:
+    """The run's headline numbers, each a phrase of the summary line: tokens, FLOPs spent, MFU over the training
+    window, the latest train and validation losses. None before the first step; a number tm cannot compute says why
+    (``n/a (...)``) or is left out. ``tm report`` shows the same phrases to a reader without scripts."""
+    if not snapshot.steps:
+        return []
+    parts = []
+    m = snapshot.metrics
+    tokens = _number(m.get("tokens"))
+    flops = _number(m.get("spent_flop"), " FLOP")
+    mfu = _number(m.get("mfu_avg"), "%", 100.0)
+    if tokens:
+        parts.append(f"tokens {tokens}")
+    if flops:
+        parts.append(f"FLOPs {flops}")
+    if mfu:
+        parts.append(f"MFU {mfu}")
+    parts.extend(
+        f"{k} {p.value:.4g}" for k, p in sorted(snapshot.series.items()) if k in ("train_loss", "val_loss")
+    )
+    return parts
+
+
 def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None = None) -> str:
     status = summary["exit_status"]
     parts = [f"finished in {summary['elapsed_s']:.1f} s", f"exit {status}", f"{summary['steps']} steps"]
@@ -161,23 +184,8 @@ def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None
         parts.append(f"{summary['skipped_steps']} skipped")
     if summary.get("attempt", 1) > 1:
         parts.append(_attempt_words(summary))
-    if snapshot is not None and snapshot.steps:
-        m = snapshot.metrics
-        tokens = _number(m.get("tokens"))
-        flops = _number(m.get("spent_flop"), " FLOP")
-        mfu = _number(m.get("mfu_avg"), "%", 100.0)
-        if tokens:
-            parts.append(f"tokens {tokens}")
-        if flops:
-            parts.append(f"FLOPs {flops}")
-        if mfu:
-            parts.append(f"MFU {mfu}")
-        losses = [
-            f"{k} {p.value:.4g}"
-            for k, p in sorted(snapshot.series.items())
-            if k in ("train_loss", "val_loss")
-        ]
-        parts.extend(losses)
+    if snapshot is not None:
+        parts.extend(headline(snapshot))
     drops = summary["bus"]["dropped_total"]
     parts.append(f"{drops} records dropped" if drops else "nothing dropped")
     parts.append(f"see it again: {view_command(run_dir)}")
