@@ -45,10 +45,12 @@ def state_words(status: Mapping[str, Any], elapsed_s: float | None) -> list[str]
     ]
 
 
-def headline_words(snapshot: records.Snapshot, status: Mapping[str, Any]) -> list[str]:
+def headline_words(snapshot: records.Snapshot | None, status: Mapping[str, Any]) -> list[str]:
     """The run's state, its steps and the summary line's numbers (``summary.headline``)."""
     from trainmeter_core.run.summary import headline
 
+    if snapshot is None:
+        return [*state_words(status, None), "no record the engine could use"]
     return [*state_words(status, snapshot.elapsed_s), f"{snapshot.steps} steps", *headline(snapshot)]
 
 
@@ -77,7 +79,7 @@ def alerts_html(alerts: Iterable[Mapping[str, Any]], run_over: bool) -> str:
     return "".join(_alert(a, run_over) for a in ordered)
 
 
-def static_view(snapshot: records.Snapshot, data: Mapping[str, Any]) -> str:
+def static_view(snapshot: records.Snapshot | None, data: Mapping[str, Any]) -> str:
     """The section a reader without scripts sees: headline, alerts, passport. ``data`` is what the file carries
     (``report.report_data``)."""
     doc, run, passport = data["doc"], data.get("run") or {}, data.get("passport") or {}
@@ -113,7 +115,7 @@ def footer(data: Mapping[str, Any]) -> str:
     return f"<footer>{html.escape(text)}</footer>"
 
 
-def with_static_view(page: str, snapshot: records.Snapshot, data: Mapping[str, Any]) -> str:
+def with_static_view(page: str, snapshot: records.Snapshot | None, data: Mapping[str, Any]) -> str:
     """The dashboard's page as a report file serves it: the static view first in ``<main>``, shown (by style.css)
     until the scripts run, and the report's footer in place of the live page's."""
     page, found = _HTML_TAG.subn(f'<html lang="en" data-theme="light" class="{STATIC_CLASS}">', page, count=1)
