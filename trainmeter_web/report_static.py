@@ -100,7 +100,7 @@ def static_view(snapshot: records.Snapshot | None, data: Mapping[str, Any]) -> s
         '<div class="part-head"><div><h2>Alerts</h2></div></div>\n'
         f'<div class="card" id="static-alerts">{alerts_html((doc.get("alerts") or {}).values(), run_over)}</div>\n'
         '<div class="part-head"><div><h2>Passport</h2></div></div>\n'
-        f'<div class="card">{passport_html}</div>\n'
+        f"{passport_html}\n"
         "</section>\n"
     )
 
