@@ -7,8 +7,7 @@ RUN is a run directory, a run name or its unique prefix. Without it: the run goi
 import sys
 import time
 
-from trainmeter_core.bus.client import subscribe
-from trainmeter_core.model.records import RunEnd
+from trainmeter_core.api import subscribe
 from trainmeter_core.runlog import rundir
 
 
@@ -51,7 +50,7 @@ def main(ref):
         return 0
     print(f"following {run.name}", flush=True)
     for record in subscribe(run, kinds=["step", "run.end"]):
-        if isinstance(record, RunEnd):
+        if record.kind == "run.end":
             print(
                 f"{run.name} ended: exit {record.status} after {record.elapsed_s:.1f} s and {record.steps} steps"
             )

@@ -1,5 +1,6 @@
 """The public plugin API: a Protocol for every object a hook returns, ``hookimpl``, and the helpers and record types a
-plugin uses. ``hookimpl`` and this module are all a plugin imports; every other module of tm is internal.
+plugin uses (and ``subscribe``, for a tool of one's own on a run's bus). ``hookimpl`` and this module are all a plugin
+imports; every other module of tm is internal.
 
 Importing it must stay cheap, because tracker taps load inside the training process: it imports the dependency-free
 hook marker and ``typing`` only, and resolves everything else on first use (PEP 562), so ``ComponentContext`` brings in
@@ -21,9 +22,11 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import ModuleType
 
+    from trainmeter_core.bus.client import subscribe
     from trainmeter_core.bus.component import ComponentContext, alerts_until_stopped
     from trainmeter_core.model import records
     from trainmeter_core.model.alerts.episodes import Condition, RuleState, Verdict, metric
+    from trainmeter_core.model.catalog import is_loss
     from trainmeter_core.model.platform_adapters import (
         FIRST_SAMPLE,
         GPM_BEFORE_HOPPER,
@@ -74,11 +77,15 @@ __all__ = [
     # components and sinks
     "ComponentContext",
     "alerts_until_stopped",
+    # a tool of your own on a run's bus (docs/bus.md)
+    "subscribe",
     # alert rules
     "Condition",
     "RuleState",
     "Verdict",
     "metric",
+    # the series a loop reports (a snapshot's ``series``)
+    "is_loss",
     # platform adapters
     "GpuReading",
     "MEASURED_FIELDS",
@@ -299,6 +306,12 @@ class Command(Protocol):
 # Everything else resolves on first use, from the one module that defines it.
 
 
+def _client_module():
+    from trainmeter_core.bus import client
+
+    return client
+
+
 def _component_module():
     from trainmeter_core.bus import component
 
@@ -309,6 +322,12 @@ def _episodes_module():
     from trainmeter_core.model.alerts import episodes
 
     return episodes
+
+
+def _catalog_module():
+    from trainmeter_core.model import catalog
+
+    return catalog
 
 
 def _adapters_module():
@@ -330,12 +349,14 @@ def _records_module():
 
 
 _LAZY = {
+    "subscribe": _client_module,
     "ComponentContext": _component_module,
     "alerts_until_stopped": _component_module,
     "Condition": _episodes_module,
     "RuleState": _episodes_module,
     "Verdict": _episodes_module,
     "metric": _episodes_module,
+    "is_loss": _catalog_module,
     "GpuReading": _adapters_module,
     "MEASURED_FIELDS": _adapters_module,
     "FIRST_SAMPLE": _adapters_module,

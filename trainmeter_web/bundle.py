@@ -3,8 +3,8 @@ its stylesheet and icon inline, and the documents the page would fetch carried i
 ``tm compare -o``). The page's own code runs unchanged: there is no second implementation of any part.
 
 It reads only the package's static files. The file it makes loads nothing from anywhere (its Content-Security-Policy
-tells the browser so, with the hashes of its one script and one stylesheet), and carries the run's strings as JSON
-that the page shows as text only.
+tells the browser so, with the hashes of its one script and one stylesheet), links nothing that needs a server (a page
+that does is refused), and carries the run's strings as JSON that the page shows as text only.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ _ANY_IMPORT = re.compile(r"^\s*import\b", re.M)
 _EXPORT = re.compile(r"^export\s+((?:async\s+)?function\*?|class|const|let|var)\s+([A-Za-z_$][\w$]*)", re.M)
 _OTHER_EXPORT = re.compile(r"^\s*export\b", re.M)
 _STATIC_REF = re.compile(r'(src|href)="/static/([A-Za-z0-9_.-]+)"')
+#: A reference a file cannot follow: one to the server's own paths (``/api/...``) or to another host.
+_SERVER_LINK = re.compile(r'\b(src|href|action)="(/[^"]*|[a-z][a-z0-9+.-]*://[^"]*)"', re.I)
+_EMBEDDED = re.compile(r"<(script|style)\b[^>]*>.*?</\1>", re.S | re.I)
 _encoder = msgspec.json.Encoder()
 
 
@@ -169,4 +172,9 @@ def standalone_html(page: str, entry: str, data: Any, files: dict[str, str] | No
     )
     if 'id="tm-data"' not in html or "Content-Security-Policy" not in html:
         raise BundleError(f"{page} has no module script or no charset to replace")
+    server_link = _SERVER_LINK.search(_EMBEDDED.sub("", html))
+    if server_link:
+        raise BundleError(
+            f"{page} links {server_link.group(2)}, which needs a server: a file cannot follow it"
+        )
     return html

@@ -139,10 +139,15 @@ def report_data(
 
 
 def report_html(dashboard: DashboardState, written_wall: float | None = None) -> str:
-    from trainmeter_web.bundle import standalone_html
+    """The file: the dashboard's page and scripts with the run's documents, and what a reader without scripts sees
+    (the headline numbers, the alerts, the passport: ``report_static``)."""
+    from trainmeter_web.bundle import standalone_html, static_files
+    from trainmeter_web.report_static import with_static_view
 
     data = report_data(dashboard, time.time() if written_wall is None else written_wall)
-    return standalone_html("index.html", "report.js", data)
+    files = static_files()
+    files["index.html"] = with_static_view(files["index.html"], dashboard.snapshot, data)
+    return standalone_html("index.html", "report.js", data, files)
 
 
 def write_file(path: str, text: str) -> Path | None:

@@ -33,9 +33,13 @@ class OfflinePage:
     """A page that may read its own file and nothing else: any other request is refused and recorded. It records
     script errors, console errors (a refusal by the page's own policy is one) and dialogs."""
 
-    def __init__(self, chromium, color_scheme: str = "light", width: int = 1400) -> None:
+    def __init__(
+        self, chromium, color_scheme: str = "light", width: int = 1400, java_script_enabled: bool = True
+    ) -> None:
         self.context = chromium.new_context(
-            viewport={"width": width, "height": 1000}, color_scheme=color_scheme
+            viewport={"width": width, "height": 1000},
+            color_scheme=color_scheme,
+            java_script_enabled=java_script_enabled,
         )
         self.requests: list[str] = []
         self.context.route("**/*", self._route)
@@ -276,3 +280,65 @@ def test_strings_from_the_training_code_stay_text_in_a_report(offline, tm_env, t
     assert "</script>" in p.text_content("#run-command")
     assert p.locator("img[src=x]").count() == 0
     assert page.dialogs == [] and page.errors == [] and page.requests == []
+
+
+def summary_numbers(stderr: str) -> tuple[str, list[str]]:
+    """The steps and the numbers of the summary line tm printed at the end: the phrases after ``N steps`` and before
+    what was dropped."""
+    (line,) = [x for x in stderr.splitlines() if " · see it again: " in x]
+    parts = line.split(" · ")
+    first = next(i for i, part in enumerate(parts) if part.endswith(" steps"))
+    last = next(i for i, part in enumerate(parts) if part.endswith(" dropped"))
+    return parts[first], parts[first + 1 : last]
+
+
+def test_a_report_read_without_scripts_shows_the_headline_numbers_the_alerts_and_the_passport(
+    offline, tm_env, tmp_path
+):
+    script = tmp_path / "nan_loop.py"
+    script.write_text(NAN_LOOP)
+    result = run_tm(["--no-web", str(script)], tm_env)
+    assert result.returncode == 0, result.stderr
+    steps, numbers = summary_numbers(result.stderr)
+    assert (
+        steps == "70 steps" and "tokens 1.43e+05" in numbers and "train_loss nan" in numbers
+    )  # 70 × 2048 tokens
+    out = tmp_path / "nan.html"
+    report_of(only_run(Path(tm_env["TM_RUNS_DIR"])), tm_env, out)
+    # A mail client or a CI viewer that strips scripts: what the file itself says.
+    page = offline(java_script_enabled=False)
+    p = page.page
+    p.goto(out.as_uri())
+    headline = p.text_content("#static-headline").split(" · ")
+    assert headline[0].startswith("finished in ") and headline[1] == "exit 0"
+    assert headline[2] == steps and headline[3:] == numbers  # the summary line's own words
+    assert p.is_visible("#static-headline") and p.is_visible("#static-passport")
+    alerts = p.text_content("#static-alerts")
+    assert (
+        "loss_nan" in alerts and "train_loss is nan" in alerts and "still firing when the run ended" in alerts
+    )
+    passport = p.text_content("#static-passport")
+    assert passport.startswith("# Run passport") and "- steps: 70" in passport
+    # The parts the scripts draw are not shown half-empty: no "connecting", no empty progress bar.
+    body = p.inner_text("body")
+    assert "connecting" not in body and not p.is_visible("#progress") and not p.is_visible("#tiles")
+    assert "trainmeter report of " in p.text_content("footer")
+    # Nothing in the file needs a server: every reference is the file's own.
+    referenced = p.locator("[href], [src], [action]")
+    links = [
+        referenced.nth(i).get_attribute(name)
+        for i in range(referenced.count())
+        for name in ("href", "src", "action")
+    ]
+    links = [link for link in links if link is not None]
+    assert links and all(link.startswith("data:") for link in links), links
+    assert page.requests == []
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    p.screenshot(path=str(SHOTS / "no-scripts.png"), full_page=True)
+    # With scripts, the dashboard takes the static view's place, and links no server either.
+    live = offline()
+    q = live.open(out)
+    assert q.locator("#static-view").count() == 0 and q.is_visible("#progress")
+    assert q.text_content("footer") == p.text_content("footer")
+    assert q.locator('[href^="/"], [src^="/"], [href^="http"], [src^="http"]').count() == 0
+    assert live.requests == [] and live.errors == [] and live.dialogs == []

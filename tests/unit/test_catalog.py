@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmeter_core.model.catalog import ALIASES, CANONICAL, canonical, is_explicit_train_key
+from trainmeter_core.model.catalog import ALIASES, CANONICAL, canonical, is_explicit_train_key, is_loss
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,25 @@ def test_only_the_train_loss_aliases_are_explicit_train_keys():
 def test_the_alias_table_has_no_key_claimed_by_two_series():
     total = sum(len(raws) for raws in CANONICAL.values())
     assert len(ALIASES) == total == 18
+
+
+@pytest.mark.parametrize(
+    ("name", "loss"),
+    [
+        ("train_loss", True),
+        ("val_loss", True),
+        ("loss", True),  # a bare loss after an explicit train key: a custom series, still a loss
+        ("aux_loss", True),
+        ("loss/mlm", True),
+        ("eval/z-loss", True),
+        ("Train/Loss_MLM", True),
+        ("lr", False),
+        ("grad_norm", False),
+        ("lossless_ratio", False),
+        ("gloss", False),
+        ("accuracy", False),
+        ("tm:rank:0:step_time_s", False),
+    ],
+)
+def test_a_series_is_a_loss_by_its_canonical_name_or_the_word_loss_in_its_own(name, loss):
+    assert is_loss(name) is loss

@@ -430,12 +430,27 @@ def test_series_map_by_alias_keep_the_raw_key_and_emit_beats_a_tracker():
     engine, (snap,) = feed(run.records)
     # the tracker's train_loss after emit's is ignored; its bare "loss" is now a custom series
     assert snap.series["train_loss"] == records.SeriesPoint(canonical="train_loss", raw_key="train/loss", value=1.5,
-                                                        step=2, t=110.5)  # fmt: skip
-    assert snap.series["loss"].value == 1.0
-    assert snap.series["lr"].raw_key == "learning_rate"
+                                                        step=2, t=110.5, origin="emit")  # fmt: skip
+    assert (snap.series["loss"].value, snap.series["loss"].origin) == (1.0, "wandb")
+    assert (snap.series["lr"].raw_key, snap.series["lr"].origin) == ("learning_rate", "wandb")
     assert snap.series["custom/thing"].value == 7.0
     # history keeps the tracker's early bare loss (step 1) and emit's value (step 2)
     assert [(p.x, p.value) for p in engine.history.query("train_loss", "step")] == [(1.0, 2.0), (2.0, 1.5)]
+
+
+def test_a_series_point_names_the_origin_of_the_value_it_holds():
+    run = Run()
+    run.step(110.0, 1)
+    run.add(records.Metric(t=110.2, step=1, values={"train_loss": 2.0}, origin="backward"))
+    run.step(110.5, 2, step_time_s=0.5)  # the next step: step 1's loss read at backward() stands
+    run.add(records.Metric(t=110.6, step=2, values={"val_loss": 2.5, "lr": 1e-3}, origin="tensorboard"))
+    run.tick(112.0, 1)
+    _, (snap,) = feed(run.records)
+    assert {name: (p.value, p.origin) for name, p in snap.series.items()} == {
+        "train_loss": (2.0, "backward"),
+        "val_loss": (2.5, "tensorboard"),
+        "lr": (1e-3, "tensorboard"),
+    }
 
 
 def test_goodput_counts_compute_and_data_wait_and_the_time_split_adds_up():

@@ -258,6 +258,36 @@ def test_every_kind_survives_the_wire(record):
 
 
 @pytest.mark.parametrize("record", ALL, ids=IDS)
+def test_every_record_names_its_kind_and_says_it_as_the_wire_does(record):
+    # A subscriber of every kind tells records apart by record.kind (docs/bus.md): the tag the wire and the log
+    # carry, read from the record, not a field of its own.
+    decoded = records.decode(records.encode(record))
+    assert (
+        decoded.kind
+        == msgspec.msgpack.decode(records.encode(record))["kind"]
+        == type(record).__struct_config__.tag
+    )
+    assert records.KINDS[decoded.kind] is type(record)
+    assert "kind" not in type(record).__struct_fields__
+    assert (
+        records.from_log_line(records.to_log_line(records.check(records.encode(record)).data)).kind
+        == decoded.kind
+    )
+
+
+def test_the_kind_is_written_once_as_the_tag_and_is_no_field():
+    step = records.Step(step=7, step_time_s=0.25, t=1.5, wall=2.5, source="agent", host="n1", pid=9, v=2)
+    assert step.kind == "step"
+    assert msgspec.msgpack.decode(records.encode(step)) == {
+        "kind": "step", "v": 2, "t": 1.5, "wall": 2.5, "source": "agent", "host": "n1", "pid": 9, "step": 7,
+        "step_time_s": 0.25,
+    }  # fmt: skip
+    assert "kind" not in msgspec.structs.asdict(step)
+    # A record of a kind newer than this tm answers alike.
+    assert records.Unknown(kind="gpu.power_cap", data={}).kind == "gpu.power_cap"
+
+
+@pytest.mark.parametrize("record", ALL, ids=IDS)
 def test_every_kind_survives_the_log(record):
     data = records.check(records.encode(record)).data
     data["seq"] = 41  # what the hub adds

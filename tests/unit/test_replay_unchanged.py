@@ -103,6 +103,9 @@ OFU_FORMULA = (
 #    the same reason as loss_nonfinite before the first train_loss and "none since the previous tick" after it.
 NONFINITE_STEP = "loss_tick_nonfinite_step"
 NONFINITE_STEP_FORMULA = "the step of the first NaN or infinite train_loss since the previous tick"
+# 11. Every log (issue 41, point 12): each series point names the origin of the metric record its value came from (the
+#    Prometheus exporter labels the losses with it); the point is otherwise the same.
+ORIGINS = {"emit", "backward", "wandb", "tensorboard", "mlflow"}
 
 
 def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
@@ -129,6 +132,7 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     _gpu_hours(where, log, expected, new)
     _nonfinite_step(where, expected, new)
     _one_convention(where, expected, new)
+    _series_origin(where, expected, new)
     assert set(metrics) == set(expected["metrics"]), where
     assert set(explain) == set(expected["explain"]), where
 
@@ -325,3 +329,11 @@ def _one_convention(where: str, expected: dict[str, Any], new: dict[str, Any]) -
     assert {k: v for k, v in spent_old.items() if k != "note"} == spent_new, where
     for key in ("flop_per_token", "spent_flop"):
         expected["explain"][key] = new["explain"][key]
+
+
+def _series_origin(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
+    for name, point in new.get("series", {}).items():
+        assert point.get("origin") in ORIGINS, (where, name, point)
+        old = expected.get("series", {}).get(name)
+        assert old == {k: v for k, v in point.items() if k != "origin"}, (where, name)
+        expected["series"][name] = point

@@ -6,10 +6,11 @@ under its own name, and a bare ``loss`` is train_loss only while no explicit tra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["ALIASES", "BARE_LOSS", "CANONICAL", "canonical", "is_explicit_train_key"]
+__all__ = ["ALIASES", "BARE_LOSS", "CANONICAL", "LOSSES", "canonical", "is_explicit_train_key", "is_loss"]
 
 #: The canonical series and the raw keys that mean them (SPEC.md, "Series the loop reports").
 CANONICAL: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -36,6 +37,9 @@ ALIASES: Mapping[str, str] = MappingProxyType({raw: name for name, raws in CANON
 BARE_LOSS = "loss"
 
 _EXPLICIT_TRAIN_KEYS = frozenset(CANONICAL["train_loss"])
+#: The canonical series that are losses; a custom series is one when a word of its name is "loss" (below).
+LOSSES = frozenset({"train_loss", "val_loss"})
+_WORDS = re.compile(r"[^0-9A-Za-z]+")
 
 
 def is_explicit_train_key(raw_key: str) -> bool:
@@ -55,3 +59,16 @@ def canonical(raw_key: str, seen_explicit_train: bool) -> str:
     if raw_key == BARE_LOSS and not seen_explicit_train:
         return "train_loss"
     return raw_key
+
+
+def is_loss(name: str) -> bool:
+    """True for a series that is a loss: ``train_loss``, ``val_loss``, or a series of the loop's own whose name has the
+    word ``loss`` (``loss``, ``aux_loss``, ``loss/mlm``, ``eval/z-loss``; not ``lossless_ratio`` nor ``gloss``).
+
+    ``name`` is a canonical name (``canonical``'s answer, a snapshot's ``series`` key); tm's own series (``tm:...``)
+    are never losses."""
+    if name in LOSSES:
+        return True
+    if name.startswith("tm:"):
+        return False
+    return "loss" in _WORDS.split(name.lower())

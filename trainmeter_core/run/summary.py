@@ -188,6 +188,40 @@ def view_command(run_dir: Path, environ: dict | None = None, argv0: str | None =
     return f"{tm} view {shlex.quote(str(shown))}"
 
 
+def headline(snapshot: records.Snapshot) -> list[str]:
+    """The run's headline numbers, each a phrase of the summary line: tokens, FLOPs spent (with the conventions it
+    covers, and those it could not compute with what each lacks), MFU over the training window against its named peak,
+    the latest train and validation losses. None before the first step; a number tm cannot compute says why
+    (``n/a (...)``) or is left out. ``tm report`` shows the same phrases to a reader without scripts."""
+    if not snapshot.steps:
+        return []
+    parts = []
+    m = snapshot.metrics
+    tokens = _number(m.get("tokens"))
+    basis = passport.conventions_basis(m)
+    spent, mfu_avg = m.get("spent_flop"), m.get("mfu_avg")
+    # The conventions the run could not compute and what each lacks, said once: with the FLOPs where they are under
+    # one of the four, else with the MFU.
+    missing = passport.missing_words(basis)
+    on_flops = spent is not None and spent.value is not None and spent.convention in passport.CONVENTIONS
+    on_mfu = not on_flops and mfu_avg is not None and mfu_avg.convention in passport.CONVENTIONS
+    flops = _number(spent, " FLOP", basis=basis, extra=(missing if on_flops else None,))
+    peak = passport.peak_words(passport.mfu_peak(snapshot))
+    mfu = _number(
+        mfu_avg, "%", 100.0, basis, (missing if on_mfu else None, f"against {peak}" if peak else None)
+    )
+    if tokens:
+        parts.append(f"tokens {tokens}")
+    if flops:
+        parts.append(f"FLOPs {flops}")
+    if mfu:
+        parts.append(f"MFU {mfu}")
+    parts.extend(
+        f"{k} {p.value:.4g}" for k, p in sorted(snapshot.series.items()) if k in ("train_loss", "val_loss")
+    )
+    return parts
+
+
 def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None = None) -> str:
     status = summary["exit_status"]
     parts = [f"finished in {summary['elapsed_s']:.1f} s", f"exit {status}", f"{summary['steps']} steps"]
@@ -195,33 +229,8 @@ def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None
         parts.append(f"{summary['skipped_steps']} skipped")
     if summary.get("attempt", 1) > 1:
         parts.append(_attempt_words(summary))
-    if snapshot is not None and snapshot.steps:
-        m = snapshot.metrics
-        tokens = _number(m.get("tokens"))
-        basis = passport.conventions_basis(m)
-        spent, mfu_avg = m.get("spent_flop"), m.get("mfu_avg")
-        # The conventions the run could not compute and what each lacks, said once: with the FLOPs where they are
-        # under one of the four, else with the MFU.
-        missing = passport.missing_words(basis)
-        on_flops = spent is not None and spent.value is not None and spent.convention in passport.CONVENTIONS
-        on_mfu = not on_flops and mfu_avg is not None and mfu_avg.convention in passport.CONVENTIONS
-        flops = _number(spent, " FLOP", basis=basis, extra=(missing if on_flops else None,))
-        peak = passport.peak_words(passport.mfu_peak(snapshot))
-        mfu = _number(
-            mfu_avg, "%", 100.0, basis, (missing if on_mfu else None, f"against {peak}" if peak else None)
-        )
-        if tokens:
-            parts.append(f"tokens {tokens}")
-        if flops:
-            parts.append(f"FLOPs {flops}")
-        if mfu:
-            parts.append(f"MFU {mfu}")
-        losses = [
-            f"{k} {p.value:.4g}"
-            for k, p in sorted(snapshot.series.items())
-            if k in ("train_loss", "val_loss")
-        ]
-        parts.extend(losses)
+    if snapshot is not None:
+        parts.extend(headline(snapshot))
     drops = summary["bus"]["dropped_total"]
     parts.append(f"{drops} records dropped" if drops else "nothing dropped")
     parts.append(f"see it again: {view_command(run_dir)}")

@@ -4,7 +4,7 @@
 // "n/a" with its reason.
 
 import { finite } from "./format.js";
-import { charts, POINTS, state } from "./page.js";
+import { charts, el, POINTS, state } from "./page.js";
 import { renderConnection, renderHeader } from "./parts.js";
 import { renderDetails, renderPassport } from "./panels.js";
 import { render, startPage } from "./render.js";
@@ -103,8 +103,15 @@ async function fetchPassport() {
   }
 }
 
+// The JSON API is there only where the server is: the live page links it, the page itself (which a report file
+// carries) never does.
+function linkApi() {
+  document.querySelector("footer").append(" · ", el("a", { id: "api-link", href: "/api/snapshot" }, "JSON API"));
+}
+
 function init() {
   startPage({ onAxis: connect, onModelCard: fetchPassport }); // the stream sends every series again on a new axis
+  linkApi();
   connect();
 }
 

@@ -3,7 +3,7 @@
 // x axis (source.js pointsOn reads it), at most the page's resolution.
 
 import { clock } from "./format.js";
-import { $, axisAvailable, AXES, charts, POINTS, state } from "./page.js";
+import { $, axisAvailable, AXES, charts, state } from "./page.js";
 import { renderDetails, renderPassport } from "./panels.js";
 import { renderNow, startPage } from "./render.js";
 import { answerFrom, carried, pointsOn } from "./source.js";
@@ -45,6 +45,9 @@ function showAxis(axis) {
 }
 
 function init() {
+  // Without scripts the reader saw the file's static view (report_static.py); the dashboard takes its place.
+  $("static-view")?.remove();
+  document.documentElement.classList.remove("static");
   answerFrom(answer);
   state.doc = data.doc;
   state.run = data.run;
@@ -57,11 +60,6 @@ function init() {
   // A report is read whole (and printed): the run details and the model card start open.
   $("details").open = true;
   $("model-card").open = true;
-  const footer = document.querySelector("footer");
-  footer.replaceChildren(
-    `trainmeter report of ${data.run.name || "a run"} · written ${clock(data.written_wall)} by tm ` +
-      `${data.tm_version || "?"} from the run's log · charts hold up to ${data.points || POINTS} points a series`,
-  );
   startPage({ onAxis: showAxis, onModelCard: renderPassport });
   renderDetails();
   renderPassport();

@@ -226,6 +226,7 @@ def full_state() -> ExporterState:
         "host_cpu_cores": 1.0,
         "host_rss_b": 1.3e9,
         "child_alive": 1.0,
+        "loss_nonfinite": 0.0,
     }.items():
         metrics[name] = records.MetricValue(value=value)
     state.feed(
@@ -238,6 +239,12 @@ def full_state() -> ExporterState:
             tokens=4931584,
             metrics=metrics,
             ranks=[records.RankStat(rank=0, host="n1", steps=301, step_time_s=0.042, device="n1/gpu0")],
+            series={
+                "train_loss": records.SeriesPoint(
+                    canonical="train_loss", raw_key="loss", value=2.71, step=301, origin="backward"
+                ),
+                "lr": records.SeriesPoint(canonical="lr", raw_key="lr", value=3e-4, step=301, origin="emit"),
+            },
         )
     )
     for index in (0, 1):

@@ -84,6 +84,45 @@ def test_a_number_absent_in_the_snapshot_is_absent_from_metrics_never_zero():
     assert samples(exposition)[key("trainmeter_step_time_seconds")] == 0.25
 
 
+def test_every_loss_is_exported_with_its_series_and_origin_and_other_series_are_not():
+    def point(name: str, value: float, origin: str, raw_key: str | None = None) -> records.SeriesPoint:
+        return records.SeriesPoint(
+            canonical=name, raw_key=raw_key or name, value=value, step=30, origin=origin
+        )
+
+    snap = snapshot(loss_nonfinite=records.MetricValue(value=3.0))
+    snap.series = {
+        "train_loss": point("train_loss", 2.25, "backward", raw_key="loss"),
+        "val_loss": point("val_loss", 2.5, "emit", raw_key="eval/loss"),
+        "aux_loss": point("aux_loss", float("nan"), "wandb"),
+        "lr": point("lr", 3e-4, "emit"),
+        "grad_norm": point("grad_norm", 1.2, "tensorboard"),
+    }
+    exposition = text(state_with(snap))
+    got = samples(exposition)
+    losses = {
+        dict(labels)["series"]: (dict(labels)["origin"], v)
+        for (n, labels), v in got.items()
+        if n == "trainmeter_loss"
+    }
+    assert losses.keys() == {"train_loss", "val_loss", "aux_loss"}  # lr and grad_norm are no losses
+    assert losses["train_loss"] == ("backward", 2.25) and losses["val_loss"] == ("emit", 2.5)
+    origin, nan = losses["aux_loss"]
+    assert origin == "wandb" and nan != nan  # a NaN loss is the loop's value: exported, for an alert to find
+    assert got[key("trainmeter_loss_nonfinite_total")] == 3.0
+    assert (
+        'trainmeter_loss{job="20261201T000000Z-n1-train",node="n1",origin="wandb",series="aux_loss"} NaN'
+        in exposition
+    )
+
+
+def test_a_run_that_reported_no_loss_has_no_loss_family():
+    snap = snapshot(loss_nonfinite=records.MetricValue(absent="no train_loss reported"))
+    snap.series = {"lr": records.SeriesPoint(canonical="lr", raw_key="lr", value=3e-4, origin="emit")}
+    exposition = text(state_with(snap))
+    assert "trainmeter_loss" not in exposition
+
+
 def test_gpu_counters_are_per_device_in_base_units_and_a_field_the_device_lacks_is_left_out():
     state = state_with(snapshot(**{"gpu_lost.n1/gpu0": records.MetricValue(value=0.0)}))
     state.feed(

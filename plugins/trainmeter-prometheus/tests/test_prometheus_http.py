@@ -16,9 +16,10 @@ from trainmeter_prometheus.families import FLOP_GAUGES, GPU_GAUGES, GPU_HEALTH, 
 # Every family families.py writes, all of which full_state fills: the run's info; tick, timestamp, state, elapsed,
 # steps and tokens; the run gauges; MFU and its window average; the FLOPs gauges; FLOPs per token per convention;
 # per rank step time and steps; the GPU health families and Xid errors; per GPU info, gauges and energy; alerts firing
-# and fired; six bus and log counters and the log's size; the agent's seconds and steps; component crashes.
+# and fired; six bus and log counters and the log's size; the agent's seconds and steps; component crashes; the
+# losses and the count of non-finite ones.
 FAMILIES = (
-    1 + 6 + len(RUN_GAUGES) + 2 + len(FLOP_GAUGES) + 1 + 2 + len(GPU_HEALTH) + 1 + 1 + len(GPU_GAUGES) + 1
+    1 + 6 + len(RUN_GAUGES) + 2 + len(FLOP_GAUGES) + 1 + 2 + len(GPU_HEALTH) + 1 + 1 + len(GPU_GAUGES) + 1 + 2
 )
 FAMILIES += 2 + 6 + 1 + 2 + 1
 
@@ -52,8 +53,8 @@ def test_the_text_format_0_0_4_is_served_by_default_and_promtool_accepts_it(url)
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.strip() == "" and checked.stderr.strip() == ""  # not even a lint remark
-    # 1 + 6 + 14 + 2 + 3 + 1 + 2 + 3 + 1 + 1 + 20 + 1 + 2 + 6 + 1 + 2 + 1
-    assert body.count("# TYPE ") == FAMILIES == 67
+    # 1 + 6 + 14 + 2 + 3 + 1 + 2 + 3 + 1 + 1 + 20 + 1 + 2 + 2 + 6 + 1 + 2 + 1
+    assert body.count("# TYPE ") == FAMILIES == 69
 
 
 def test_openmetrics_is_served_when_asked_for_and_its_parser_reads_every_family(url):

@@ -37,13 +37,19 @@ model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Flatten(), torc
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 stop = Path(sys.argv[1])
 deadline = time.monotonic() + 150
+step = 0
 while not stop.exists() and time.monotonic() < deadline:
     x = torch.randint(0, 64, (8, 16))
     loss = torch.nn.functional.cross_entropy(model(x), x[:, 0])
     opt.zero_grad()
     loss.backward()
     opt.step()
+    step += 1
     emit(train_loss=loss.item())
+    if step % 10 == 0:
+        with torch.no_grad():
+            x = torch.randint(0, 64, (8, 16))
+            emit(**{"eval/loss": torch.nn.functional.cross_entropy(model(x), x[:, 0]).item()})
     time.sleep(0.05)
 """
 EMIT_LOOP = """
@@ -227,6 +233,9 @@ def test_a_real_prometheus_scrapes_the_run_and_stores_the_snapshots_tokens_per_s
         def captured() -> dict[int, dict]:
             return {s["tick"]: s["metrics"] for s in map(json.loads, list(snapshots.lines))}
 
+        def captured_series() -> dict[int, dict]:
+            return {s["tick"]: s.get("series", {}) for s in map(json.loads, list(snapshots.lines))}
+
         first_seen = min(captured())
         compared = 0
         for scraped_t, mfu in sorted(mfu_at.items()):
@@ -240,13 +249,35 @@ def test_a_real_prometheus_scrapes_the_run_and_stores_the_snapshots_tokens_per_s
             assert metrics["mfu"]["convention"] == "titan" and metrics["mfu"]["label"] == "declared"
             compared += 1
         assert compared >= 3, (sorted(tick_at.values()), first_seen)
+        # The losses the loop emitted, each with its series and origin: what the snapshot of the same tick held.
+        wait_for(
+            lambda: len(stored(prometheus, "trainmeter_loss")) == 2, 60, "the train and validation losses"
+        )
+        losses = {json.loads(labels)["series"]: (json.loads(labels), values) for labels, values in stored(
+            prometheus, "trainmeter_loss").items()}  # fmt: skip
+        assert set(losses) == {"train_loss", "val_loss"}
+        compared = 0
+        for name, (labels, values) in losses.items():
+            assert labels["origin"] == "emit" and labels["job"] == run_id, labels
+            for scraped_t, value in values:
+                tick = int(tick_at.get(scraped_t, -1))
+                if tick < first_seen:
+                    continue  # a scrape after the tick query, or published before tm tail subscribed
+                point = wait_for(lambda t=tick: captured_series().get(t), 30, f"snapshot {tick}")[name]
+                assert value == point["value"] and point["origin"] == "emit", (name, tick, value, point)
+                compared += 1
+        assert compared >= 3, losses
+        assert prometheus.query("trainmeter_loss_nonfinite_total")["result"][0]["value"][1] == "0"
         # the scrape itself went well, as Prometheus saw it
         assert prometheus.query('up{job="trainmeter"}')["result"][0]["value"][1] == "1"
         # the queries docs/multinode.md documents run, and the first finds this job's MFU
-        fleet_mfu, slow_gpus, stale = (prometheus.query(q)["result"] for q in documented("promql"))
+        fleet_mfu, slow_gpus, stale, not_a_number = (
+            prometheus.query(q)["result"] for q in documented("promql")
+        )
         ((labels, value),) = [(r["metric"], float(r["value"][1])) for r in fleet_mfu]
         assert labels == {"job": run_id, "convention": "titan", "peak": "declared"} and 0 < value < 1
         assert slow_gpus == [] and stale == []  # one GPU is never below its own mean; the numbers are fresh
+        assert not_a_number == []  # every loss of this loop is a number
         # the live expositions: promtool accepts the text one, the OpenMetrics parser reads the other
         content_type, body = get(url)
         assert content_type.startswith("text/plain; version=0.0.4")

@@ -16,7 +16,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from trainmeter_core.api import MetricValue, SampleGpu, Snapshot
+from trainmeter_core.api import MetricValue, SampleGpu, Snapshot, is_loss
 from trainmeter_prometheus import __version__
 from trainmeter_prometheus.identity import Identity
 from trainmeter_prometheus.state import ExporterState
@@ -164,6 +164,7 @@ def families(
     snapshot = state.snapshot
     if snapshot is not None:
         yield from _run(snapshot, run)
+        yield from _losses(snapshot, run)
         yield from _flops(snapshot, run)
         yield from _ranks(snapshot, who)
         yield from _gpu_health(snapshot, who)
@@ -232,6 +233,27 @@ def _run(snapshot: Snapshot, run: list[str]) -> Iterator[Metric]:
             family.add_metric(run, value.value)
         out.append(family)
     yield from _kept(out)
+
+
+def _losses(snapshot: Snapshot, run: list[str]) -> Iterator[Metric]:
+    """Each loss the loop reports (the catalog says which series are losses), at its latest value, with the origin it
+    came from. A NaN or infinite loss is exported as such: it is a value the loop reported, and the one to alert on."""
+    loss = GaugeMetricFamily(
+        "trainmeter_loss",
+        "The latest value of each loss the loop reports: train, validation, and any series whose name has the word "
+        "loss; origin says where it came from (emit, backward, a tracker such as wandb).",
+        labels=[*RUN, "series", "origin"],
+    )
+    for name, point in sorted(snapshot.series.items()):
+        if is_loss(name):
+            loss.add_metric([*run, name, point.origin or ""], point.value)
+    nonfinite = CounterMetricFamily(
+        "trainmeter_loss_nonfinite", "train_loss values that were NaN or infinite, over the run.", labels=RUN
+    )
+    value = _known(snapshot, "loss_nonfinite")
+    if value is not None and value.value is not None:
+        nonfinite.add_metric(run, value.value)
+    yield from _kept([loss, nonfinite])
 
 
 def _flops(snapshot: Snapshot, run: list[str]) -> Iterator[Metric]:

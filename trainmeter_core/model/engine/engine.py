@@ -227,7 +227,7 @@ class Engine:
                     self._commit_held(held)
                     del state.pending_backward[name]
                 point = records.SeriesPoint(
-                    canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
+                    canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t, origin=origin
                 )
                 state.pending_backward[name] = PendingPoint(
                     point=point, x_step=step, x_tokens=tokens, x_flop=flops, wall=record.wall
@@ -241,7 +241,7 @@ class Engine:
             if name == _LOSS_SERIES:
                 self._on_loss(value, record.step if record.step is not None else state.last_step)
             state.series[name] = records.SeriesPoint(
-                canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t
+                canonical=name, raw_key=raw_key, value=value, step=record.step, t=record.t, origin=origin
             )
             if keeps:
                 add_point(name, step, tokens, flops, record.wall, value)

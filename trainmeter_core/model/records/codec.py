@@ -266,7 +266,5 @@ def to_builtins(record: Record | Unknown) -> dict[str, Any]:
 
 
 def kind_of(record: Record | Unknown) -> str:
-    """The kind of a record (the tag), for Structs and Unknown alike."""
-    if isinstance(record, Unknown):
-        return record.kind
-    return record.__struct_config__.tag
+    """The kind of a record (the tag), for Structs and Unknown alike: ``record.kind``."""
+    return record.kind

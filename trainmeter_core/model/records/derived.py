@@ -43,11 +43,16 @@ class MetricValue(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class SeriesPoint(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The latest value of a series the loop reports. ``origin`` is the ``origin`` of the ``metric`` record it came
+    from (``emit``, ``backward``, a tracker tap's name such as ``wandb``); None only in an engine checkpoint written
+    before points carried it."""
+
     canonical: str
     raw_key: str
     value: float
     step: int | None = None
     t: float | None = None
+    origin: str | None = None
 
 
 class RankStat(msgspec.Struct, kw_only=True, omit_defaults=True):

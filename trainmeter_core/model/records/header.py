@@ -36,3 +36,12 @@ class Record(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True)
     rank: int | None = None
     dropped: int = 0
     absent: dict[str, str] = {}
+
+    @property
+    def kind(self) -> str:
+        """The record's kind (``step``, ``sample.gpu``, ...): its tag, which the wire and the log carry as ``kind``.
+
+        A property, not a field: msgspec writes the tag itself, so the encoding is the same with it or without it.
+        ``records.Unknown`` (a kind newer than this tm) holds its ``kind`` as a field, so every record a subscriber
+        receives answers ``record.kind``."""
+        return self.__struct_config__.tag

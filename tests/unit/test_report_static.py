@@ -1,0 +1,116 @@
+"""What a report file shows without scripts (``trainmeter_web.report_static``): the headline numbers in the summary
+line's words, the alerts, the passport, a footer that links nothing; and no page links what needs a server."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from trainmeter_core.model import records
+from trainmeter_core.run.summary import headline
+from trainmeter_web import bundle
+from trainmeter_web.report_static import STATIC_CLASS, alerts_html, static_view, with_static_view
+
+WALL = 1_796_000_000.0  # 2026-11-30 00:53:20 UTC
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def finished_snapshot() -> records.Snapshot:
+    return records.Snapshot(
+        tick=9,
+        final=True,
+        state="finished",
+        elapsed_s=7.44,
+        steps=70,
+        tokens=143360,
+        metrics={
+            "tokens": records.MetricValue(value=143360.0, unit="tokens"),
+            "spent_flop": records.MetricValue(value=1.4336e11, unit="FLOP", convention="declared"),
+            "mfu_avg": records.MetricValue(value=0.0421, convention="titan", label="declared"),
+        },
+        series={
+            "train_loss": records.SeriesPoint(
+                canonical="train_loss", raw_key="loss", value=0.125, origin="emit"
+            )
+        },
+    )
+
+
+def carried(alerts: dict | None = None, passport: dict | None = None) -> dict:
+    return {
+        "kind": "report",
+        "tm_version": "0.1.0",
+        "written_wall": WALL,
+        "points": 600,
+        "doc": {"status": {"state": "finished", "exit_status": 0}, "alerts": alerts or {}},
+        "run": {"name": "gpt"},
+        "passport": passport or {"markdown": "# Run passport: gpt\n\n- steps: 70\n"},
+    }
+
+
+def test_the_headline_is_the_state_the_steps_and_the_summary_lines_numbers():
+    snapshot = finished_snapshot()
+    view = static_view(snapshot, carried())
+    line = re.search(r'<p id="static-headline">(.*?)</p>', view).group(1)
+    # The same phrases as the summary line tm prints at the end (summary.headline), after the state and the steps.
+    assert line.split(" · ") == ["finished in 7.4 s", "exit 0", "70 steps", *headline(snapshot)]
+    tokens, flops, mfu, loss = headline(snapshot)
+    # 143360 tokens to three digits; 1.4336e11 FLOP; MFU 0.0421 as a percentage; the latest loss
+    assert (tokens, loss) == ("tokens 1.43e+05", "train_loss 0.125")
+    assert flops.startswith("FLOPs 1.43e+11 FLOP (") and mfu.startswith("MFU 4.21% (")
+    assert '<pre id="static-passport"># Run passport: gpt\n\n- steps: 70\n</pre>' in view
+
+
+def test_alerts_read_as_the_dashboard_lists_them_newest_first_and_their_strings_stay_text():
+    alerts = {
+        "loss_nan": {"rule": "loss_nan", "state": "fired", "severity": "critical", "message": "train_loss is nan",
+                     "fired_wall": WALL + 60},
+        "hung": {"rule": "hung", "state": "cleared", "severity": "warning", "message": HOSTILE, "subject": "rank 0",
+                 "fired_wall": WALL, "cleared_wall": WALL + 30},
+    }  # fmt: skip
+    shown = alerts_html(alerts.values(), run_over=True)
+    assert shown.index("loss_nan") < shown.index("hung")
+    assert "still firing when the run ended; fired 2026-11-30 00:54:20 UTC" in shown
+    assert "cleared 2026-11-30 00:53:50 UTC; fired 2026-11-30 00:53:20 UTC" in shown
+    assert HOSTILE not in shown and "&lt;img src=x onerror=alert(1)&gt;" in shown
+    assert alerts_html([], run_over=True) == '<p class="empty">No alert fired.</p>'
+
+
+def test_a_run_without_a_passport_says_why():
+    view = static_view(finished_snapshot(), carried(passport={"absent": "the run has no snapshot"}))
+    assert '<p class="empty">the run has no snapshot</p>' in view
+
+
+def test_the_page_of_a_report_shows_the_static_view_until_scripts_run_and_its_footer_links_nothing():
+    page = with_static_view(bundle.static_files()["index.html"], finished_snapshot(), carried())
+    assert f'<html lang="en" data-theme="light" class="{STATIC_CLASS}">' in page
+    assert page.index('<section id="static-view"') < page.index('<section id="progress"')
+    footer = re.search(r"<footer>(.*?)</footer>", page, re.S).group(1)
+    assert footer == (
+        "trainmeter report of gpt · written 2026-11-30 00:53:20 UTC by tm 0.1.0 from the run&#x27;s log · charts hold "
+        "up to 600 points a series"
+    )
+    html = bundle.standalone_html(
+        "index.html", "report.js", carried(), {**bundle.static_files(), "index.html": page}
+    )
+    without_scripts = re.sub(r"<(script|style)\b[^>]*>.*?</\1>", "", html, flags=re.S)
+    links = re.findall(r'\b(?:href|src|action)="([^"]*)"', without_scripts)
+    assert links and all(link.startswith("data:") for link in links), links
+
+
+def test_the_style_hides_every_part_the_scripts_draw_while_the_static_view_shows():
+    css = bundle.static_files()["style.css"]
+    assert (
+        "html.static main > :not(#static-view),\nhtml.static header > :not(.brand) {\n  display: none;" in css
+    )
+
+
+@pytest.mark.parametrize(
+    "link", ['<a href="/api/snapshot">JSON API</a>', '<img src="https://example.com/x.png">']
+)
+def test_a_page_that_links_what_needs_a_server_cannot_become_a_file(link):
+    files = bundle.static_files()
+    files["index.html"] = files["index.html"].replace("</footer>", f"{link}</footer>")
+    with pytest.raises(bundle.BundleError, match="needs a server: a file cannot follow it"):
+        bundle.standalone_html("index.html", "report.js", carried(), files)
