@@ -278,6 +278,9 @@ class IterationDetector:
                 resumed = resumed - 1 if resumed > 1 else None
             if resumed is not None:
                 self.iteration = resumed
+            if self.agent.model is not None:
+                # Once: what the optimizer steps says which module is the model (``_model_owner.py``).
+                self.agent.model.first_optimizer_step(optimizer)
         self.counted += 1
         self.iteration += 1
         if len(self._members) != 1 or key not in self._members:

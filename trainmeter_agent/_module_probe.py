@@ -3,19 +3,23 @@ and data-parallel degree, and times its eval passes (``eval()`` to ``train()``).
 
 The model is the first module called outermost with gradients on while training: until then ``nn.Module.__call__``
 is briefly wrapped (no global module hook, which would make torch.compile warn); afterwards one forward pre-hook on
-that module alone reads its inputs' shapes. It never reads an accelerator tensor's values, never synchronizes a
-device, never runs inside torch.compile's tracing (every hook is a no-op there) and never raises into the loop.
+that module alone reads its inputs' shapes. Where that module holds only part of what the optimizer steps (a training
+step that calls its submodules one by one), the shape facts are sent again, at the first optimizer step, for the
+module that holds it all (``_model_owner.py``); the first module's forward still counts the micro-batches and tokens.
+It never reads an accelerator tensor's values, never synchronizes a device, never runs inside torch.compile's tracing
+(every hook is a no-op there) and never raises into the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import weakref
 from collections.abc import Mapping
 from time import perf_counter
 
-from trainmeter_agent import _shape
+from trainmeter_agent import _model_owner, _shape
 from trainmeter_agent._compiling import eager_check, eager_flag_holder
 from trainmeter_agent._forward import ForwardHandle, can_set_forward, set_forward
 from trainmeter_agent._gates import gate_input
@@ -80,6 +84,10 @@ class ModelProbe:
         self.seq_len_sent = False
         # shape -> the CPU attention mask the DataLoader last yielded (for a mask that is on an accelerator now)
         self.cpu_masks: dict[tuple, object] = {}
+        # Modules holding the adopted one, from the call stack when it was adopted (weak references), until the first
+        # optimizer step decides which one the model is (``first_optimizer_step``).
+        self._owner_candidates: list = []
+        self._owner_decided = False
         self.reset_iteration()
 
     def _regate(self) -> None:
@@ -194,6 +202,43 @@ class ModelProbe:
             self.agent.probe_state("model", "attached")
             self.agent.probe_state("eval", "attached")
             self._send_model_facts(module)
+            if not self._owner_decided:
+                adopted = tuple(_shape.unwrap(module))
+                frame = sys._getframe(1)  # the caller: nn.Module.__call__'s wrapper, or adopt_compiled
+                self._owner_candidates += _model_owner.stack_candidates(adopted, self._torch.nn.Module, frame)
+        except Exception as exc:
+            self.agent.stop_probe("model", exc)
+
+    def first_optimizer_step(self, optimizer) -> None:
+        """The process's first optimizer step: where the adopted module holds only part of what ``optimizer`` steps,
+        the shape facts are sent again for the whole model (``_model_owner.py``). Once; never per iteration."""
+        if self._owner_decided:
+            return
+        self._owner_decided = True
+        candidates, self._owner_candidates = self._owner_candidates, []
+        root = self.root()
+        if root is None or not self.on or "model" in self.agent.stopped:
+            return
+        try:
+            model, outside = _model_owner.owner(root, candidates, optimizer)
+            first = type(_shape.unwrap(root)[-1]).__name__
+            if model is not None:
+                whose = (
+                    f"; the model is {type(model).__name__}, which holds every parameter the optimizer steps "
+                    f"(its training step called the {first} in it first)"
+                )
+                facts = _shape.shape_facts(model, whose=whose)
+            elif outside:
+                whose = (
+                    f"; the {first} called first and the {len(outside)} parameter tensors the optimizer steps "
+                    "outside it (no module holding both was seen)"
+                )
+                facts = _shape.shape_facts(root, outside, whose)
+            else:
+                return
+            for name, value, extra in facts:
+                if name != "seq_len":  # the inputs' own length was sent with the first micro-batch
+                    self.agent.fact(name, value, "model", **extra)
         except Exception as exc:
             self.agent.stop_probe("model", exc)
 

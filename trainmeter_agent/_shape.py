@@ -49,11 +49,12 @@ def _storage_key(param) -> object:
     return (pointer, param.storage_offset(), tuple(param.shape), tuple(param.stride()))
 
 
-def count_params(root) -> tuple[int | None, int | None, str | None]:
+def count_params(root, extra: tuple | list = ()) -> tuple[int | None, int | None, str | None]:
     """(N, E, why not): N counts each shared storage once; E is the lookup-only embedding tables.
 
     An embedding whose weight is also a parameter of another kind of module (a tied output head) is a matmul
-    weight too, so it stays in N - E.
+    weight too, so it stays in N - E. ``extra`` parameters (stepped by the optimizer, of no module seen) count in N;
+    not knowing their module, tm cannot call them lookups.
     """
     torch_nn = sys.modules.get("torch.nn")
     embedding_types = tuple(
@@ -70,6 +71,13 @@ def count_params(root) -> tuple[int | None, int | None, str | None]:
                 return None, None, "FSDP flat parameters hide the model's parameter count: pass --params"
             key = _storage_key(param)
             owners.setdefault(key, set()).add(is_embedding)
+            sizes[key] = param.numel()
+    for param in extra:
+        if type(param).__name__ == "FlatParameter":
+            return None, None, "FSDP flat parameters hide the model's parameter count: pass --params"
+        key = _storage_key(param)
+        if key not in owners:
+            owners[key] = {False}
             sizes[key] = param.numel()
     n_params = sum(sizes.values())
     embedding = sum(sizes[key] for key, kinds in owners.items() if kinds == {True})
@@ -203,19 +211,22 @@ def data_parallel_degree(root) -> tuple[int | None, str]:
     return None, f"{size} ranks but no DistributedDataParallel or FSDP wrapper around the model: pass --dp"
 
 
-def shape_facts(root) -> list[tuple[str, object, dict]]:
-    """(name, value, extra Fact fields) for N, E, layers, d_model, seq_len and experts; absent ones are skipped."""
+def shape_facts(root, extra: tuple | list = (), whose: str = "") -> list[tuple[str, object, dict]]:
+    """(name, value, extra Fact fields) for N, E, layers, d_model, seq_len and experts; absent ones are skipped.
+
+    ``extra``: parameters of the model outside ``root`` (``count_params``); ``whose``: what the model is, where it is
+    not the module first called (``_model_owner.py``), added to the notes of N and E."""
     facts: list[tuple[str, object, dict]] = []
-    n_params, embedding, why = count_params(root)
+    n_params, embedding, why = count_params(root, extra)
     if n_params is None:
         facts.append(("params", None, {"note": why}))
     else:
-        facts.append(("params", n_params, {"note": "each shared storage counted once"}))
+        facts.append(("params", n_params, {"note": "each shared storage counted once" + whose}))
         facts.append(
             (
                 "embedding_params",
                 embedding,
-                {"note": "nn.Embedding tables used only as lookups (a tied head stays in N-E)"},
+                {"note": "nn.Embedding tables used only as lookups (a tied head stays in N-E)" + whose},
             )
         )
     config = find_config(root)

@@ -397,6 +397,7 @@ class FakeAgent:
         self._faults: set[str] = set()
         self.activated = True
         self.lean = True
+        self.model = None  # no model probe: the first step asks none which module the model is
 
     def send_step(self, fields: dict) -> None:
         self.steps.append(fields)

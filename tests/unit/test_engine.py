@@ -144,6 +144,25 @@ def test_a_cpu_run_with_a_measured_peak_gives_mfu_labelled_measured():
     )
 
 
+def test_a_shape_with_no_parameter_outside_the_embeddings_gives_flops_and_mfu_absent_not_zero():
+    # Issue 41: an Embedding(50, 16) taken for the model gave N = E = 800, so hf FLOPs per token 6(N-E) = 0 and
+    # "MFU 0.00%". A zero made of a missing input is absent, with the reason, in every figure built on it.
+    run = Run()
+    run.fact("params", 800, "detected", "agent:model")
+    run.fact("embedding_params", 800, "detected", "agent:model")
+    run.device(0, "cpu")
+    peak = {"flops": 1e10, "label": "measured", "source": "tm peak", "device_type": "cpu"}
+    run.fact("peak", peak, "detected", "tm peak", device="n1/cpu")
+    last = run.steps(1, 11, tokens=64)
+    run.tick(last + 0.1, 1)
+    _, (snap,) = feed(run.records)
+    why = "no parameter outside the embedding tables (parameter count 800 = embedding parameters)"
+    for key in ("flop_per_token.hf", "flop_per_token", "spent_flop", "mfu", "mfu_avg"):
+        metric = snap.metrics[key]
+        assert metric.value is None and metric.low is None, key
+        assert why in metric.absent, key
+
+
 def test_a_spec_d_gpu_reported_by_a_rank_gives_mfu_with_convention_peak_name_and_source():
     _, (snap,) = feed(gpu_run().records)
     mfu = snap.metrics["mfu"]

@@ -130,6 +130,21 @@ def test_embedding_params_above_params_leaves_those_conventions_absent_with_the_
     assert "exceed the parameter count" in flop_per_token_absent_reasons(shape)["hf"]
 
 
+def test_a_shape_that_is_all_embedding_tables_leaves_those_conventions_absent_rather_than_zero():
+    # Issue 41: the agent took an Embedding(50, 16) for the model, N = E = 50 x 16 = 800, and 6(N-E) printed as 0.
+    shape = ModelShape(n_params=800, embedding_params=800, layers=1, d_model=16, seq_len=8)
+    values = flop_per_token_all(shape)
+    # all_params does not read E: 6 x 800 + 12 x 1 x 16 x 8 = 4800 + 1536 = 6336
+    assert values == {"titan": None, "megatron": None, "hf": None, "all_params": 6336}
+    reason = flop_per_token_absent_reasons(shape)["hf"]
+    assert reason == (
+        "no parameter outside the embedding tables (parameter count 800 = embedding parameters): "
+        "N-E would be 0; pass --params"
+    )
+    with pytest.raises(ValueError, match="no parameter outside the embedding tables"):
+        flop_per_token("hf", n_params=800, embedding_params=800)
+
+
 @pytest.mark.parametrize(
     ("inputs", "expected_words"),
     [

@@ -1,8 +1,8 @@
 """Model FLOPs per token under the four named conventions (titan, megatron, hf, all_params), plus `counted`.
 
 Pure integer arithmetic on a model's shape: no I/O, no clock, no torch. It must never return a number
-without its convention, and never a zero for a missing input: a convention that lacks one is absent, with
-the flag that would enable it.
+without its convention, and never a zero for a missing input: a convention that lacks one, or whose inputs
+leave no matmul weight (N = E), is absent, with the flag that would enable it.
 """
 
 from __future__ import annotations
@@ -232,6 +232,13 @@ def _problems(convention: Convention, shape: ModelShape) -> list[str]:
         problems.append(
             f"embedding parameters ({shape.embedding_params}) exceed the parameter count ({shape.n_params}): "
             "--embedding-params is part of --params"
+        )
+    elif not problems and "embedding_params" in convention.needs and shape.embedding_params == shape.n_params:
+        # 6(N-E) would be 0: no matmul weight at all, which is a model seen only in part (its embedding table), not a
+        # model that costs nothing. A zero would read as a measurement; the figure is absent instead.
+        problems.append(
+            f"no parameter outside the embedding tables (parameter count {shape.n_params} = embedding parameters): "
+            "N-E would be 0; pass --params"
         )
     return problems
 
