@@ -87,9 +87,7 @@ def own_run_start(state: EngineState, record: records.RunStart) -> bool:
         state.host = record.host
         state.job = record.job
         if record.job is not None and record.job.node_rank != 0 and state.steps == 0:
-            state.clock_rank = (
-                None  # a node whose ranks start past 0: its first rank heard from keeps its clock
-            )
+            state.clock_rank = None  # a node without rank 0: its first rank heard from keeps its clock
     return record.host not in state.nodes
 
 

@@ -1,6 +1,7 @@
 """The ``step`` records into the engine's state: each rank's step time and its host's training window, and on rank 0
-(the step clock's rank: on another node of a job, its own first rank) the step clock (steps, tokens, the training window's sums, the alert inputs' latest steps, the marks a resume reads).
-Pure: no I/O, no clock. The engine's hottest path: every EMA and window is inlined here, not called."""
+(the step clock's rank; on another node of a job, its own first rank) the step clock (steps, tokens, the training
+window's sums, the alert inputs' latest steps, the marks a resume reads). Pure: no I/O, no clock. The engine's
+hottest path: every EMA and window is inlined here, not called."""
 
 from __future__ import annotations
 
@@ -27,16 +28,14 @@ def take_step(state: EngineState, record: records.Step, derived: Derived) -> flo
         rank = state.ranks[rank_id] = RankState(host=record.host)
     clock = state.clock_rank
     if clock is None:
-        clock = state.clock_rank = (
-            rank_id  # a node of a job without rank 0: its first rank keeps the clock (nodes.py)
-        )
+        # A node of a job without rank 0: its first rank heard from keeps the clock (nodes.is_clock).
+        clock = state.clock_rank = rank_id
     t = record.t
     last_t = rank.last_t
     resumed_t = state.resume.attempt_start_t
     if resumed_t is not None and last_t is not None and last_t < resumed_t and rank_id != clock:
-        attempts.rank_resumed(
-            rank, record.step
-        )  # its first step of a resumed attempt (the clock's: first_step)
+        # Its first step of a resumed attempt: the steps it does again leave its count (the clock's: first_step).
+        attempts.rank_resumed(rank, record.step)
     interval = record.step_time_s
     if interval is None and last_t is not None:
         previous_t = attempts.previous_reading(state, last_t)  # never across a resume's gap
@@ -62,7 +61,7 @@ def take_step(state: EngineState, record: records.Step, derived: Derived) -> flo
         )
     if rank_id != clock:
         return interval
-    # Rank 0 (nodes.is_clock) is the step clock: steps, tokens and the training window are counted on it alone.
+    # Rank 0 (or a node's first rank) is the step clock: steps, tokens and the training window are counted on it alone.
     if derived.facts_version != state.facts.version:
         derived.refresh()
     tokens = step_tokens(state, record, derived)
