@@ -102,8 +102,9 @@ def is_clock(state: EngineState, rank: int) -> bool:
 
 
 def clock_name(state: EngineState) -> str:
-    """The step clock's rank in words, for formulas (``rank 0``)."""
-    return f"rank {state.clock_rank or 0}"
+    """The step clock's rank in words, for formulas (``rank 0``; a node's that has not heard from a rank yet: ``the
+    node's first rank``)."""
+    return "the node's first rank" if state.clock_rank is None else f"rank {state.clock_rank}"
 
 
 def on_clock(state: EngineState, record: records.ClockMap) -> None:
