@@ -60,9 +60,12 @@ for i in range(1, steps + 1):
 """
 
 
-def alerts_of_run(tmp_path, tm_env, steps=80, sleep_s=0.1, special=None, env=None, command=None):
-    """Run the loop (or ``command``) under tm with SCALED next to it; returns (tm's result, run dir, alert records)."""
-    (tmp_path / "tm.toml").write_text(SCALED)
+def alerts_of_run(
+    tmp_path, tm_env, steps=80, sleep_s=0.1, special=None, env=None, command=None, tm_toml=SCALED
+):
+    """Run the loop (or ``command``) under tm with SCALED (or ``tm_toml``) next to it; returns (tm's result, run dir,
+    alert records)."""
+    (tmp_path / "tm.toml").write_text(tm_toml)
     script = tmp_path / "loop.py"
     script.write_text(LOOP.format(steps=steps, sleep_s=sleep_s, special=special or {}))
     run_env = dict(tm_env, TM_DISABLE_COMPONENTS="web", **(env or {}))
@@ -102,6 +105,22 @@ def test_a_loop_that_stalls_is_hung_once_and_cleared_when_it_steps_again(tm_env,
     fired = alerts[0]
     assert fired["numbers"]["threshold_s"] == 3.0 and fired["numbers"]["steps"] == 30.0
     assert fired["severity"] == "critical" and "while the training process lives" in fired["message"]
+
+
+@pytest.mark.xdist_group("heavy")
+def test_a_hang_that_recovered_just_before_the_end_is_resolved_when_the_run_ends(tm_env, tmp_path):
+    # step 30 waits 6 s: hung past 3 s; it steps again, and ends 15 steps (1.5 s) later with exit 0. The clear wait
+    # (30 s here) outlasts the run: only the run's end can clear it, with the reason.
+    long_wait = SCALED.replace("floor_s = 3\nclear_after_s = 2", "floor_s = 3\nclear_after_s = 30")
+    result, run, alerts = alerts_of_run(
+        tmp_path, tm_env, steps=45, special={30: (6.0, 4.0 / 30**0.5)}, tm_toml=long_wait
+    )
+    assert result.returncode == 0, result.stderr
+    assert states(alerts) == [("hung", "fired", None), ("hung", "cleared", None)]
+    cleared = alerts[1]
+    assert cleared["message"].startswith("cleared at the run's end after ")
+    assert "it stepped until the end" in cleared["message"] and cleared["numbers"]["steps"] == 45.0
+    assert cleared["seq"] > next(r["seq"] for r in log_records(run) if r["kind"] == "run.end")
 
 
 @pytest.mark.xdist_group("heavy")

@@ -294,6 +294,15 @@ def test_three_nodes_are_one_job_and_node_twos_outage_loses_nothing(job_nodes, t
         assert (
             job.summary(k)["steps"] == steps
         )  # its own ranks' steps, also on a node that never hosts rank 0
+        # ... and its own snapshot counts them too, with its tokens and rates (its first rank keeps its step clock)
+        own = job.summary(k)["snapshot"]
+        assert own.get("steps") == steps and own.get("tokens") == steps * TOKENS_PER_STEP, k
+        assert own["metrics"]["tokens_per_s"].get("value") is not None, own["metrics"]["tokens_per_s"]
+        held = range(3) if k == 0 else (k,)  # node 0's run is the job's: every rank
+        assert [(r["rank"], r["steps"]) for r in own["ranks"]] == [(rank, steps) for rank in held]
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    node1 = json.loads(run_tm(["view", "--json", str(job.run_dir(1))], env=env).stdout)
+    assert node1["steps"] == steps and node1["metrics"]["tokens_per_s"].get("value") is not None
     # tm view of node 0's run replays the job: the same final numbers, every node.
     viewed = json.loads(
         run_tm(

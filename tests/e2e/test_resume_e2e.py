@@ -162,6 +162,8 @@ def test_a_preempted_run_resumed_from_its_checkpoint_is_one_run_with_every_step_
     summary = json.loads((run / "summary.json").read_text())
     snapshot = summary["snapshot"]
     assert summary["steps"] == snapshot["steps"] == 300
+    # the rank's steps mean the same: the steps it kept, each once (not 300 + the ones done again)
+    assert [(r["rank"], r["steps"]) for r in snapshot["ranks"]] == [(0, 300)]
     assert snapshot["tokens"] == 300 * TOKENS_PER_STEP  # 19,200: each step's tokens once
     superseded = stop_after - 150  # steps 151..stop_after were done twice
     assert snapshot["metrics"]["superseded_steps"]["value"] == superseded

@@ -98,6 +98,35 @@ def test_hung_fires_once_past_the_threshold_and_clears_when_steps_resume():
     assert fired.message.startswith("no step for 6 s after step 100 while the training process lives")
 
 
+def test_a_hang_that_recovered_is_resolved_when_the_run_ends_before_the_clear_wait():
+    # The default clear wait (10 s) outlasts the run: hung at t 16 (since 6 > 5), steps again from t 19, and the run
+    # ends with exit 0 at t 20.5, 0.1 s after its last step (1.5 s after it recovered).
+    alerts = alerter(Hung(), factor=10, floor_s=3)
+    sequence = [stepping(10 + i, since=float(i)) for i in range(9)]
+    sequence += [stepping(19, since=0.2), stepping(20, since=0.1)]
+    sequence += [snap(20.5, final=True, steps=170, since_step_s=0.1, step_time_median_s=0.5, child_alive=0.0)]
+    assert feed(alerts, sequence) == [(16.0, "fired", None), (20.5, "cleared", None)]
+    assert alerts.open_episodes() == []
+    cleared = alerter(Hung(), factor=10, floor_s=3)
+    feed(cleared, sequence[:-1])
+    (record,) = cleared.observe(sequence[-1])
+    assert record.message == (
+        "cleared at the run's end after 4 s: it stepped until the end: its last step came 0.1 s before the run "
+        "ended, after 170 steps"
+    )  # fired since t 16 (the snapshot it was seen at), cleared at t 20.5: 4.5 s, shown as 4
+
+
+def test_a_run_that_ends_while_hung_stays_hung_and_a_stall_at_the_end_fires_nothing():
+    hung = [stepping(10 + i, since=float(i)) for i in range(9)]  # fired at t 16
+    # killed at t 30 with no step since t 10 (20 s > 5): still hung at its end
+    killed = snap(30, final=True, steps=100, since_step_s=20.0, step_time_median_s=0.5, child_alive=0.0)
+    assert feed(alerter(Hung(), factor=10, floor_s=3), [*hung, killed]) == [(16.0, "fired", None)]
+    # a run whose last step came 8 s before its end, and no tick saw it stalled while alive: nothing fires at the end
+    quiet = [stepping(10, since=1.0), stepping(11, since=2.0)]
+    late = snap(17, final=True, steps=100, since_step_s=8.0, step_time_median_s=0.5, child_alive=0.0)
+    assert feed(alerter(Hung(), factor=10, floor_s=3), [*quiet, late]) == []
+
+
 def test_hung_never_fires_at_start_up_or_once_the_process_is_gone():
     alerts = alerter(Hung(), factor=10, floor_s=3)
     before_first_step = [

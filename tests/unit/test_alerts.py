@@ -184,6 +184,38 @@ def test_the_final_snapshot_is_evaluated_whatever_its_tick():
     assert alert.state == "fired"
 
 
+def final(alerter: Alerter, pattern: str, last: bool | None) -> list[tuple[int, str, int]]:
+    """``run`` of the pattern, then the run's final snapshot one tick later (``last``: on, off, or None: held)."""
+    out = run(alerter, pattern)
+    tick = len(pattern) + 1
+    out += [(tick, a.state, a.episode) for a in alerter.observe(snap(tick, last, final=True))]
+    return out
+
+
+def test_at_the_runs_end_an_episode_whose_condition_is_gone_clears_without_waiting():
+    alerter = Alerter([Scripted()])
+    # on at 1..3, off at 4 and 5 (t 104, 105: 1 s of the 3 s clear wait), the run ends at 6 with it still off: the
+    # wait is over with the run, so it clears at the final snapshot, saying so and why
+    assert final(alerter, "11100", False) == [(1, "fired", 1), (6, "cleared", 1)]
+    alerter = Alerter([Scripted()])
+    run(alerter, "10")
+    (cleared,) = alerter.observe(snap(3, False, final=True))
+    assert cleared.message == "cleared at the run's end after 2 s: off"  # fired at t 101, the end at t 103
+    assert cleared.numbers == {"tick": 3.0} and cleared.t == 103.0
+
+
+def test_at_the_runs_end_a_condition_that_still_holds_stays_fired():
+    assert final(Alerter([Scripted()]), "1100", True) == [(1, "fired", 1)]
+
+
+def test_at_the_runs_end_a_rule_that_holds_clears_the_episodes_it_had_seen_go_quiet():
+    # Quiet at its latest judgement (off at 3, 1 s into the wait): cleared at the end in the words it had then.
+    alerter = Alerter([Scripted()])
+    assert final(alerter, "110", None) == [(1, "fired", 1), (4, "cleared", 1)]
+    # Still on at its latest judgement: a rule that cannot judge the end does not make it go away.
+    assert final(Alerter([Scripted()]), "111", None) == [(1, "fired", 1)]
+
+
 def test_a_disabled_rule_never_runs():
     configs, errors = alert_config({"alerts": {"scripted": {"enabled": False}}}, [Scripted()])
     assert errors == [] and configs["scripted"]["enabled"] == 0.0

@@ -158,6 +158,33 @@ def test_steps_an_attempt_does_again_are_superseded_and_their_time_is_lost(late)
     assert (first.last_step, first.superseded_steps, first.superseded_s) == (15, 5, pytest.approx(4.5))
 
 
+def test_each_ranks_steps_count_the_steps_it_kept_as_the_runs_steps_do():
+    # Two ranks step 1..15 in attempt 1; attempt 2 resumes after step 10 and steps 11..20: steps 11..15 of attempt 1
+    # are superseded for both ranks, so each rank counts 20 (25 step records less the 5 done again), as the run does.
+    log = Log()
+    log.start(100.0)
+    for step in range(1, 16):
+        log.steps(step, step, 109.0 + step, rank=0)
+        log.steps(step, step, 109.0 + step + 0.01, rank=1)
+    log.tick(124.5, 1)
+    log.start(130.0, attempt=2)
+    for step in range(11, 21):
+        first = {"resumed_from": 10} if step == 11 else {"step_time_s": 1.0}
+        # rank 1 reports first in this attempt: the order of the ranks' records never matters
+        log.steps(step, step, 129.0 + step, first_fields=first, rank=1)
+        log.steps(step, step, 129.0 + step + 0.01, first_fields=first, rank=0)
+    log.tick(150.0, 2)
+    log.end(150.5)
+    _, snapshots = feed(log.records)
+    final = snapshots[-1]
+    assert final.steps == 20 and final.metrics["superseded_steps"].value == 5.0
+    assert {r.rank: r.steps for r in final.ranks} == {0: 20, 1: 20}
+    # while attempt 2 runs: the steps 11..14 it has taken again count once, not twice
+    engine, _ = feed(log.records[: len(log.records) - 12])  # up to step 15 of attempt 2, both ranks
+    snap = engine.snapshot()
+    assert snap.steps == 15 and {r.rank: r.steps for r in snap.ranks} == {0: 15, 1: 15}
+
+
 def test_without_a_checkpoint_mark_the_recent_steps_give_the_exact_point_to_go_back_to():
     log = Log()
     log.start(100.0)

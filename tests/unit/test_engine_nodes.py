@@ -218,3 +218,82 @@ def test_an_engine_restored_mid_job_continues_exactly():
     for record in job.records[half:]:
         again = restored.feed(record)
     assert again == last
+
+
+def node_one_run(first_rank: int) -> list[records.Record]:
+    """Node 1's own run of a 2-node job, as its launcher writes it: its ranks 2 and 3 (``first_rank`` of them reports
+    each step first), 40 steps of 4096 tokens each, one a second from t 10, ending at t 50.5."""
+    place = records.JobPlace(id="j", node_rank=1, nnodes=2, hub="10.0.0.1:29401", found_by="torchrun flags")
+    logged: list[records.Record] = [
+        records.RunStart(
+            t=1.0,
+            host="node1",
+            run_id="r1",
+            name="job",
+            run_dir="/r1",
+            command=["torchrun"],
+            cwd="/",
+            tm_version="0",
+            python="3.11",
+            platform="linux",
+            job=place,
+        )
+    ]
+    order = (first_rank, 5 - first_rank)
+    for rank in order:
+        logged.append(records.Phase(t=9.0, host="node1", rank=rank, phase="compile", start_t=2.0, end_t=8.0))
+    for step in range(1, 41):
+        for rank in order:
+            logged.append(
+                records.Step(
+                    t=9.0 + step + 0.001 * rank,
+                    host="node1",
+                    rank=rank,
+                    step=step,
+                    step_time_s=1.0 if step > 1 else None,
+                    tokens=2048,
+                    dp=2,
+                )
+            )
+        if step % 10 == 0:
+            logged.append(records.Tick(t=9.5 + step, host="node1", n=step // 10, interval_s=1.0))
+    logged.append(
+        records.RunEnd(t=50.5, host="node1", status=0, reason="exited", exit_code=0, elapsed_s=49.5)
+    )
+    for seq, record in enumerate(logged, start=1):
+        record.seq = seq
+    return logged
+
+
+@pytest.mark.parametrize("first_rank", [2, 3])
+def test_a_nodes_own_run_counts_its_own_ranks_steps_and_rates_without_rank_0(first_rank):
+    snap = snapshots(node_one_run(first_rank))[-1]
+    assert snap.final and snap.job is not None and snap.job.node_rank == 1
+    # The step clock is the node's first rank heard from: 40 steps, each of 2048 tokens × dp 2 = 4096.
+    assert snap.steps == 40 and snap.tokens == 40 * 4096
+    assert {r.rank: r.steps for r in snap.ranks} == {2: 40, 3: 40}
+    # A step a second: the EMAs of constants are those constants; 4096 tokens / 1 s.
+    assert snap.metrics["step_time_s"].value == pytest.approx(1.0)
+    assert snap.metrics["tokens_per_s"].value == pytest.approx(4096.0)
+    assert snap.explain["step_time_s"].formula.startswith(f"EMA of rank {first_rank}'s seconds per step")
+    # since the last step: the run ended 0.5 s after step 40 (at 49 + 0.001 × rank)
+    assert snap.metrics["since_step_s"].value == pytest.approx(50.5 - 49.0 - 0.001 * first_rank)
+    # One rank's phases split the time (6 s of compile before the first step), not the two ranks' summed.
+    assert snap.phases_s["startup_compile"] == pytest.approx(10.0 + 0.001 * first_rank - 1.0)
+    assert snap.phases_seen == {"compile": 1}
+
+
+def test_a_nodes_step_clock_keeps_its_rank_series_and_survives_a_checkpoint():
+    logged = node_one_run(2)
+    engine = Engine()
+    for record in logged[:40]:
+        engine.feed(record)
+    restored = Engine.from_state(engine.state_bytes())
+    for record in logged[40:]:
+        last = restored.feed(record)
+    assert last == snapshots(logged)[-1:]
+    names = restored.history.series_names()
+    # The clock's step times under its rank's number (39 intervals, the checkpoint's with them: the first step has
+    # none); no rank 0 on this node.
+    assert "tm:rank:0:step_time_s" not in names
+    assert restored.history.added_points("tm:rank:2:step_time_s") == 39

@@ -3,7 +3,9 @@
 Pure: no I/O, no clock. Time is the ``t`` of the snapshots the rules are shown, so a replay of the same snapshots gives
 the same alerts. What a condition *is* belongs to the rules (``trainmeter_core.model.alerts``); delivering an alert
 belongs to the sinks. An episode fires once, stays fired while its condition holds, and clears only after the
-condition has stayed away for a while, longer each time it comes straight back (flapping is damped).
+condition has stayed away for a while, longer each time it comes straight back (flapping is damped). At the run's end
+(the final snapshot) nothing is left to wait for: every episode whose condition no longer holds clears then, with the
+reason.
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ class Episode:
     cleared_t: float | None = None
     flaps: int = 0
     condition: Condition | None = None  # the latest active one
+    back: Condition | None = None  # the rule's latest words for the subject since its condition went away
 
 
 class Alerter:
@@ -231,6 +234,8 @@ class Alerter:
                 )
                 continue
             if verdict.held:
+                if snapshot.final:
+                    out.extend(self._resolve_quiet(rule, snapshot))
                 continue
             out.extend(self._step(rule, state.config, verdict, snapshot))
         return out
@@ -245,7 +250,7 @@ class Alerter:
         for subject, condition in active.items():
             episode = self.episodes.setdefault((rule.name, subject), Episode())
             episode.quiet_since_t = None
-            episode.condition = condition
+            episode.condition, episode.back = condition, None
             if episode.fired:
                 continue
             if episode.active_since_t is None:
@@ -264,21 +269,47 @@ class Alerter:
                 continue
             if episode.quiet_since_t is None:
                 episode.quiet_since_t = now
-            wait_s = config["clear_after_s"] * 2 ** min(episode.flaps, _MAX_FLAP_DOUBLINGS)
-            if now - episode.quiet_since_t < wait_s:
-                continue
-            episode.fired, episode.cleared_t = False, now
-            lasted = now - (episode.fired_t if episode.fired_t is not None else now)
             back = normal.get(subject)
-            words = back.message if back is not None else "the condition is gone"
-            condition = Condition(
-                f"cleared after {lasted:.0f} s: {words}",
-                back.numbers if back is not None else {},
-                subject,
-                episode.condition.severity if episode.condition is not None else None,
-            )
-            out.append(self._alert(rule, "cleared", condition, episode, snapshot))
+            if back is not None:
+                episode.back = back
+            wait_s = config["clear_after_s"] * 2 ** min(episode.flaps, _MAX_FLAP_DOUBLINGS)
+            # The run's end leaves nothing to wait for: an episode whose condition is gone clears now.
+            if now - episode.quiet_since_t < wait_s and not snapshot.final:
+                continue
+            out.append(self._clear(rule, subject, episode, snapshot))
         return out
+
+    def _resolve_quiet(self, rule: Any, snapshot: records.Snapshot) -> list[records.Alert]:
+        """At the run's end, for a rule that cannot judge the final snapshot: its episodes whose condition was gone at
+        its latest judgement (waiting out ``clear_after_s``) clear, with the rule's latest words for them; those whose
+        condition still held stay fired."""
+        return [
+            self._clear(rule, subject, episode, snapshot)
+            for (name, subject), episode in self.episodes.items()
+            if name == rule.name and episode.fired and episode.quiet_since_t is not None
+        ]
+
+    def _clear(
+        self,
+        rule: Any,
+        subject: str | None,
+        episode: Episode,
+        snapshot: records.Snapshot,
+    ) -> records.Alert:
+        """The episode's ``cleared`` record, in the rule's latest words for the subject while it was quiet."""
+        now = snapshot.t
+        back = episode.back
+        episode.fired, episode.cleared_t = False, now
+        lasted = now - (episode.fired_t if episode.fired_t is not None else now)
+        words = back.message if back is not None else "the condition is gone"
+        when = "at the run's end " if snapshot.final else ""
+        condition = Condition(
+            f"cleared {when}after {lasted:.0f} s: {words}",
+            back.numbers if back is not None else {},
+            subject,
+            episode.condition.severity if episode.condition is not None else None,
+        )
+        return self._alert(rule, "cleared", condition, episode, snapshot)
 
     def open_episodes(self) -> list[tuple[str, str | None]]:
         """(rule, subject) of every episode fired and not yet cleared."""

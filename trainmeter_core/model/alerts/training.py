@@ -40,7 +40,11 @@ def is_stepping(snapshot: records.Snapshot, factor: float, floor_s: float) -> bo
 
 
 class Hung(Rule):
-    """No step for max(factor × the median step time, floor_s) while the training process lives."""
+    """No step for max(factor × the median step time, floor_s) while the training process lives.
+
+    At the run's end, a run that stepped again within that time of its end is no longer hung (its episode clears); one
+    that ended without stepping again stays hung, and none fires at the end.
+    """
 
     name = "hung"
     severity = "critical"
@@ -57,6 +61,14 @@ class Hung(Rule):
         numbers = {"since_step_s": since_s, "threshold_s": threshold_s, "steps": float(snapshot.steps)}
         if median_s is not None:
             numbers["step_time_median_s"] = median_s
+        if snapshot.final:
+            if since_s > threshold_s:
+                return Verdict(held=True)  # it ended with no step since: an open episode stays open
+            words = (
+                f"it stepped until the end: its last step came {since_s:.1f} s before the run ended, "
+                f"after {snapshot.steps} steps"
+            )
+            return Verdict(normal=[Condition(words, numbers)])
         if alive == 1.0 and since_s > threshold_s:
             usual = (
                 f"{config['factor']:g} × the median step {median_s:.3g} s"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from trainmeter_core.model import records
-from trainmeter_core.model.engine.state import AttemptState, EngineState, Resume
+from trainmeter_core.model.engine.state import AttemptState, EngineState, RankState, Resume
 from trainmeter_core.model.engine.training_window import StepSpan
 
 if TYPE_CHECKING:
@@ -150,6 +150,9 @@ def _supersede(state: EngineState, attempt: AttemptState, after: int) -> None:
         )
     if lost_wait_s > 0 and "data_wait" in state.phase_s:
         state.phase_s["data_wait"] = max(0.0, state.phase_s["data_wait"] - lost_wait_s)
+    clock = state.ranks.get(state.clock_rank or 0)
+    if clock is not None:
+        clock.steps = max(0, clock.steps - lost_steps)  # the clock's rank counts what the run counts
     state.steps = steps
     state.tokens_seen = tokens
     state.steps_with_tokens = with_tokens
@@ -157,6 +160,15 @@ def _supersede(state: EngineState, attempt: AttemptState, after: int) -> None:
     cut = mark[0]
     resume.marks = [m for m in resume.marks if m[0] <= cut]
     resume.checkpoint_marks = [m for m in resume.checkpoint_marks if m[0] <= cut]
+
+
+def rank_resumed(rank: RankState, step: int) -> None:
+    """Another rank than the clock's takes its first step of a resumed attempt, ``step``: the steps it took after
+    ``step − 1`` in the attempts before are done again, so they leave its count (each step counts once, as in the
+    run's ``steps``). Its steps are counted by their numbers, which a rank takes one by one."""
+    last = rank.last_step
+    if last is not None and step - 1 < last:
+        rank.steps = max(0, rank.steps - (last - (step - 1)))
 
 
 def _mark_for(resume: Resume, after: int) -> tuple[Mark | None, bool]:

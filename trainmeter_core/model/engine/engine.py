@@ -149,12 +149,13 @@ class Engine:
     def _on_step(self, record: records.Step) -> list[records.Snapshot]:
         state = self.state
         rank_id = record.rank or 0
-        if rank_id == 0 and state.pending_backward:
+        if rank_id == state.clock_rank and state.pending_backward:
             self._commit_backward(before_step=record.step)  # an earlier iteration is over: its loss stands
         interval = take_step(state, record, self.derived)
         if interval is None or not self._keeps:
             return []
-        if rank_id != 0:
+        if rank_id != 0 or rank_id != state.clock_rank:
+            # Another rank, or the clock of a node of a job without rank 0: the series under its own rank's name.
             step, tokens, flops = self.derived.x()
             self._history.add_point(
                 f"tm:rank:{rank_id}:step_time_s", step, tokens, flops, record.wall, interval

@@ -6,6 +6,7 @@ from __future__ import annotations
 from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import attempts, training_window
 from trainmeter_core.model.engine.builder import EI, NO_STEP, NO_TOKENS, SnapshotBuilder
+from trainmeter_core.model.engine.nodes import clock_name
 from trainmeter_core.model.engine.state import STEP_WINDOW, GpuState
 from trainmeter_core.model.platform_adapters import GPU_LOST
 
@@ -91,7 +92,7 @@ def alert_inputs(snap: SnapshotBuilder) -> None:
             "the latest tick's child_alive (0 once the run ended)",
             value=float(state.child_alive),
         )
-    formula = "now − the end of rank 0's latest eval or checkpoint span"
+    formula = f"now − the end of {clock_name(state)}'s latest eval or checkpoint span"
     if state.pause_end_t is None or now is None:
         snap.put("since_pause_s", formula, absent="no eval or checkpoint span yet", unit="s")
     else:
@@ -123,7 +124,8 @@ def alert_inputs(snap: SnapshotBuilder) -> None:
 
 def put_steps(snap: SnapshotBuilder, now: float | None) -> None:
     state = snap.state
-    formula = "now − the t of rank 0's latest step"
+    who = clock_name(state)
+    formula = f"now − the t of {who}'s latest step"
     if state.last_step_t is None or now is None:
         snap.put("since_step_s", formula, absent=NO_STEP, unit="s")
     elif attempts.awaiting_step(state):
@@ -132,9 +134,9 @@ def put_steps(snap: SnapshotBuilder, now: float | None) -> None:
         snap.put("since_step_s", formula, absent=why, unit="s")
     else:
         snap.put("since_step_s", formula, value=max(0.0, now - state.last_step_t), unit="s")
-    window = f"median of rank 0's latest {STEP_WINDOW} step intervals, profiled steps left out"
+    window = f"median of {who}'s latest {STEP_WINDOW} step intervals, profiled steps left out"
     if state.recent_intervals_s:
-        inputs = {"steps": EI(value=len(state.recent_intervals_s), source="rank 0 step records")}
+        inputs = {"steps": EI(value=len(state.recent_intervals_s), source=f"{who} step records")}
         median = formulas.median(state.recent_intervals_s)
         snap.put("step_time_median_s", window, value=median, unit="s", inputs=inputs)
     else:
@@ -144,9 +146,9 @@ def put_steps(snap: SnapshotBuilder, now: float | None) -> None:
             absent=NO_STEP if not state.steps else "one step so far: an interval needs two",
             unit="s",
         )
-    formula = f"median over rank 0's latest {STEP_WINDOW} steps of tokens / step interval"
+    formula = f"median over {who}'s latest {STEP_WINDOW} steps of tokens / step interval"
     if state.recent_rates:
-        inputs = {"steps": EI(value=len(state.recent_rates), source="rank 0 step records with tokens")}
+        inputs = {"steps": EI(value=len(state.recent_rates), source=f"{who} step records with tokens")}
         snap.put(
             "tokens_per_s_median",
             formula,

@@ -86,7 +86,25 @@ def own_run_start(state: EngineState, record: records.RunStart) -> bool:
     if state.host is None:
         state.host = record.host
         state.job = record.job
+        if record.job is not None and record.job.node_rank != 0 and state.steps == 0:
+            state.clock_rank = None  # a node without rank 0: its first rank heard from keeps its clock
     return record.host not in state.nodes
+
+
+def is_clock(state: EngineState, rank: int) -> bool:
+    """Whether a step or phase of ``rank`` (0 for a record without one) is the step clock's. The clock is rank 0, except
+    on a node of a job that does not hold it (node 1's run holds ranks 2 and 3, say): there the first rank heard from
+    keeps it, as every rank of a node steps alike."""
+    clock = state.clock_rank
+    if clock is None:
+        clock = state.clock_rank = rank
+    return rank == clock
+
+
+def clock_name(state: EngineState) -> str:
+    """The step clock's rank in words, for formulas (``rank 0``; a node's that has not heard from a rank yet: ``the
+    node's first rank``)."""
+    return "the node's first rank" if state.clock_rank is None else f"rank {state.clock_rank}"
 
 
 def on_clock(state: EngineState, record: records.ClockMap) -> None:

@@ -24,12 +24,14 @@ STEP_WINDOW = 21
 
 
 class RankState(msgspec.Struct, kw_only=True):
-    """One rank's steps: its count, its step-time EMA and when its last step came (its own host's clock)."""
+    """One rank's steps: its count (the steps it kept: those a resumed attempt did again count once, as the run's
+    ``steps``), its step-time EMA, and its latest step's number and time (its own host's clock)."""
 
     host: str = ""
     steps: int = 0
     step_time_ema_s: float | None = None
     last_t: float | None = None
+    last_step: int | None = None
 
 
 class GpuState(msgspec.Struct, kw_only=True):
@@ -170,7 +172,9 @@ class EngineState(msgspec.Struct, kw_only=True):
     tick: int = 0
     through_seq: int | None = None
     finished: bool = False
-    # the step clock (rank 0, or a single process)
+    # the step clock: rank 0 (or a single process); on a node of a job that does not hold rank 0, its first rank heard
+    # from (None until then: nodes.py)
+    clock_rank: int | None = 0
     steps: int = 0
     last_step: int | None = None
     first_step_t: float | None = None

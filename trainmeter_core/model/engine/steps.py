@@ -1,6 +1,7 @@
 """The ``step`` records into the engine's state: each rank's step time and its host's training window, and on rank 0
-the step clock (steps, tokens, the training window's sums, the alert inputs' latest steps, the marks a resume reads).
-Pure: no I/O, no clock. The engine's hottest path: every EMA and window is inlined here, not called."""
+(the step clock's rank; on another node of a job, its own first rank) the step clock (steps, tokens, the training
+window's sums, the alert inputs' latest steps, the marks a resume reads). Pure: no I/O, no clock. The engine's
+hottest path: every EMA and window is inlined here, not called."""
 
 from __future__ import annotations
 
@@ -25,13 +26,23 @@ def take_step(state: EngineState, record: records.Step, derived: Derived) -> flo
     rank = state.ranks.get(rank_id)
     if rank is None:
         rank = state.ranks[rank_id] = RankState(host=record.host)
+    clock = state.clock_rank
+    if clock is None:
+        # A node of a job without rank 0: its first rank heard from keeps the clock (nodes.is_clock).
+        clock = state.clock_rank = rank_id
     t = record.t
+    last_t = rank.last_t
+    resumed_t = state.resume.attempt_start_t
+    if resumed_t is not None and last_t is not None and last_t < resumed_t and rank_id != clock:
+        # Its first step of a resumed attempt: the steps it does again leave its count (the clock's: first_step).
+        attempts.rank_resumed(rank, record.step)
     interval = record.step_time_s
-    if interval is None and rank.last_t is not None:
-        previous_t = attempts.previous_reading(state, rank.last_t)  # never across a resume's gap
+    if interval is None and last_t is not None:
+        previous_t = attempts.previous_reading(state, last_t)  # never across a resume's gap
         interval = t - previous_t if previous_t is not None else None
     rank.steps += 1
     rank.last_t = t
+    rank.last_step = record.step
     # The host's training window (training_window.extend_span, inlined)
     span = state.step_spans.get(record.host)
     if span is None:
@@ -48,9 +59,9 @@ def take_step(state: EngineState, record: records.Step, derived: Derived) -> flo
         rank.step_time_ema_s = (
             float(interval) if previous is None else previous + _ALPHA * (interval - previous)
         )
-    if rank_id != 0:
+    if rank_id != clock:
         return interval
-    # Rank 0 is the step clock: steps, tokens and the training window are counted on it alone.
+    # Rank 0 (or a node's first rank) is the step clock: steps, tokens and the training window are counted on it alone.
     if derived.facts_version != state.facts.version:
         derived.refresh()
     tokens = step_tokens(state, record, derived)

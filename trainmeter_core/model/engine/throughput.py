@@ -5,31 +5,32 @@ from __future__ import annotations
 
 from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine.builder import EI, NO_STEP, NO_TOKENS, SnapshotBuilder
-from trainmeter_core.model.engine.nodes import node_rank_of
+from trainmeter_core.model.engine.nodes import clock_name, node_rank_of
 
 
 def throughput(snap: SnapshotBuilder) -> None:
     state = snap.state
-    rank0 = state.ranks.get(0)
+    clock = state.ranks.get(state.clock_rank or 0)  # rank 0, or a node's own first rank (nodes.is_clock)
+    who = clock_name(state)
     alpha = formulas.EMA_ALPHA
     one_step = "one step so far: a rate needs two"
-    if rank0 is not None and rank0.step_time_ema_s is not None:
+    if clock is not None and clock.step_time_ema_s is not None:
         snap.put(
             "step_time_s",
-            f"EMA of rank 0's seconds per step, alpha {alpha}",
-            value=rank0.step_time_ema_s,
+            f"EMA of {who}'s seconds per step, alpha {alpha}",
+            value=clock.step_time_ema_s,
             unit="s",
             label="ema",
-            inputs={"steps": EI(value=state.steps, source="rank 0 step records")},
+            inputs={"steps": EI(value=state.steps, source=f"{who} step records")},
         )
     else:
         snap.put(
             "step_time_s",
-            "EMA of rank 0's seconds per step",
+            f"EMA of {who}'s seconds per step",
             absent=one_step if state.steps else NO_STEP,
         )
     formula = (
-        f"EMA(tokens per step) / EMA(step interval), alpha {alpha}, rank 0's steps, profiled ones left out"
+        f"EMA(tokens per step) / EMA(step interval), alpha {alpha}, {who}'s steps, profiled ones left out"
     )
     if state.tokens_ema is not None and state.interval_ema_s:
         snap.tps = formulas.rate_per_s(state.tokens_ema, state.interval_ema_s)
@@ -59,7 +60,7 @@ def throughput(snap: SnapshotBuilder) -> None:
         note = f"{missing} steps without a token count are not included" if missing else None
         snap.put(
             "tokens",
-            "Σ tokens per step over rank 0's steps",
+            f"Σ tokens per step over {who}'s steps",
             value=float(state.tokens_seen),
             unit="tokens",
             note=note,

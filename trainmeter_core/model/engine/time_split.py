@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from trainmeter_core.model import formulas, records
-from trainmeter_core.model.engine import attempts
+from trainmeter_core.model.engine import attempts, nodes
 from trainmeter_core.model.engine.builder import EI, NO_STEP, SnapshotBuilder
 from trainmeter_core.model.engine.state import EngineState
 
@@ -17,8 +17,8 @@ _PAUSE_PHASES = ("eval", "checkpoint")
 def take_phase(state: EngineState, record: records.Phase) -> None:
     """A phase of rank 0 into the state: its time before the first step (startup), within the window, after the last
     step, and the pause it makes (eval, checkpoint) for the hung-run rule."""
-    if record.rank not in (None, 0):
-        return  # every rank waits alike; rank 0's phases split the step clock's time
+    if not nodes.is_clock(state, record.rank or 0):
+        return  # every rank waits alike; rank 0's phases (the step clock's rank's) split the step clock's time
     name = record.phase
     state.phases_seen[name] = state.phases_seen.get(name, 0) + 1
     if not -math.inf < record.start_t <= record.end_t < math.inf:

@@ -56,6 +56,9 @@ class SeriesPoint(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class RankStat(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One rank in a snapshot. ``steps`` counts the steps it kept: those a resumed attempt did again count once, as in
+    the snapshot's ``steps``."""
+
     rank: int
     host: str
     steps: int
