@@ -297,3 +297,29 @@ def test_a_nodes_step_clock_keeps_its_rank_series_and_survives_a_checkpoint():
     # none); no rank 0 on this node.
     assert "tm:rank:0:step_time_s" not in names
     assert restored.history.added_points("tm:rank:2:step_time_s") == 39
+
+
+def test_a_nodes_own_run_keeps_the_loss_its_step_clocks_rank_read_at_backward():
+    # Node 1's ranks 2 and 3 each read their own loss at backward(), just before their step: train_loss is the step
+    # clock's (rank 2, heard from first), one point a step, and rank 3's stays in the log only.
+    logged: list[records.Record] = []
+    for record in node_one_run(2):
+        if isinstance(record, records.Step):
+            loss = (100.0 if record.rank == 3 else 1.0) + record.step
+            logged.append(
+                records.Metric(
+                    values={"train_loss": loss},
+                    origin="backward",
+                    step=record.step,
+                    t=record.t - 0.0005,
+                    host="node1",
+                    rank=record.rank,
+                )
+            )
+        logged.append(record)
+    for seq, record in enumerate(logged, start=1):
+        record.seq = seq
+    engine = Engine()
+    for record in logged:
+        engine.feed(record)
+    assert [p.value for p in engine.history.query("train_loss", "step")] == [1.0 + s for s in range(1, 41)]

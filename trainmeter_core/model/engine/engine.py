@@ -218,9 +218,9 @@ class Engine:
             elif name in emit_series:
                 continue  # emit() beats a tapped tracker for the same series
             elif origin == _BACKWARD:
-                if name in state.tapped_series or record.rank:
-                    # The loop's own tracker reports this series; or another rank's own loss (rank 0's steps are
-                    # the run's, and so is its loss: the others stay in the log).
+                if name in state.tapped_series or not nodes.is_clock(state, record.rank or 0):
+                    # The loop's own tracker reports this series; or another rank's own loss (the step clock's rank,
+                    # rank 0 or a node's first, makes the run's steps, and so its loss: the others stay in the log).
                     continue
                 held = state.pending_backward.get(name)
                 if held is not None:
