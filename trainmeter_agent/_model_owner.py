@@ -47,9 +47,8 @@ def stack_candidates(adopted: tuple, module_type: type, frame) -> list[weakref.r
 
 
 def _frame_candidates(frame, adopted: tuple, module_type: type, seen: set[int], found: list) -> None:
-    names = frame.f_locals
-    if not isinstance(names, dict):
-        return
+    # A dict before Python 3.13, a mapping proxy of the frame since: either reads as a dict.
+    names = dict(frame.f_locals)
     values = list(names.values())
     owner = names.get("self")
     if owner is not None and not isinstance(owner, module_type):
