@@ -569,7 +569,8 @@ def main() -> None:
     parser.add_argument("--breakdown-only", action="store_true", help="only the probes' work in one process")
     args = parser.parse_args()
     print(
-        f"{_load()}; reproduce: {sys.executable} bench/bench_agent.py --rounds {args.rounds} --peer-venv {args.peer_venv}"
+        f"{_load()}; reproduce: {sys.executable} bench/bench_agent.py --rounds {args.rounds} "
+        f"--iterations {args.iterations} --peer-venv {args.peer_venv}"
         + (" --breakdown-only" if args.breakdown_only else "")
     )
     socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-bench-")

@@ -81,7 +81,7 @@ def peer_python(peer: str) -> str | None:
     return None
 
 
-def fixed_cost(repeat: int, env: dict[str, str], peer: str | None) -> None:
+def fixed_cost(repeat: int, env: dict[str, str], peer: str | None, quick: bool = False) -> None:
     """Rounds of plain, tm and 0.0.7 in turn, so drift in the machine's load hits all three alike."""
     names = ("plain", "tm", "0.0.7 plain", "0.0.7")
     runs: dict[str, list[float]] = {name: [] for name in names}
@@ -129,6 +129,7 @@ def fixed_cost(repeat: int, env: dict[str, str], peer: str | None) -> None:
     print(
         f"  reproduce: {sys.executable} bench/bench_launcher.py --repeat {repeat}"
         + (f" --peer {peer}" if peer else "")
+        + (" --quick" if quick else "")
     )
 
 
@@ -394,7 +395,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
         env = env_for(runs)
-        fixed_cost(args.repeat, env, peer)
+        fixed_cost(args.repeat, env, peer, args.quick)
         timeline(env)
         import_times(env)
         if args.quick:
