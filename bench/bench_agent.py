@@ -7,7 +7,8 @@ Prints figures; asserts nothing (speed targets are read, never tested).
 Run: ``PYTHONPATH=. .venv/bin/python bench/bench_agent.py [--rounds 7] [--peer-venv /work/peer]``. A PULL socket
 drained by another process stands in for the hub in the in-process parts; the loops run under the real ``tm``. The
 loop figures are CPU time of the training process per iteration (this machine is shared: CPU time is what the agent
-adds, wall time also holds other people's work), and the CPU of tm's own processes per step record beside them.
+adds, wall time also holds other people's work). What tm's other processes spend, and the whole run's cost, is
+``bench_tree.py``'s (every process of the tree counted, by the slope between a short and a long run).
 Targets: median emit() <= 2 µs, step hooks <= 3 µs per iteration (issue 2); every probe <= 3 µs per iteration on the
 tight loop and below 0.0.7 (issue 16); start-up added <= 40 ms (torch excluded) and ~0 in a DataLoader worker.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -127,11 +127,15 @@ def bench_step_hooks(trainmeter_agent) -> None:
     # with everything but the send (the record is built and dropped), to tell the agent's logic from the bus's cost.
     detector = agent.iterations
 
+    # The arguments torch passes: the step's own (``self`` first, no closure), so the hooks take the steady lane as
+    # they do under optimizer.step(); empty ones would send them the general way.
+    step_args, no_kwargs = (optimizer,), {}
+
     def hooks_only(n: int) -> None:
         for i in range(n):
             param.grad = grads[i & 1]
-            detector.pre_hook(optimizer, (), {})
-            detector.post_hook(optimizer, (), {})
+            detector.pre_hook(optimizer, step_args, no_kwargs)
+            detector.post_hook(optimizer, step_args, no_kwargs)
 
     def baseline(n: int) -> None:
         for i in range(n):
@@ -294,7 +298,8 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 # The floor under any agent: the same loop with do-nothing hooks where tm's probes attach in a steady iteration (the
 # DataLoader's __next__ with the two clock reads a data wait needs, autograd.backward, a forward set on the model that
-# calls its class's, the global optimizer step pre-hook; tm's post-hook leaves the steady lane). What this adds is
+# calls its class's, the global optimizer step pre-hook; tm's post-hook leaves the steady lane) and one extra thread,
+# asleep, as the agent keeps one (its flush timer; an idle thread alone has been measured at 2.7 µs). What this adds is
 # torch's and Python's cost of calling out at all, before any probe does work: a per-iteration target below it cannot
 # be met by a probe in Python.
 _FLOOR_HOOKS = """
@@ -318,6 +323,8 @@ class _Forward:
         return self.function(self.module, *args, **kwargs)
 model.__dict__["forward"] = _Forward(model)
 _optimizer_module.register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: None)
+import threading
+threading.Thread(target=threading.Event().wait, name="floor-sleeper", daemon=True).start()
 """
 
 
@@ -326,22 +333,14 @@ def with_floor_hooks(code: str) -> str:
     return code.replace(_LOOP_TAIL, _FLOOR_HOOKS + _LOOP_TAIL)
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _run_loop(argv: list[str], env: dict, cwd: str) -> dict | None:
-    """One run; adds ``others_cpu_s``: the CPU of every process it started (tm's launcher and components) but the
-    loop's own."""
-    before = _children_cpu_s()
+    """One run: the training process's own figures (tm's other processes are ``bench_tree.py``'s, which counts every
+    process of the tree; ``RUSAGE_CHILDREN`` alone here missed every process its parent left unwaited)."""
     done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=cwd)
     if done.returncode != 0:
         print(f"  failed: {' '.join(argv[:3])}...: {done.stderr.strip().splitlines()[-1:]}")
         return None
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["others_cpu_s"] = max(0.0, _children_cpu_s() - before - result["process_cpu_s"])
-    return result
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int) -> None:
@@ -372,19 +371,9 @@ def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int) -> No
                     [tm, "-q", "--no-web", "--", sys.executable, "-c", code, str(blocks), str(per_block)],
                     env,
                 ),
-                # The same run with 4 blocks: what tm's other processes spend per step is the slope between the two
-                # (their start and end, the same in both, drop out).
-                "tm short": (
-                    [tm, "-q", "--no-web", "--", sys.executable, "-c", code, "4", str(per_block)],
-                    env,
-                ),
             }
             if peer_python:
                 variants["0.0.7 plain"] = ([peer_python, "-c", code, str(blocks), str(per_block)], peer_env)
-                variants["0.0.7 short"] = (
-                    [peer_tm, "-q", "--no-web", "--", peer_python, "-c", code, "4", str(per_block)],
-                    peer_env,
-                )
                 variants["0.0.7"] = (
                     [peer_tm, "-q", "--no-web", "--", peer_python, "-c", code, str(blocks), str(per_block)],
                     peer_env,
@@ -405,28 +394,16 @@ def _paired(results: dict, key: str, with_: str, without: str) -> list[float]:
     return [a[key] - b[key] for a, b in zip(results[with_], results[without], strict=True)]
 
 
-def _per_step_others(results: dict, long: str, short: str) -> float:
-    """CPU µs of tm's other processes per iteration: (long run - short run) / (their iterations' difference)."""
-    extra = results[long][0]["iterations"] - results[short][0]["iterations"]
-    spent = statistics.median(_paired(results, "others_cpu_s", long, short))
-    return spent / extra * 1e6
-
-
 def _loop_lines(name: str, results: dict, rounds: int) -> None:
     med = statistics.median
     plain = med(r["cpu_us"] for r in results["plain"])
     added = _paired(results, "cpu_us", "tm", "plain")
     added_wall = _paired(results, "wall_us", "tm", "plain")
-    iterations = results["tm"][0]["iterations"]
-    others_us = _per_step_others(results, "tm", "tm short")
     print(
         f"{name}: plain {plain:7.1f} µs CPU per iteration; tm adds {med(added):6.2f} µs CPU (median of {rounds} "
         f"paired rounds, spread {min(added):.1f} to {max(added):.1f}; wall {med(added_wall):+.1f} µs), every probe on"
     )
-    print(
-        f"{'':<12}tm's other processes (launcher, components) spent {others_us:.2f} µs of CPU per step record "
-        f"({iterations} iterations per run)"
-    )
+    print(f"{'':<12}(tm's other processes and the whole tree: bench/bench_tree.py)")
     floor = _paired(results, "cpu_us", "empty hooks", "plain")
     print(
         f"{'':<12}do-nothing hooks at the agent's attach points (no tm) add {med(floor):6.2f} µs CPU per iteration "
@@ -434,10 +411,9 @@ def _loop_lines(name: str, results: dict, rounds: int) -> None:
     )
     if "0.0.7" in results:
         peer_added = _paired(results, "cpu_us", "0.0.7", "0.0.7 plain")
-        peer_others = _per_step_others(results, "0.0.7", "0.0.7 short")
         print(
             f"{'':<12}0.0.7 adds {med(peer_added):6.2f} µs CPU per iteration (spread {min(peer_added):.1f} to "
-            f"{max(peer_added):.1f}), its other processes {peer_others:.2f} µs per iteration; tm - 0.0.7 = "
+            f"{max(peer_added):.1f}); tm - 0.0.7 = "
             f"{med(added) - med(peer_added):+.2f} µs"
         )
 
@@ -593,7 +569,8 @@ def main() -> None:
     parser.add_argument("--breakdown-only", action="store_true", help="only the probes' work in one process")
     args = parser.parse_args()
     print(
-        f"{_load()}; reproduce: {sys.executable} bench/bench_agent.py --rounds {args.rounds} --peer-venv {args.peer_venv}"
+        f"{_load()}; reproduce: {sys.executable} bench/bench_agent.py --rounds {args.rounds} "
+        f"--iterations {args.iterations} --peer-venv {args.peer_venv}"
         + (" --breakdown-only" if args.breakdown_only else "")
     )
     socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-bench-")

@@ -7,8 +7,10 @@ usage: python bench/bench_launcher.py [--repeat N] [--peer PATH_TO_0.0.7_TM] [--
 
 The previous generation installs a distribution of the same name and a ``tm`` script: give it its own virtualenv
 (``python3 -m venv /work/peer && /work/peer/bin/pip install trainmeter==0.0.7``); ``--peer`` (default: TM_PEER_TM, else
-/work/peer/bin/tm when it exists) points at its ``tm``. Target (issue 16): tm adds <= 0.2 s to ``python -c pass``, and
-never more than 0.0.7 does.
+/work/peer/bin/tm when it exists) points at its ``tm``, which runs ``python -c pass`` with the Python beside it (0.0.7's
+agent loads only in its own environment), compared with that Python's own ``python -c pass``. Target (issue 16): tm
+adds <= 0.2 s to ``python -c pass``, and never more than 0.0.7 does. The CPU seconds are the whole process tree's, each
+process counted (``treecpu.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import statistics
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from treecpu import run_tree
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -59,30 +62,44 @@ def compiled() -> None:
 
 
 def timed(argv: list[str], env: dict[str, str], cpu: list[float] | None = None) -> float:
-    """Wall seconds of one command; ``cpu`` gets the CPU seconds of it and every process it waited for."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    elapsed_s = time.perf_counter() - start
+    """Wall seconds of one command; ``cpu`` gets the CPU seconds of its whole process tree (every process, one its
+    parent left unwaited included: see ``treecpu.py``)."""
+    done = run_tree(argv, env)
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(argv)}: {done.stderr.strip()[-300:]}")
     if cpu is not None:
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    return elapsed_s
+        cpu.append(done.cpu_s)
+    return done.wall_s
 
 
-def fixed_cost(repeat: int, env: dict[str, str], peer: str | None) -> None:
+def peer_python(peer: str) -> str | None:
+    """0.0.7's own Python: the one beside its ``tm`` (its agent cannot load in another environment)."""
+    for name in ("python", "python3"):
+        candidate = Path(peer).parent / name
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+def fixed_cost(repeat: int, env: dict[str, str], peer: str | None, quick: bool = False) -> None:
     """Rounds of plain, tm and 0.0.7 in turn, so drift in the machine's load hits all three alike."""
-    runs: dict[str, list[float]] = {"plain": [], "tm": [], "0.0.7": []}
-    cpu: dict[str, list[float]] = {"plain": [], "tm": [], "0.0.7": []}
+    names = ("plain", "tm", "0.0.7 plain", "0.0.7")
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    python = peer_python(peer) if peer else None
+    if peer and python is None:
+        print(f"no python beside {peer}: 0.0.7's column is left out")
     commands = {
-        "plain": [sys.executable, "-c", "pass"],
-        "tm": [TM, "-q", "--", sys.executable, "-c", "pass"],
-        "0.0.7": [peer, "-q", "--", sys.executable, "-c", "pass"] if peer else None,
+        "plain": ([sys.executable, "-c", "pass"], env),
+        "tm": ([TM, "-q", "--", sys.executable, "-c", "pass"], env),
     }
+    if python:
+        peer_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        commands["0.0.7 plain"] = ([python, "-c", "pass"], peer_env)
+        commands["0.0.7"] = ([peer, "-q", "--", python, "-c", "pass"], peer_env)
     for _ in range(repeat):
-        for name, argv in commands.items():
-            if argv is not None:
-                runs[name].append(timed(argv, env, cpu[name]))
+        for name, (argv, run_env) in commands.items():
+            runs[name].append(timed(argv, run_env, cpu[name]))
     plain = statistics.median(runs["plain"])
     tm_added = [u - p for u, p in zip(runs["tm"], runs["plain"], strict=True)]
     print(f"python -c pass:                median {plain * 1000:7.1f} ms over {repeat} rounds ({load()})")
@@ -92,11 +109,12 @@ def fixed_cost(repeat: int, env: dict[str, str], peer: str | None) -> None:
         f"{_quartiles_ms(tm_added)}; target <= 200 ms)"
     )
     if runs["0.0.7"]:
-        peer_added = [u - p for u, p in zip(runs["0.0.7"], runs["plain"], strict=True)]
+        peer_added = [u - p for u, p in zip(runs["0.0.7"], runs["0.0.7 plain"], strict=True)]
         ratios = [t / q for t, q in zip(tm_added, peer_added, strict=True) if q > 0]
         print(
             f"0.0.7 tm -- python -c pass:    median {statistics.median(runs['0.0.7']) * 1000:7.1f} ms; 0.0.7 adds "
-            f"{statistics.median(peer_added) * 1000:6.1f} ms (quartiles {_quartiles_ms(peer_added)})"
+            f"{statistics.median(peer_added) * 1000:6.1f} ms over its own python -c pass "
+            f"({statistics.median(runs['0.0.7 plain']) * 1000:.1f} ms; quartiles {_quartiles_ms(peer_added)})"
         )
         print(
             f"tm's added cost / 0.0.7's:     {statistics.median(ratios):.2f} (median of paired rounds; "
@@ -105,11 +123,13 @@ def fixed_cost(repeat: int, env: dict[str, str], peer: str | None) -> None:
     cpu_plain = statistics.median(cpu["plain"])
     line = f"CPU seconds (all processes): python {cpu_plain * 1000:.0f} ms, tm adds {(statistics.median(cpu['tm']) - cpu_plain) * 1000:.0f} ms"
     if cpu["0.0.7"]:
-        line += f", 0.0.7 adds {(statistics.median(cpu['0.0.7']) - cpu_plain) * 1000:.0f} ms"
+        peer_cpu = statistics.median(cpu["0.0.7"]) - statistics.median(cpu["0.0.7 plain"])
+        line += f", 0.0.7 adds {peer_cpu * 1000:.0f} ms (over its own python)"
     print(line + " (medians; CPU time is what a busy machine inflates least)")
     print(
         f"  reproduce: {sys.executable} bench/bench_launcher.py --repeat {repeat}"
         + (f" --peer {peer}" if peer else "")
+        + (" --quick" if quick else "")
     )
 
 
@@ -375,7 +395,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
         env = env_for(runs)
-        fixed_cost(args.repeat, env, peer)
+        fixed_cost(args.repeat, env, peer, args.quick)
         timeline(env)
         import_times(env)
         if args.quick:

@@ -1,5 +1,7 @@
-"""Replay speed: records per second through the engine for a synthetic 1M-record log and peak memory, beside trainmeter
-0.0.7 (the previous generation) replaying the same run in its own log format; the time to open a long run from the
+"""Replay speed: records per second through the engine for a synthetic 1M-record log (steady steps as today's agent
+sends them: a data wait, the loss read at backward() and a full step record each) and peak memory, beside trainmeter
+0.0.7 (the previous generation) replaying the same run (the same steps and seconds) as 0.0.7 writes it (its steps and
+data waits summed per 50 ms, the loss emitted), compared per step of the run as well as per record; the time to open a long run from the
 engine's checkpoint; plus N fuzzed golden logs (default 10,000).
 
 Prints figures (and ratios against 0.0.7 and a plain JSON decode of the same lines, measured in the same run); never
@@ -31,19 +33,32 @@ from trainmeter_core.model.engine import Engine  # noqa: E402
 from trainmeter_core.runlog.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from trainmeter_core.runlog.reader import read_log  # noqa: E402
 
+# One second of the synthetic run: STEPS_PER_S steps, GPUS GPUs sampled once, one tick.
+STEPS_PER_S = 100
+GPUS = 8
+STEP_S = 1.0 / STEPS_PER_S
+DATA_WAIT_S = 0.0004  # each step starts with a DataLoader wait of this long
+PEER_FLUSH_S = 0.05  # 0.0.7's agent sends its step and data-wait records at most every 50 ms (FLUSH_INTERVAL)
 
-def synthetic_log(path: Path, n: int) -> int:
-    """A run of n records: 8 fake GPUs sampled at 1 Hz, 100 steps/s with a loss each, a tick each second."""
+
+def synthetic_log(path: Path, n: int) -> tuple[int, int]:
+    """A run of about n records as today's tm writes it (``events-0001.jsonl``, the recorder's field order, the hub's
+    stamp): the agent's facts, then per steady step what the agent sends today, read from a real run of the tight
+    loop: the DataLoader's ``data_wait`` phase (start_t, end_t, the step it follows), the loss read at ``backward()``
+    (a metric with ``origin="backward"``) and the step record with every field a steady step carries (step_time_s,
+    micro_batches, tokens and their source, tokens_global, dp, optimizers; agent_us one step in 16); 8 fake GPUs
+    sampled at 1 Hz and the launcher's tick each second. Returns (records, steps)."""
     seq = 0
-    t = 1000.0
+    t, wall = 1000.0, 1.8e9
     with open(path / "events-0001.jsonl", "wb") as f:
 
         def put(record: records.Record) -> None:
             nonlocal seq
             seq += 1
-            record.seq = seq
-            # The hub names its host in every record: the GPU samples then meet the steps' training window.
-            record.host = "bench"
+            record.seq, record.v = seq, records.SCHEMA_VERSION
+            record.host, record.wall = "bench", wall + (record.t - 1000.0)
+            if record.source == "agent":
+                record.pid = 4242
             data = records.to_builtins(record)
             data["seq"] = data.pop("seq")  # as the recorder writes it: the hub appends seq last
             f.write(records.to_log_line(data))
@@ -63,6 +78,7 @@ def synthetic_log(path: Path, n: int) -> int:
                 value={"type": "cpu", "index": None, "uuid": None},
                 provenance="detected",
                 origin="agent",
+                source="agent",
                 rank=0,
                 t=t,
             )
@@ -78,12 +94,46 @@ def synthetic_log(path: Path, n: int) -> int:
             put(records.Fact(name=name, value=value, provenance="declared", origin=f"--{name}", t=t))
         step = 0
         while seq < n:
-            for _ in range(100):
+            for _ in range(STEPS_PER_S):
+                # The wait for this step's batch is recorded against the step before it, as the agent does.
+                put(
+                    records.Phase(
+                        phase="data_wait",
+                        start_t=t,
+                        end_t=t + DATA_WAIT_S,
+                        step=step or None,
+                        probe="dataloader",
+                        source="agent",
+                        t=t + DATA_WAIT_S,
+                    )
+                )
                 step += 1
-                t += 0.01
-                put(records.Step(step=step, step_time_s=0.01, t=t, rank=0))
-                put(records.Metric(values={"train_loss": 3.0 - step * 1e-6}, step=step, t=t))
-            for gpu in range(8):
+                t += STEP_S
+                put(
+                    records.Metric(
+                        values={"train_loss": 3.0 - step * 1e-6},
+                        step=step,
+                        origin="backward",
+                        source="agent",
+                        t=t,
+                    )
+                )
+                put(
+                    records.Step(
+                        step=step,
+                        step_time_s=STEP_S,
+                        micro_batches=1,
+                        tokens=524_288,
+                        tokens_source="input_ids",
+                        tokens_global=524_288,
+                        dp=1,
+                        optimizers=1,
+                        agent_us=30.0 if step % 16 == 0 else None,
+                        source="agent",
+                        t=t,
+                    )
+                )
+            for gpu in range(GPUS):
                 put(
                     records.SampleGpu(
                         index=gpu,
@@ -93,49 +143,79 @@ def synthetic_log(path: Path, n: int) -> int:
                         dram_active=0.3,
                         clock_sm_mhz=1755.0,
                         power_w=600.0,
+                        source="gpu",
                         t=t,
                     )
                 )
-            put(records.Tick(n=step // 100, interval_s=1.0, t=t))
-    return seq
+            put(records.Tick(n=step // STEPS_PER_S, interval_s=1.0, source="launcher", t=t))
+    return seq, step
 
 
-def peer_log(path: Path, n: int) -> int:
-    """The same run in 0.0.7's log format (``events.jsonl``, payload under ``d``): per second of the run 100 steps,
-    100 losses, 8 GPU samples (one GPU each, so the record count matches) and one metric where tm has its tick."""
+def peer_log(path: Path, steps: int) -> int:
+    """The same run (the same steps, the same seconds) as trainmeter 0.0.7 writes it (``events.jsonl``, read from a
+    run of the tight loop under 0.0.7): ``{"v", "t", "src", "rank", "pid", "kind", "d"}``; its agent adds up the steps
+    and the DataLoader waits and sends them at most every 50 ms, a ``phase`` (``{"name": "data", "s", "n"}``) then a
+    ``step`` (``{"n": last step, "k": steps in it, "micro", "tokens"}``); 0.0.7 reads no loss at backward, so the loop
+    emits it, a ``metric`` per step (``via: "emit"``); one ``sample.gpu`` a second holds every GPU's row. Returns
+    the records written."""
     count = 0
     t = 1000.0
     with open(path / "events.jsonl", "w") as f:
 
-        def put(kind: str, src: str, d: dict) -> None:
+        def put(kind: str, src: str, d: dict, agent: bool = False) -> None:
             nonlocal count
             count += 1
-            f.write(json.dumps({"v": 1, "t": t, "src": src, "kind": kind, "d": d}) + "\n")
+            head = {"v": 1, "t": t, "src": src}
+            if agent:
+                head.update(rank=0, pid=4242)
+            f.write(json.dumps({**head, "kind": kind, "d": d}) + "\n")
 
-        put("run.start", "tm", {"command": ["python", "train.py"]})
+        put(
+            "run.start", "supervisor", {"argv": ["python", "train.py"], "tm_version": "0.0.7", "declared": {}}
+        )
+        put("hello", "agent", {"attached": True, "trainmeter": "0.0.7", "python": "3.11.7"}, agent=True)
         put("fact", "declared", {"key": "peak_tflops", "value": 1.0, "source": "declared"})
-        for key, value in (("params", 124_000_000), ("layers", 12), ("d_model", 768), ("seq_len", 1024)):
+        for key, value in (
+            ("n_params", 124_000_000),
+            ("layers", 12),
+            ("d_model", 768),
+            ("seq_len", 1024),
+            ("tokens_per_step", 524_288),
+        ):
             put("fact", "declared", {"key": key, "value": value, "source": "declared"})
-        put("fact", "declared", {"key": "tokens_per_step", "value": 524_288, "source": "declared"})
+        rows = [
+            {
+                "index": gpu,
+                "util_gpu": 90.0,
+                "sm_active": 0.7,
+                "tensor_active": 0.4,
+                "dram_active": 0.3,
+                "clock_sm_mhz": 1755.0,
+                "power_w": 600.0,
+            }
+            for gpu in range(GPUS)
+        ]
+        per_flush = round(PEER_FLUSH_S / STEP_S)
         step = 0
-        while count < n:
-            for _ in range(100):
-                step += 1
-                t += 0.01
-                put("step", "agent", {"n": step, "k": 1, "micro": 1, "tokens": 524_288})
-                put("metric", "agent", {"key": "train_loss", "value": 3.0 - step * 1e-6, "via": "emit"})
-            for gpu in range(8):
-                row = {
-                    "index": gpu,
-                    "util_gpu": 90.0,
-                    "sm_active": 0.7,
-                    "tensor_active": 0.4,
-                    "dram_active": 0.3,
-                    "clock_sm_mhz": 1755.0,
-                    "power_w": 600.0,
-                }
-                put("sample.gpu", "gpu", {"gpus": [row]})
-            put("metric", "agent", {"key": "lr", "value": 3e-4, "via": "emit"})
+        while step < steps:
+            for _ in range(STEPS_PER_S // per_flush):
+                for _ in range(per_flush):
+                    step += 1
+                    t += STEP_S
+                    put(
+                        "metric",
+                        "emit",
+                        {"key": "train_loss", "value": 3.0 - step * 1e-6, "via": "emit"},
+                        True,
+                    )
+                put("phase", "agent", {"name": "data", "s": DATA_WAIT_S * per_flush, "n": per_flush}, True)
+                put(
+                    "step",
+                    "agent",
+                    {"n": step, "k": per_flush, "micro": per_flush, "tokens": 524_288 * per_flush},
+                    True,
+                )
+            put("sample.gpu", "gpu", {"gpus": rows})
     return count
 
 
@@ -187,8 +267,8 @@ def side_by_side(n: int, rounds: int, peer_venv: str | None) -> None:
         ours_dir, peer_dir = Path(tmp) / "tm", Path(tmp) / "peer"
         ours_dir.mkdir()
         peer_dir.mkdir()
-        n_ours = synthetic_log(ours_dir, n)
-        n_peer = peer_log(peer_dir, n) if peer_python else 0
+        n_ours, steps = synthetic_log(ours_dir, n)
+        n_peer = peer_log(peer_dir, steps) if peer_python else 0
         ours, peers = [], []
         for _ in range(rounds):
             result = _replay_in_process(sys.executable, _OURS, ours_dir, env)
@@ -206,21 +286,25 @@ def side_by_side(n: int, rounds: int, peer_venv: str | None) -> None:
         rate = statistics.median(rates)
         cpu_rate = statistics.median(n_ours / r["cpu_s"] for r in ours)
         peak = max(r["peak_mb"] for r in ours)
+        step_rate = statistics.median(steps / r["s"] for r in ours)
         print(
-            f"tm replay of {n_ours:,} records, fresh process: {rate:,.0f} records/s wall, {cpu_rate:,.0f} per CPU "
-            f"second (median of {len(ours)}, wall {_spread(rates)}; target >= 365k/s), peak memory {peak:.0f} MB "
-            f"(target <= 200 MB); {_load()}"
+            f"tm replay of {n_ours:,} records ({steps:,} steps), fresh process: {rate:,.0f} records/s wall "
+            f"= {step_rate:,.0f} steps of the run/s, {cpu_rate:,.0f} records per CPU second (median of {len(ours)}, "
+            f"wall {_spread(rates)}; target >= 365k/s), peak memory {peak:.0f} MB (target <= 200 MB); {_load()}"
         )
         if peers:
             peer_rates = [n_peer / r["s"] for r in peers]
             peer_rate = statistics.median(peer_rates)
             peer_cpu_rate = statistics.median(n_peer / r["cpu_s"] for r in peers)
             peer_peak = max(r["peak_mb"] for r in peers)
+            peer_step_rate = statistics.median(steps / r["s"] for r in peers)
+            seen = {r["steps"] for r in peers} | {r["steps"] for r in ours}
             print(
-                f"0.0.7 replay of {n_peer:,} records (its format), fresh process: {peer_rate:,.0f} records/s wall "
-                f"({_spread(peer_rates)}), {peer_cpu_rate:,.0f} per CPU second, peak memory {peer_peak:.0f} MB; "
-                f"tm/0.0.7 speed {rate / peer_rate:.2f}x wall, {cpu_rate / peer_cpu_rate:.2f}x CPU; "
-                f"memory {peak / peer_peak:.2f}x"
+                f"0.0.7 replay of the same run, {n_peer:,} records as 0.0.7 writes it, fresh process: "
+                f"{peer_rate:,.0f} records/s wall ({_spread(peer_rates)}) = {peer_step_rate:,.0f} steps of the "
+                f"run/s, {peer_cpu_rate:,.0f} records per CPU second, peak memory {peer_peak:.0f} MB; tm/0.0.7: "
+                f"{step_rate / peer_step_rate:.2f}x the steps/s (the same run), {rate / peer_rate:.2f}x the "
+                f"records/s, memory {peak / peer_peak:.2f}x; steps in the snapshots {sorted(seen)}"
             )
         print(
             f"  reproduce: {sys.executable} bench/bench_replay.py --records {n} --rounds {rounds} --fuzz 0"
@@ -243,7 +327,7 @@ def main() -> None:
     side_by_side(args.records, args.rounds, args.peer_venv)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
-        n = synthetic_log(run, args.records)
+        n, _ = synthetic_log(run, args.records)
         lines = (run / "events-0001.jsonl").read_bytes().splitlines()
         start = time.perf_counter()
         for line in lines:
@@ -260,8 +344,8 @@ def main() -> None:
             f"a bare JSON decode of the same lines: {n / decode_s:,.0f}/s (replay at {decode_s / replay_s:.2f}x of it)"
         )
         print(f"peak memory of this process: {peak_mb:.0f} MB")
-        # One second of the synthetic run is 100 steps + 100 losses + 8 GPU samples + 1 tick = 209 records.
-        per_run_second_ms = 209 / (n / replay_s) * 1000
+        # One second of the synthetic run: 100 steps, each with its data wait and its loss, 8 GPU samples, a tick.
+        per_run_second_ms = (3 * STEPS_PER_S + GPUS + 1) / (n / replay_s) * 1000
         print(
             f"the live engine at 100 steps/s with 8 GPUs sampled at 1 Hz: {per_run_second_ms:.2f} ms of CPU per second "
             f"of the run = {per_run_second_ms / 10:.2f}% of a core (target <= 2%; log reading included)"
