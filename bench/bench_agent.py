@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from tight_loop import DATA_AND_MODEL
+
 BATCH = 100  # calls timed together, so the clock's own cost and resolution do not dominate
 BATCHES = 2000
 
@@ -276,14 +278,7 @@ print(json.dumps({"cpu_us": statistics.median(cpu_us[3:]), "wall_us": statistics
 """
 LOOPS = {
     # Issue 16's tight loop: an iteration is a few hundred µs of torch's own Python and dispatch on one core.
-    "tight loop": _LOOP_HEAD
-    + """
-ids = torch.randint(16, (4096, 8))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
-model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-"""
-    + _LOOP_TAIL,
+    "tight loop": _LOOP_HEAD + DATA_AND_MODEL + _LOOP_TAIL,
     # About a millisecond per iteration: a wider embedding and head, batches of 8 sequences of 32 tokens.
     "~1 ms loop": _LOOP_HEAD
     + """

@@ -35,11 +35,14 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from tight_loop import DATA_AND_MODEL
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARM_UP = 300  # iterations before the measured ones: lazy inits, the agent's hello, its counted FLOP step
 ITERATIONS_PER_WINDOW = 250
 
-_LOOP = """
+_LOOP = (
+    """
 import functools, sys, threading, time
 import torch
 torch.set_num_threads(1)
@@ -47,11 +50,9 @@ torch.manual_seed(0)
 warm_up, n, hooks = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "empty-hooks"
 if sys.argv[3] == "sleeping-thread":  # a second thread that never runs: what merely having one costs the loop
     threading.Thread(target=time.sleep, args=(1e9,), daemon=True).start()
-ids = torch.randint(16, (4096, 8))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
-model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-if hooks:
+"""
+    + DATA_AND_MODEL[1:]
+    + """if hooks:
     import torch.optim.optimizer as optimizer_module
     import torch.utils.data.dataloader as dataloader
     plain_next, plain_backward = dataloader._BaseDataLoaderIter.__next__, torch.autograd.backward
@@ -91,6 +92,7 @@ if previous_generation is not None:
     previous_generation.FLUSH_INTERVAL = WINDOW * per_iteration_s
 functools.reduce(iteration, range(n), None)  # the measured iterations: callgrind counts inside reduce only
 """
+)
 
 
 def _callgrind(out: str) -> list[str]:
@@ -197,7 +199,8 @@ _ENTRIES = (
 # The tight loop is written out again here, its ``iteration`` taking ``*_`` (the itertools entries call it with one
 # argument) where ``_LOOP``'s takes two: sharing one definition moved the counts of the figures in docs/performance.md
 # (the plain loop by 2.4k an iteration, what the do-nothing hooks add from 23.6k to 18.4k), so the two stay apart.
-_BREAKDOWN = """
+_BREAKDOWN = (
+    """
 import functools, itertools, os, subprocess, sys, tempfile
 socket_dir = tempfile.mkdtemp(dir="/tmp")
 endpoint = f"ipc://{socket_dir}/in"
@@ -214,11 +217,9 @@ import torch
 torch.set_num_threads(1)
 torch.manual_seed(0)
 n = int(sys.argv[1])
-ids = torch.randint(16, (4096, 8))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
-model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-def batches():
+"""
+    + DATA_AND_MODEL[1:]
+    + """def batches():
     while True:
         yield from loader
 source = batches()
@@ -261,6 +262,7 @@ switch(True, True, True, True)
 agent.at_exit()
 drain.kill()
 """
+)
 _NAMES = {
     "takewhile_next": "no probe",
     "dropwhile_next": "steps alone",

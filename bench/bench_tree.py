@@ -34,22 +34,22 @@ import sys
 import tempfile
 import time
 
+from tight_loop import DATA_AND_MODEL
 from treecpu import run_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # argv: steps. Prints, as JSON, its own CPU seconds and the wall clock at its last line.
-LOOP = """
+LOOP = (
+    """
 import json, sys, time
 import torch
 torch.set_num_threads(1)
 torch.manual_seed(0)
 steps = int(sys.argv[1])
-ids = torch.randint(16, (4096, 8))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
-model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-def batches():
+"""
+    + DATA_AND_MODEL[1:]
+    + """def batches():
     while True:
         yield from loader
 source = batches()
@@ -61,6 +61,7 @@ for _ in range(steps):
     optimizer.step()
 print(json.dumps({"process_cpu_s": time.process_time(), "end_wall": time.time()}))
 """
+)
 
 
 def _load() -> str:

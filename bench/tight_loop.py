@@ -1,0 +1,11 @@
+"""The tight CPU loop of the per-step benches, its data and model as source text: the benches run it in their own
+subprocesses (plain, under tm, under 0.0.7, under callgrind), each around it with its own timing, so the loop they
+measure is the one defined here: Embedding(16, 4) + Linear(4, 16), DataLoader batch 1, AdamW."""
+
+#: The data, the model and the optimizer (``torch`` imported and its threads set by the script around it).
+DATA_AND_MODEL = """
+ids = torch.randint(16, (4096, 8))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
+model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+"""
