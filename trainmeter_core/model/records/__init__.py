@@ -6,6 +6,7 @@ I/O, no clock. Every field of every kind is pinned; a field that cannot be known
 with its reason, never filled with a zero. A new kind goes into its family's module and into ``AnyRecord`` below.
 """
 
+from trainmeter_core.model.records.block import ROW_KINDS, Block
 from trainmeter_core.model.records.bus import BusStats, ClockMap, NodeEvent, producer_key
 from trainmeter_core.model.records.codec import (
     Checked,
@@ -85,6 +86,7 @@ AnyRecord = (
     | Bye
     | Fact
     | Step
+    | Block
     | Metric
     | Phase
     | Notice
@@ -123,8 +125,10 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SCHEMA_VERSION",
     "UNSTAMPED_VERSION",
+    "ROW_KINDS",
     "Alert",
     "AnyRecord",
+    "Block",
     "AttemptStat",
     "BusStats",
     "Bye",

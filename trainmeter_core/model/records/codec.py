@@ -11,7 +11,12 @@ import msgspec
 from trainmeter_core.model.records.header import Record
 
 #: Kinds whose dict-of-float fields may hold NaN or infinity, which JSON cannot carry as numbers.
-_NONFINITE_FIELDS: dict[str, tuple[str, ...]] = {"metric": ("values",), "alert": ("numbers",)}
+#: A field holds a mapping of numbers, a list of numbers, or a list of mappings of numbers (a block's columns).
+_NONFINITE_FIELDS: dict[str, tuple[str, ...]] = {
+    "metric": ("values",),
+    "alert": ("numbers",),
+    "block": ("loss", "metric_values"),
+}
 _NONFINITE_TEXT = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 #: Kinds with fields typed ``Any`` (Fact.value, ExplainInput.value): they may hold map keys JSON cannot carry.
 _ANY_VALUED_KINDS = frozenset({"fact", "snapshot"})
@@ -199,11 +204,9 @@ class UnionCodec:
             seq = data.get("seq")
             return Unknown(kind=kind, data=data, seq=seq if isinstance(seq, int) else None)
         for field in _NONFINITE_FIELDS.get(kind, ()):
-            values = data.get(field)
-            if isinstance(values, dict):
-                for key, value in values.items():
-                    if isinstance(value, str) and value in _NONFINITE_TEXT:
-                        values[key] = _NONFINITE_TEXT[value]
+            value = data.get(field)
+            if value is not None:
+                data[field] = _restore_nonfinite(value)
         try:
             return msgspec.convert(data, cls)
         except msgspec.ValidationError as exc:
@@ -248,14 +251,51 @@ def to_log_line(data: dict[str, Any]) -> bytes:
     fields = _NONFINITE_FIELDS.get(data.get("kind", ""))
     if fields:
         for field in fields:
-            values = data.get(field)
-            if isinstance(values, dict):
-                for key, value in values.items():
-                    if isinstance(value, float) and not math.isfinite(value):
-                        values[key] = (
-                            "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-                        )
+            value = data.get(field)
+            if value is not None:
+                data[field] = _write_nonfinite(value)
     return _json_encoder.encode(data) + b"\n"
+
+
+def _nonfinite_text(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _write_nonfinite(value: Any) -> Any:
+    """A field of numbers with each non-finite float as the text the log writes for it (JSON has no such number): a
+    mapping is changed in place, a list of numbers replaced only when it holds one, a list of mappings entry by entry."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, float) and not math.isfinite(item):
+                value[key] = _nonfinite_text(item)
+    elif isinstance(value, list):
+        if value and isinstance(value[0], dict):
+            for entry in value:
+                _write_nonfinite(entry)
+        else:
+            floats = [x for x in value if type(x) is float]
+            # A sum is finite unless a term is not (a finite sum that overflows is looked at term by term).
+            if not math.isfinite(sum(floats)) and not all(math.isfinite(x) for x in floats):
+                return [_nonfinite_text(x) if type(x) is float and not math.isfinite(x) else x for x in value]
+    return value
+
+
+def _restore_nonfinite(value: Any) -> Any:
+    """``_write_nonfinite`` undone: the texts of non-finite numbers back into floats."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, str) and item in _NONFINITE_TEXT:
+                value[key] = _NONFINITE_TEXT[item]
+    elif isinstance(value, list):
+        return [
+            _restore_nonfinite(x)
+            if isinstance(x, dict)
+            else _NONFINITE_TEXT.get(x, x)
+            if isinstance(x, str)
+            else x
+            for x in value
+        ]
+    return value
 
 
 def to_builtins(record: Record | Unknown) -> dict[str, Any]:

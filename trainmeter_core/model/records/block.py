@@ -1,0 +1,220 @@
+"""The ``block``: many of one training process's ``step``, ``metric`` and ``phase`` records in one record, as columns
+of numbers. The agent fills the columns as its loop runs and sends one block per flush; the hub numbers a block as the
+records it stands for (its ``seq`` is the last of them, ``rows`` says how many), the run log holds it as one line, and
+whoever reads ``step``, ``metric`` or ``phase`` records gets them from ``expand``, exactly as if the agent had sent
+each. Pure: no I/O, no clock.
+
+The columns, one entry per row of their kind; ``order`` says how the rows interleave, one letter per row in the order
+they happened: ``s`` a step (preceded, when its ``loss`` entry is not None, by the ``train_loss`` metric the loop
+passed to ``backward()``, which is then one more record), ``p`` a phase, ``m`` a metric. What every row of a kind
+shares (the tokens' source, the data-parallel degree, the loss's origin) is said once for the block; a block holds
+only steps that share it (the agent starts another block where it changes).
+
+Each row's ``t`` is its own time; its ``wall`` is that time carried onto the wall clock by the block's own ``t`` and
+``wall`` (the two clocks read together when the block left), as a record built by the agent would have had it.
+"""
+
+# Annotations are evaluated at import, as header.py says why.
+import math
+from typing import Any
+
+from trainmeter_core.model.records.codec import MalformedRecord
+from trainmeter_core.model.records.header import Record
+from trainmeter_core.model.records.loop import Metric, Phase, PhaseName, Step, TokenSource
+
+#: The kinds a block's rows may be: who asks for any of them reads blocks too.
+ROW_KINDS = frozenset({"step", "metric", "phase"})
+#: The letters of ``order``.
+STEP, PHASE, METRIC = "s", "p", "m"
+
+
+class Block(Record, tag="block", kw_only=True):
+    """Steps, losses, phases and metrics of one producer, as columns (the module's docstring says how they read).
+
+    ``rows`` is the number of records the block stands for; they are numbered ``seq - rows + 1`` to ``seq``.
+    """
+
+    rows: int
+    order: str
+    # Steps: one entry per "s", all steady (neither skipped nor profiled, not the first of a process)
+    step: list[int] = []
+    step_t: list[float] = []
+    step_time_s: list[float] = []
+    optimizers: list[int] = []
+    agent_us: list[float | None] = []
+    micro_batches: list[int] = []
+    tokens: list[int] = []
+    tokens_source: TokenSource | None = None
+    dp: int | None = None
+    # The loss read at backward() for each step (None: none was read there), its time, and its origin
+    loss: list[float | None] = []
+    loss_t: list[float | None] = []
+    loss_origin: str = "backward"
+    # Phases: one entry per "p"
+    phase: list[PhaseName] = []
+    phase_start_t: list[float] = []
+    phase_end_t: list[float] = []
+    phase_step: list[int | None] = []
+    phase_probe: list[str] = []
+    # Metrics: one entry per "m"
+    metric_t: list[float] = []
+    metric_values: list[dict[str, float]] = []
+    metric_step: list[int | None] = []
+    metric_origin: list[str] = []
+
+
+def _finite(value: object) -> bool:
+    return type(value) is float and math.isfinite(value) or type(value) is int
+
+
+def validate(block: Block) -> None:
+    """Whether the columns agree with ``order`` and ``rows`` and every time is a finite number; raises MalformedRecord,
+    with one line saying what is wrong, for a block no reader could expand."""
+    order = block.order
+    steps, phases, metrics = order.count(STEP), order.count(PHASE), order.count(METRIC)
+    if steps + phases + metrics != len(order):
+        raise MalformedRecord(f"block: order holds letters other than {STEP!r}, {PHASE!r}, {METRIC!r}")
+    columns = (
+        (
+            steps,
+            (
+                "step",
+                "step_t",
+                "step_time_s",
+                "optimizers",
+                "agent_us",
+                "micro_batches",
+                "tokens",
+                "loss",
+                "loss_t",
+            ),
+        ),
+        (phases, ("phase", "phase_start_t", "phase_end_t", "phase_step", "phase_probe")),
+        (metrics, ("metric_t", "metric_values", "metric_step", "metric_origin")),
+    )
+    for count, names in columns:
+        for name in names:
+            length = len(getattr(block, name))
+            if length != count:
+                raise MalformedRecord(f"block: {name} has {length} entries for {count} rows")
+    if steps and (block.tokens_source is None or block.dp is None):
+        raise MalformedRecord("block: steps without tokens_source or dp")
+    losses = sum(1 for value in block.loss if value is not None)
+    if block.rows != len(order) + losses:
+        raise MalformedRecord(f"block: rows says {block.rows}, its columns hold {len(order) + losses}")
+    if not _finite(block.t) or not _finite(block.wall):
+        raise MalformedRecord("block: its own t or wall is not a finite number")
+    for name in ("step_t", "step_time_s", "phase_start_t", "phase_end_t", "metric_t"):
+        column = getattr(block, name)
+        # A sum is NaN or infinite when one of its terms is (a finite sum that overflows is looked at term by term).
+        if column and not math.isfinite(sum(column)) and not all(math.isfinite(x) for x in column):
+            raise MalformedRecord(f"block: {name} holds a time that is not a finite number")
+    for value, at in zip(block.loss, block.loss_t, strict=True):
+        if (value is None) != (at is None) or (at is not None and not math.isfinite(at)):
+            raise MalformedRecord("block: a loss without its finite time, or a time without its loss")
+
+
+def counts(block: Block) -> dict[str, int]:
+    """The records of each kind the block stands for (a hub's per-kind counts)."""
+    order = block.order
+    losses = sum(1 for value in block.loss if value is not None)
+    return {"step": order.count(STEP), "phase": order.count(PHASE), "metric": order.count(METRIC) + losses}
+
+
+def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_seq: int = 0) -> list[Record]:
+    """The records the block stands for, in order, each with its own ``seq`` (when the block has one), times and the
+    block's header; only those of ``kinds`` when given, and only those numbered after ``after_seq``.
+
+    The block is taken as ``validate`` passed it (a hub checked it before numbering it): a column shorter than its
+    rows raises IndexError here."""
+    want_step = kinds is None or "step" in kinds
+    want_phase = kinds is None or "phase" in kinds
+    want_metric = kinds is None or "metric" in kinds
+    header: dict[str, Any] = {"v": block.v, "source": block.source, "host": block.host, "pid": block.pid}
+    if block.rank is not None:
+        header["rank"] = block.rank
+    if block.dropped:
+        header["dropped"] = block.dropped
+    shift = block.wall - block.t  # a row's wall time: its t on the wall clock
+    seq = None if block.seq is None else block.seq - block.rows
+    out: list[Record] = []
+    s = p = m = 0
+    for letter in block.order:
+        if letter == STEP:
+            loss = block.loss[s]
+            if loss is not None:
+                if seq is not None:
+                    seq += 1
+                if want_metric and (seq is None or seq > after_seq):
+                    loss_t = block.loss_t[s]
+                    out.append(
+                        Metric(
+                            values={"train_loss": loss},
+                            step=block.step[s],
+                            origin=block.loss_origin,
+                            t=loss_t,
+                            wall=loss_t + shift,
+                            seq=seq,
+                            **header,
+                        )
+                    )
+            if seq is not None:
+                seq += 1
+            if want_step and (seq is None or seq > after_seq):
+                t = block.step_t[s]
+                tokens = block.tokens[s]
+                out.append(
+                    Step(
+                        step=block.step[s],
+                        step_time_s=block.step_time_s[s],
+                        optimizers=block.optimizers[s],
+                        agent_us=block.agent_us[s],
+                        micro_batches=block.micro_batches[s],
+                        tokens=tokens,
+                        tokens_source=block.tokens_source,
+                        dp=block.dp,
+                        tokens_global=tokens * block.dp,
+                        t=t,
+                        wall=t + shift,
+                        seq=seq,
+                        **header,
+                    )
+                )
+            s += 1
+        elif letter == PHASE:
+            if seq is not None:
+                seq += 1
+            if want_phase and (seq is None or seq > after_seq):
+                end_t = block.phase_end_t[p]
+                out.append(
+                    Phase(
+                        phase=block.phase[p],
+                        start_t=block.phase_start_t[p],
+                        end_t=end_t,
+                        step=block.phase_step[p],
+                        probe=block.phase_probe[p],
+                        t=end_t,
+                        wall=end_t + shift,
+                        seq=seq,
+                        **header,
+                    )
+                )
+            p += 1
+        else:
+            if seq is not None:
+                seq += 1
+            if want_metric and (seq is None or seq > after_seq):
+                t = block.metric_t[m]
+                out.append(
+                    Metric(
+                        values=block.metric_values[m],
+                        step=block.metric_step[m],
+                        origin=block.metric_origin[m],
+                        t=t,
+                        wall=t + shift,
+                        seq=seq,
+                        **header,
+                    )
+                )
+            m += 1
+    return out
