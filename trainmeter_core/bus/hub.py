@@ -1,7 +1,9 @@
 """The hub in the launcher: PULL -> validate -> sequence number -> recorder -> XPUB.
 
 Every record accepted gets the next sequence number, goes to the recorder, and is republished as the bytes the
-producer sent (never re-encoded), grouped with the records around it (``bus/publish.py``). Once a second the hub
+producer sent (never re-encoded), grouped with the records around it (``bus/publish.py``). A ``block`` (a training
+process's steps, losses, phases and metrics as columns) is taken in bulk: checked once, numbered as the records it
+stands for (its ``seq`` the last of them), written as one line and published alone; nothing here is done per row. Once a second the hub
 publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds ``bus.stats``. Malformed
 frames are counted and dropped; kinds and fields from a newer writer are kept and counted as unknown; nothing a
 producer sends can stop the hub.
@@ -20,8 +22,7 @@ import zmq
 
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
 from trainmeter_core.bus.publish import Publication
-from trainmeter_core.model import agent_batch, records
-from trainmeter_core.model.agent_batch import WINDOW_TOPIC
+from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import Recorder
 
 RCVHWM = 1_000_000
@@ -34,6 +35,14 @@ MAX_FRAME_B = (
 #: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
 #: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
 NOT_FORWARDED = records.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
+
+
+def _check_block(block: records.Block) -> None:
+    """A block the hub may number: its columns agree with its rows (``records.block.validate``) and it has rows, for
+    a block of none would take no sequence number of its own. Raises MalformedRecord, one line."""
+    records.block.validate(block)
+    if block.rows < 1:
+        raise records.MalformedRecord("block: no rows")
 
 
 class Hub:
@@ -74,6 +83,7 @@ class Hub:
         self.received = 0
         self.malformed = 0
         self.unknown = 0
+        self.last_malformed: str | None = None  # why the last malformed record was refused, in one line
         self.kinds: dict[str, int] = {}
         # Step records per rank, [steps, skipped]: the run's steps are its lowest rank's (rank 0 on the job's first
         # node; on another node of a job, its own first rank, not a 0 for the rank 0 it never hosts).
@@ -309,33 +319,8 @@ class Hub:
                 else:
                     for raw, one in zip(items, checked, strict=True):
                         self._accept(raw, checked=one)
-            elif frames[0] == WINDOW_TOPIC:
-                self._accept_window(frames[1])
             else:
                 self._accept(frames[1])
-
-    def _accept_window(self, payload) -> None:
-        """An agent's window: its whole records checked as any record is, its arrays turned into the records they
-        stand for (``model/agent_batch.py``), each then taken in like a record the agent had sent itself. A window that
-        cannot be read, or an array that is not one, is counted malformed, alone."""
-        try:
-            header, items = agent_batch.split_window(payload)
-        except records.MalformedRecord:
-            self.malformed += 1
-            return
-        for item in items:
-            if agent_batch.is_record(item):
-                self._accept(item)
-                continue
-            try:
-                built = agent_batch.expand(item, header)
-            except records.MalformedRecord:
-                self.received += 1
-                self.malformed += 1
-                continue
-            for record in built:
-                data = records.to_builtins(record)
-                self._accept(records.encode(record), checked=records.Checked(data["kind"], data, False))
 
     def _own(self, record: records.Record) -> None:
         record.v = records.SCHEMA_VERSION
@@ -356,29 +341,49 @@ class Hub:
         if checked is None:
             try:
                 checked = records.check(payload)
-            except records.MalformedRecord:
-                self.malformed += 1
-                return False
-        if node_host is not None and (checked.kind in NOT_FORWARDED or checked.data.get("host") != node_host):
+            except records.MalformedRecord as exc:
+                return self._refuse(exc)
+        kind = checked.kind
+        if node_host is not None and (kind in NOT_FORWARDED or checked.data.get("host") != node_host):
             # A node speaks for itself only: never for the hub's host, another node, or in the hub's own kinds.
             self.malformed += 1
             return False
-        self.seq += 1
         data = checked.data
-        data["seq"] = self.seq
-        kind = checked.kind
+        if kind == "block":
+            block = checked.record
+            try:
+                _check_block(block)
+            except records.MalformedRecord as exc:
+                return self._refuse(exc)
+            rows = block.rows
+            self.received += rows - 1
+            self.seq += rows
+            data["seq"] = self.seq
+            if self.recorder is not None:
+                self.recorder.put(data)
+            self.out.publish_block(payload, self.seq - rows + 1, rows)
+            self._observe_block(block, data, node_host is not None)
+        else:
+            self.seq += 1
+            data["seq"] = self.seq
+            if kind in records.DERIVED_KINDS:  # published, never written: replay recomputes them
+                if kind == "snapshot":
+                    self.last_snapshot = data
+            elif self.recorder is not None:
+                self.recorder.put(data)
+            self.out.publish(kind, payload, self.seq)
+            self._observe(kind, data, node_host is not None)
         if checked.unknown:
             self.unknown += 1
-        if kind in records.DERIVED_KINDS:  # published, never written: replay recomputes them
-            if kind == "snapshot":
-                self.last_snapshot = data
-        elif self.recorder is not None:
-            self.recorder.put(data)
-        self.out.publish(kind, payload, self.seq)
-        self._observe(kind, data, node_host is not None)
         if self.forwarder is not None and kind not in NOT_FORWARDED:
             self.forwarder.put(payload)
         return True
+
+    def _refuse(self, exc: records.MalformedRecord) -> bool:
+        """Count a malformed record and keep its one line (``last_malformed``, for whoever reports on the hub)."""
+        self.malformed += 1
+        self.last_malformed = str(exc)
+        return False
 
     def _late(self, payload) -> None:
         try:
@@ -402,11 +407,7 @@ class Hub:
 
     def _observe(self, kind: str, data: dict[str, Any], remote: bool = False) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
-        key = f"{data.get('source')}@{data.get('host')}:{data.get('pid')}"
-        dropped = data.get("dropped", 0)
-        if isinstance(dropped, int):
-            if dropped or key in self.dropped:
-                self.dropped[key] = dropped
+        key = self._note_dropped(data)
         if remote:
             return  # another node's agents: its own launcher waits for them and watches their silence
         if kind == "step":
@@ -429,6 +430,35 @@ class Hub:
             folder = data.get("value")
             if isinstance(folder, str) and folder not in self.profiler_dirs and len(self.profiler_dirs) < 64:
                 self.profiler_dirs.append(folder)
+
+    def _note_dropped(self, data: dict[str, Any]) -> str:
+        """Keep the producer's drop count from a record's header (the last one it sent is authoritative); its key."""
+        key = f"{data.get('source')}@{data.get('host')}:{data.get('pid')}"
+        dropped = data.get("dropped", 0)
+        if isinstance(dropped, int):
+            if dropped or key in self.dropped:
+                self.dropped[key] = dropped
+        return key
+
+    def _observe_block(self, block: records.Block, data: dict[str, Any], remote: bool) -> None:
+        """A block's counts, as its rows would have made them one by one; from its letters, never row by row."""
+        order = block.order
+        steps = order.count(records.block.STEP)
+        phases = order.count(records.block.PHASE)
+        # Checked: every other row is a metric (the letter "m", or the loss read before a step).
+        metrics = block.rows - steps - phases
+        kinds = self.kinds
+        for kind, count in (("step", steps), ("phase", phases), ("metric", metrics)):
+            if count:
+                kinds[kind] = kinds.get(kind, 0) + count
+        self._note_dropped(data)
+        if remote or not steps:
+            return  # another node's agents: its own launcher counts their steps
+        rank = block.rank if block.rank is not None else 0
+        counts = self._rank_steps.get(rank)
+        if counts is None:
+            counts = self._rank_steps[rank] = [0, 0]
+        counts[0] += steps  # a block's steps are steady: none of them skipped
 
     @property
     def steps(self) -> int:

@@ -1,8 +1,9 @@
 """The recorder: the only writer of a run's log, on its own thread behind a bounded queue.
 
 The log is JSON Lines in segments (``events-0001.jsonl``, ...), rotated at a size limit and gzip-compressed once
-closed. Flushes are batched and reported as the last flushed sequence number; the end of a run is fsynced. Below a
-free-space reserve only ``run.*``, ``step``, ``fact`` and ``alert`` records are kept, so tm never fills the disk the
+closed. A ``block`` is one line of number arrays, with its last row's ``seq``. Flushes are batched and reported as the
+last flushed sequence number; the end of a run is fsynced. Below a free-space reserve only ``run.*``, ``step`` (and the
+``block`` that carries steps), ``fact`` and ``alert`` records are kept, so tm never fills the disk the
 checkpoints need. A slow disk never stalls the hub: a full queue drops and counts.
 """
 
@@ -24,7 +25,8 @@ SEGMENT_LIMIT_B = int(os.environ.get("TM_LOG_SEGMENT_B", 128 * 1024 * 1024))
 RESERVE_B = int(os.environ.get("TM_LOG_RESERVE_B", 2 * 1024 * 1024 * 1024))
 QUEUE_LIMIT = 2_000_000
 FLUSH_EVERY_S = 0.1
-KEPT_IN_RESERVE = frozenset({"run.start", "run.end", "step", "fact", "alert"})
+#: A block keeps its losses, phases and metrics with its steps: they are one line, and splitting it would cost per row.
+KEPT_IN_RESERVE = frozenset({"run.start", "run.end", "step", "block", "fact", "alert"})
 
 
 def segment_name(n: int) -> str:
