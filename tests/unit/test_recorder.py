@@ -9,6 +9,8 @@ import gzip
 import math
 import os
 
+from steady_blocks import steady_block
+
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.recorder import Recorder
@@ -43,7 +45,7 @@ def test_segments_rotate_at_the_limit_closed_ones_are_gzipped_and_all_read_back_
     assert stats["skipped"] == 0
 
 
-def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_counted(tmp_path):
+def test_below_the_reserve_only_run_step_block_fact_and_alert_are_kept_and_the_rest_counted(tmp_path):
     warnings = []
     # A reserve of 2**62 B (4 EiB) is more than any disk has free: the recorder is below it from the start.
     recorder = Recorder(tmp_path, reserve_b=2**62, warn=warnings.append)
@@ -60,6 +62,7 @@ def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_co
         ),
         records.Hello(protocol=1, agent_version="0", python="3", executable="python", argv=[], ppid=1),
         records.Step(step=1),
+        steady_block(2, 2),  # steps, with their losses and data waits: one line, kept whole
         records.Metric(values={"loss": 1.0}),
         records.SampleGpu(index=0),
         records.Fact(name="gpus", value=1, provenance="detected", origin="nvml"),
@@ -73,12 +76,12 @@ def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_co
     recorder.start()
     recorder.close()
     kept = [records.kind_of(r) for r in read_log(tmp_path)]
-    assert kept == ["run.start", "step", "fact", "alert", "run.end"]
+    assert kept == ["run.start", "step", "block", "fact", "alert", "run.end"]
     # hello, metric, sample.gpu, tick and notice: 5 skipped.
     assert recorder.reserve_skipped == 5
     assert recorder.reserve_active is True
     assert len(warnings) == 1 and "free space" in warnings[0]
-    assert recorder.flushed_seq == 10  # the skipped ones count as handled
+    assert recorder.flushed_seq == 11  # the skipped ones count as handled
 
 
 def test_the_end_is_flushed_and_fsynced_and_flushed_seq_is_the_last_seq(tmp_path, monkeypatch):
@@ -120,6 +123,21 @@ def test_nonfinite_metric_values_are_written_as_text_and_read_back_as_floats(tmp
     assert '"values":{"loss":"NaN","scale":"Infinity"}' in line
     (metric,) = read_log(tmp_path)
     assert math.isnan(metric.values["loss"]) and metric.values["scale"] == math.inf
+
+
+def test_a_block_is_one_line_of_number_arrays_ending_with_its_last_seq_its_nan_loss_as_text(tmp_path):
+    block = steady_block(1, 3)
+    block.loss[1] = math.nan
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    recorder.put(_data(block, 9))  # 9 rows, numbered 1 .. 9
+    recorder.close()
+    (line,) = (tmp_path / "events-0001.jsonl").read_bytes().splitlines()
+    assert line.startswith(b'{"kind":"block"') and line.endswith(b',"seq":9}')
+    assert b'"step":[1,2,3]' in line and b'"loss":[3.0,"NaN",' in line
+    (back,) = read_log(tmp_path)
+    assert back.seq == 9 and back.step == [1, 2, 3] and math.isnan(back.loss[1])
+    assert recorder.flushed_seq == 9
 
 
 def test_a_flush_asked_for_writes_everything_queued_at_once_instead_of_at_the_next_batch(
