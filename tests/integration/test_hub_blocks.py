@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 
+import msgspec
 import zmq
 from deadline import wait_for
 from steady_blocks import malformed_block, steady_block
@@ -175,3 +176,20 @@ def test_a_node_may_not_forward_a_block_of_another_hosts_rows(tmp_path, short_di
                 push.send_multipart([b"block", records.encode(steady_block(1, 5, host=NODE))])
             wait_for(lambda: hub.kinds.get("step") == 5 and hub.malformed == 1, what="both blocks")
     assert [r["host"] for r in log_records(tmp_path / "hub") if r["kind"] == "block"] == [NODE]
+
+
+def test_a_block_of_a_newer_writer_is_kept_verbatim_and_one_with_a_nan_loss_logged_as_text(
+    short_dir, tmp_path
+):
+    newer = records.to_builtins(steady_block(1, 2))
+    newer["grad_norm"] = [0.5, 0.25]  # a column this version does not know
+    nan = steady_block(3, 2)
+    nan.loss[1] = float("nan")
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as push:
+        push.send_multipart([b"block", msgspec.msgpack.encode(newer)])
+        push.send_multipart([bus.BATCH_TOPIC, records.encode_many([nan, _note(1)])])
+        wait_for(lambda: hub.kinds.get("notice"), what="both blocks")
+        assert (hub.unknown, hub.malformed, hub.kinds["step"]) == (1, 0, 4)
+    first, second = [r for r in log_records(tmp_path) if r["kind"] == "block"]
+    assert first["grad_norm"] == [0.5, 0.25] and list(first)[-1] == "seq" and first["seq"] == 6
+    assert second["loss"][1] == "NaN" and second["seq"] == 12

@@ -9,11 +9,12 @@ import gzip
 import math
 import os
 
+import pytest
 from steady_blocks import steady_block
 
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
-from trainmeter_core.runlog.recorder import Recorder
+from trainmeter_core.runlog.recorder import Recorder, block_line
 
 
 def _data(record: records.Record, seq: int) -> dict:
@@ -138,6 +139,42 @@ def test_a_block_is_one_line_of_number_arrays_ending_with_its_last_seq_its_nan_l
     (back,) = read_log(tmp_path)
     assert back.seq == 9 and back.step == [1, 2, 3] and math.isnan(back.loss[1])
     assert recorder.flushed_seq == 9
+
+
+@pytest.mark.parametrize("where", ["finite", "nan loss", "inf loss", "nan metric", "huge losses", "no loss"])
+def test_a_typed_blocks_line_is_the_line_of_the_mapping_it_came_from(where):
+    block = steady_block(1, 3)
+    if where == "nan loss":
+        block.loss[0] = math.nan
+    elif where == "inf loss":
+        block.loss[2] = -math.inf
+    elif where == "huge losses":
+        block.loss = [1e308, 1e308, 1e308]  # finite, though their sum is not
+    elif where == "no loss":
+        block.loss, block.loss_t, block.rows = [None] * 3, [None] * 3, 6
+    elif where == "nan metric":
+        block.order += "m"
+        block.rows += 1
+        block.metric_t, block.metric_values = [101.0], [{"lr": 0.1, "grad_norm": math.nan}]
+        block.metric_step, block.metric_origin = [3], ["emit"]
+    records.block.validate(block)
+    expected = records.to_log_line(_data(block, 42))
+    block.seq = 42  # as the hub numbers a block it decoded typed (Recorder.put_block)
+    assert block_line(block) == expected
+    assert block.seq == 42  # left as it was
+
+
+def test_a_typed_block_is_written_beside_mappings_in_seq_order(tmp_path):
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    recorder.put(_data(records.Step(step=1), 1))
+    block = steady_block(2, 2)
+    block.seq = 7
+    assert recorder.put_block(block)
+    recorder.put(_data(records.Step(step=4), 8))
+    recorder.close()
+    assert [r.seq for r in read_log(tmp_path)] == [1, 7, 8]
+    assert recorder.flushed_seq == 8
 
 
 def test_a_flush_asked_for_writes_everything_queued_at_once_instead_of_at_the_next_batch(

@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from trainmeter_core.bus import block_intake
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
 from trainmeter_core.bus.publish import Publication
 from trainmeter_core.model import records
@@ -29,20 +30,11 @@ RCVHWM = 1_000_000
 FINAL_FLUSH_WAIT_S = 2.0
 #: The agent's fact naming a folder torch.profiler wrote traces to (the launcher imports them at the run's end).
 PROFILER_DIR_FACT = "profiler.trace_dir"
-MAX_FRAME_B = (
-    64 * 1024 * 1024
-)  # a bigger frame disconnects its sender rather than eating the launcher's memory
+#: A bigger frame disconnects its sender rather than eating the launcher's memory.
+MAX_FRAME_B = 64 * 1024 * 1024
 #: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
 #: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
 NOT_FORWARDED = records.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
-
-
-def _check_block(block: records.Block) -> None:
-    """A block the hub may number: its columns agree with its rows (``records.block.validate``) and it has rows, for
-    a block of none would take no sequence number of its own. Raises MalformedRecord, one line."""
-    records.block.validate(block)
-    if block.rows < 1:
-        raise records.MalformedRecord("block: no rows")
 
 
 class Hub:
@@ -77,9 +69,8 @@ class Hub:
         self.pull.bind(in_endpoint)
         self.pub.bind(out_endpoint)
         self.out = Publication(self.pub)
-        self.seq = (
-            after_seq  # a log already written goes on: a resumed run, a finished run reopened by tm import
-        )
+        # A log already written goes on: a resumed run, a finished run reopened by tm import.
+        self.seq = after_seq
         self.received = 0
         self.malformed = 0
         self.unknown = 0
@@ -90,9 +81,8 @@ class Hub:
         self._rank_steps: dict[int, list[int]] = {}
         self.dropped: dict[str, int] = {}
         self.open_producers: set[str] = set()
-        self.hello_pids: set[int] = (
-            set()
-        )  # processes whose agent said hello (the launcher's silence watch asks)
+        # Processes whose agent said hello (the launcher's silence watch asks).
+        self.hello_pids: set[int] = set()
         self.last_snapshot: dict[str, Any] | None = None
         self.profiler_dirs: list[
             str
@@ -311,16 +301,21 @@ class Hub:
                 except records.MalformedRecord:
                     self.malformed += 1
                     continue
-                # One array, decoded twice: check_batch gives one Checked per raw item, in order, or None.
-                checked = records.check_batch(frames[1]) if len(items) > 1 else None
-                if checked is None:
-                    for raw in items:
-                        self._accept(raw)
-                else:
-                    for raw, one in zip(items, checked, strict=True):
-                        self._accept(raw, checked=one)
+                self._accept_batch(frames[1], items)
             else:
                 self._accept(frames[1])
+
+    def _accept_batch(self, payload: bytes, items: list) -> None:
+        """A producer's batch, in order: its blocks each in one typed decode (``bus/block_intake.py``), its other
+        records checked together (``check_batch``: two decodes of their array, one Checked per item, or None)."""
+        blocks = [block_intake.looks_like_block(raw) for raw in items]
+        others = [raw for raw, block in zip(items, blocks, strict=True) if not block]
+        if len(others) < len(items):
+            payload = b"".join([b"\xdd" + len(others).to_bytes(4, "big"), *others])
+        # None for every record once check_batch found a bad one: each is then checked alone.
+        checked = iter(records.check_batch(payload) or ()) if len(others) > 1 else iter(())
+        for raw, block in zip(items, blocks, strict=True):
+            self._accept(raw, checked=None if block else next(checked, None))
 
     def _own(self, record: records.Record) -> None:
         record.v = records.SCHEMA_VERSION
@@ -339,43 +334,64 @@ class Hub:
             return True
         self.received += 1
         if checked is None:
+            block = block_intake.typed_block(payload)
+            if block is not None:
+                return self._accept_block(payload, block, None, node_host)
             try:
                 checked = records.check(payload)
             except records.MalformedRecord as exc:
                 return self._refuse(exc)
         kind = checked.kind
+        if kind == "block":
+            if checked.unknown:
+                self.unknown += 1
+            return self._accept_block(payload, checked.record, checked.data, node_host)
         if node_host is not None and (kind in NOT_FORWARDED or checked.data.get("host") != node_host):
             # A node speaks for itself only: never for the hub's host, another node, or in the hub's own kinds.
             self.malformed += 1
             return False
+        self.seq += 1
         data = checked.data
-        if kind == "block":
-            block = checked.record
-            try:
-                _check_block(block)
-            except records.MalformedRecord as exc:
-                return self._refuse(exc)
-            rows = block.rows
-            self.received += rows - 1
-            self.seq += rows
-            data["seq"] = self.seq
-            if self.recorder is not None:
-                self.recorder.put(data)
-            self.out.publish_block(payload, self.seq - rows + 1, rows)
-            self._observe_block(block, data, node_host is not None)
-        else:
-            self.seq += 1
-            data["seq"] = self.seq
-            if kind in records.DERIVED_KINDS:  # published, never written: replay recomputes them
-                if kind == "snapshot":
-                    self.last_snapshot = data
-            elif self.recorder is not None:
-                self.recorder.put(data)
-            self.out.publish(kind, payload, self.seq)
-            self._observe(kind, data, node_host is not None)
+        data["seq"] = self.seq
         if checked.unknown:
             self.unknown += 1
+        if kind in records.DERIVED_KINDS:  # published, never written: replay recomputes them
+            if kind == "snapshot":
+                self.last_snapshot = data
+        elif self.recorder is not None:
+            self.recorder.put(data)
+        self.out.publish(kind, payload, self.seq)
+        self._observe(kind, data, node_host is not None)
         if self.forwarder is not None and kind not in NOT_FORWARDED:
+            self.forwarder.put(payload)
+        return True
+
+    def _accept_block(
+        self, payload, block: records.Block, data: dict[str, Any] | None, node_host: str | None
+    ) -> bool:
+        """A block, typed: checked, numbered as its rows (its ``seq`` the last), recorded as one line (from ``data``,
+        the checked mapping, when its check decoded one: it keeps fields this version does not know), published alone
+        and counted as its rows. Nothing here is done per row."""
+        if node_host is not None and block.host != node_host:
+            self.malformed += 1
+            return False
+        try:
+            block_intake.check(block)
+        except records.MalformedRecord as exc:
+            return self._refuse(exc)
+        rows = block.rows
+        self.received += rows - 1
+        self.seq += rows
+        if self.recorder is not None:
+            if data is None:
+                block.seq = self.seq
+                self.recorder.put_block(block)
+            else:
+                data["seq"] = self.seq
+                self.recorder.put(data)
+        self.out.publish_block(payload, self.seq - rows + 1, rows)
+        self._observe_block(block, node_host is not None)
+        if self.forwarder is not None:
             self.forwarder.put(payload)
         return True
 
@@ -407,7 +423,8 @@ class Hub:
 
     def _observe(self, kind: str, data: dict[str, Any], remote: bool = False) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
-        key = self._note_dropped(data)
+        key = f"{data.get('source')}@{data.get('host')}:{data.get('pid')}"
+        self._note_dropped(key, data.get("dropped", 0))
         if remote:
             return  # another node's agents: its own launcher waits for them and watches their silence
         if kind == "step":
@@ -431,33 +448,23 @@ class Hub:
             if isinstance(folder, str) and folder not in self.profiler_dirs and len(self.profiler_dirs) < 64:
                 self.profiler_dirs.append(folder)
 
-    def _note_dropped(self, data: dict[str, Any]) -> str:
-        """Keep the producer's drop count from a record's header (the last one it sent is authoritative); its key."""
-        key = f"{data.get('source')}@{data.get('host')}:{data.get('pid')}"
-        dropped = data.get("dropped", 0)
+    def _note_dropped(self, key: str, dropped: object) -> None:
+        """Keep a producer's drop count from a record's header (the last one it sent is authoritative)."""
         if isinstance(dropped, int):
             if dropped or key in self.dropped:
                 self.dropped[key] = dropped
-        return key
 
-    def _observe_block(self, block: records.Block, data: dict[str, Any], remote: bool) -> None:
+    def _observe_block(self, block: records.Block, remote: bool) -> None:
         """A block's counts, as its rows would have made them one by one; from its letters, never row by row."""
-        order = block.order
-        steps = order.count(records.block.STEP)
-        phases = order.count(records.block.PHASE)
-        # Checked: every other row is a metric (the letter "m", or the loss read before a step).
-        metrics = block.rows - steps - phases
         kinds = self.kinds
+        steps, phases, metrics = block_intake.row_counts(block)
         for kind, count in (("step", steps), ("phase", phases), ("metric", metrics)):
             if count:
                 kinds[kind] = kinds.get(kind, 0) + count
-        self._note_dropped(data)
+        self._note_dropped(f"{block.source}@{block.host}:{block.pid}", block.dropped)
         if remote or not steps:
             return  # another node's agents: its own launcher counts their steps
-        rank = block.rank if block.rank is not None else 0
-        counts = self._rank_steps.get(rank)
-        if counts is None:
-            counts = self._rank_steps[rank] = [0, 0]
+        counts = self._rank_steps.setdefault(block.rank if block.rank is not None else 0, [0, 0])
         counts[0] += steps  # a block's steps are steady: none of them skipped
 
     @property
