@@ -58,11 +58,11 @@ def _mapping(block: records.Block) -> dict:
     return records.to_builtins(block)
 
 
-def malformed_block(rng) -> tuple[str, bytes]:
+def malformed_block(rng, host: str = "h") -> tuple[str, bytes]:
     """What is wrong, and the bytes of a block a hub must refuse: columns that disagree with ``order`` or ``rows``,
     wrong types, times that are not finite numbers, a ``rows`` that lies, no rows at all, or bytes cut short."""
     steps = rng.randrange(1, 6)
-    data = _mapping(steady_block(1, steps))
+    data = _mapping(steady_block(1, steps, host=host))
     choice = rng.randrange(12)
     if choice == 0:
         name = rng.choice(["step", "step_t", "tokens", "loss", "loss_t", "phase", "phase_end_t", "agent_us"])
@@ -91,7 +91,7 @@ def malformed_block(rng) -> tuple[str, bytes]:
         data["rows"] += rng.choice([-2, -1, 1, 2, 1000, -data["rows"]])
         why = "rows lies"
     elif choice == 6:
-        data = _mapping(steady_block(1, 0))
+        data = _mapping(steady_block(1, 0, host=host))
         why = "empty"
     elif choice == 7:
         data["order"] = data["order"].replace("p", "x", 1)
@@ -104,7 +104,7 @@ def malformed_block(rng) -> tuple[str, bytes]:
         data["rows"] -= 1
         why = "a loss time without its loss"
     elif choice == 10:
-        payload = records.encode(steady_block(1, steps))
+        payload = records.encode(steady_block(1, steps, host=host))
         return "cut short", payload[: rng.randrange(1, len(payload))]
     else:
         return "not a mapping", rng.choice(

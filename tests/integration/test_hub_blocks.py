@@ -8,6 +8,7 @@ Real zmq sockets on ipc (and loopback tcp for the job); frames come from a plain
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 
@@ -16,11 +17,12 @@ import zmq
 from deadline import wait_for
 from steady_blocks import malformed_block, steady_block
 from test_hub import raw_push, raw_sub, running_hub
-from test_job_link import NODE, job_hub, node_hub
+from test_job_link import NODE, _joined, job_hub, node_hub
 from tm_runs import log_records
 
 from trainmeter_core.bus import client as bus
 from trainmeter_core.bus import jobkeys
+from trainmeter_core.bus import jobwire as wire
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 
@@ -193,3 +195,36 @@ def test_a_block_of_a_newer_writer_is_kept_verbatim_and_one_with_a_nan_loss_logg
     first, second = [r for r in log_records(tmp_path) if r["kind"] == "block"]
     assert first["grad_norm"] == [0.5, 0.25] and list(first)[-1] == "seq" and first["seq"] == 6
     assert second["loss"][1] == "NaN" and second["seq"] == 12
+
+
+def test_garbage_blocks_from_a_node_are_each_counted_malformed_and_its_good_block_after_them_is_logged(
+    tmp_path, short_dir
+):
+    keys = jobkeys.create(tmp_path / "keys", "job")
+    rng = random.Random(SEED)
+    # Only whole MessagePack values: bytes cut short would break the array of a recs message, not be one bad record.
+    bad = []
+    while len(bad) < 2000:
+        payload = malformed_block(rng, host=NODE)[1]
+        with contextlib.suppress(records.MalformedRecord):
+            if [bytes(raw) for raw in records.split_batch(wire.group([payload]))] == [payload]:
+                bad.append(payload)
+    good = records.encode(steady_block(1, 3, host=NODE))
+    ctx = zmq.Context()
+    try:
+        with job_hub(short_dir, tmp_path / "hub", keys) as hub:
+            sock, monitor = _joined(ctx, hub, keys)
+            # Forwarding numbers count what the node forwards, a block one: 2000 garbage blocks are 1 .. 2000.
+            for first in range(0, len(bad), 500):
+                sock.send_multipart([wire.RECS, wire.number(first + 1), wire.group(bad[first : first + 500])])
+            sock.send_multipart([wire.RECS, wire.number(len(bad) + 1), wire.group([good])])
+            (link,) = hub.job.links.values()
+            wait_for(lambda: link.expect == len(bad) + 2, what="the good block after the garbage")
+            assert link.malformed == len(bad) and hub.malformed == len(bad)
+            assert hub.kinds.get("step") == 3 and "\n" not in hub.last_malformed
+            monitor.close()
+            sock.close()
+    finally:
+        ctx.destroy(linger=0)
+    (line,) = [r for r in log_records(tmp_path / "hub") if r["kind"] == "block"]
+    assert line["step"] == [1, 2, 3] and line["host"] == NODE
