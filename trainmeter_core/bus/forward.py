@@ -1,5 +1,7 @@
 """A node's forwarder: every record its hub accepts (the node's own log keeps them all) goes on to the job hub over tcp
-with CURVE, numbered by this node's forwarding sequence, and is kept until the job hub acknowledges it.
+with CURVE, numbered by this node's forwarding sequence, and is kept until the job hub acknowledges it. A record here
+is a payload as the hub took it, its bytes unchanged: a ``block`` of many rows is one, numbered, held and counted as
+one (the rows are the job hub's to count, docs/bus.md "Blocks").
 
 It runs in a thread of the node's launcher and never blocks the hub: while the link is down records wait in a bounded
 resend buffer (``TM_JOB_RESEND_MAX`` records, a million by default: a few hundred MB at most, minutes of a busy
