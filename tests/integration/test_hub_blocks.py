@@ -17,7 +17,7 @@ import zmq
 from deadline import wait_for
 from steady_blocks import malformed_block, steady_block
 from test_hub import raw_push, raw_sub, running_hub
-from test_job_link import NODE, _joined, job_hub, node_hub
+from test_job_link import NODE, _joined, free_port, job_hub, node_hub
 from tm_runs import log_records
 
 from trainmeter_core.bus import client as bus
@@ -228,3 +228,24 @@ def test_garbage_blocks_from_a_node_are_each_counted_malformed_and_its_good_bloc
         ctx.destroy(linger=0)
     (line,) = [r for r in log_records(tmp_path / "hub") if r["kind"] == "block"]
     assert line["step"] == [1, 2, 3] and line["host"] == NODE
+
+
+def test_blocks_past_the_resend_buffers_bytes_are_told_as_a_gap_and_the_newest_arrive(tmp_path, short_dir):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    keys = jobkeys.create(tmp_path / "keys", "job")
+    blocks = [records.encode(steady_block(1 + 100 * i, 100, host=NODE)) for i in range(5)]
+    # Room for two of the five blocks by their bytes (the count bound, a million, is far): three fall out.
+    room = 2 * max(len(b) for b in blocks) + 100
+    assert room < 3 * min(len(b) for b in blocks)
+    with node_hub(short_dir, tmp_path / "node", endpoint, tmp_path / "keys", max_bytes=room) as node:
+        with raw_push(node.in_endpoint) as push:
+            for block in blocks:
+                push.send_multipart([b"block", block])
+        wait_for(lambda: node.forwarder.overflowed == 3, what="three blocks out of the resend buffer")
+        with job_hub(short_dir, tmp_path / "hub", keys, endpoint=endpoint) as hub:
+            wait_for(lambda: node.forwarder.pending() == 0, what="the two blocks held acknowledged")
+            assert hub.kinds.get("step") == 200
+    log = log_records(tmp_path / "hub")
+    (gap,) = [r for r in log if r["kind"] == "node" and r["event"] == "gap"]
+    assert gap["lost"] == 3 and gap["through"] == 0  # counted in forwarded records: three blocks
+    assert [r["step"][0] for r in log if r["kind"] == "block"] == [301, 401]
