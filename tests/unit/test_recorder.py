@@ -115,6 +115,20 @@ def test_a_full_queue_drops_and_counts_without_blocking(tmp_path):
     assert [r.step for r in read_log(tmp_path)] == [1, 2, 3, 4, 5]
 
 
+def test_a_block_weighs_its_rows_in_the_queue_and_a_dropped_one_counts_them(tmp_path):
+    recorder = Recorder(tmp_path, reserve_b=0, queue_limit=10)
+    first, second, third = steady_block(1, 3), steady_block(4, 1), steady_block(5, 1)
+    first.seq, second.seq, third.seq = 9, 12, 15
+    # 9 rows in a queue of 10: the next block still goes in (12 rows), the one after finds the queue full.
+    assert recorder.put_block(first) and recorder.put_block(second)
+    assert not recorder.put_block(third) and recorder.queue_dropped == 3
+    assert not recorder.put(_data(records.Step(step=9), 16)) and recorder.queue_dropped == 4
+    recorder.start()
+    recorder.close()
+    assert [r.seq for r in read_log(tmp_path)] == [9, 12]
+    assert recorder.put(_data(records.Step(step=9), 16))  # written: the queue is empty again
+
+
 def test_nonfinite_metric_values_are_written_as_text_and_read_back_as_floats(tmp_path):
     recorder = Recorder(tmp_path, reserve_b=0)
     recorder.start()

@@ -26,6 +26,7 @@ from trainmeter_core.model import records
 
 SEGMENT_LIMIT_B = int(os.environ.get("TM_LOG_SEGMENT_B", 128 * 1024 * 1024))
 RESERVE_B = int(os.environ.get("TM_LOG_RESERVE_B", 2 * 1024 * 1024 * 1024))
+#: Records queued, a block counting its rows (so its weight, not its line, fills the queue).
 QUEUE_LIMIT = 2_000_000
 FLUSH_EVERY_S = 0.1
 #: A block keeps its losses, phases and metrics with its steps: they are one line, and splitting it would cost per row.
@@ -58,6 +59,10 @@ class Recorder:
         self.segment_limit_b = segment_limit_b
         self.reserve_b = reserve_b
         self.queue_limit = queue_limit
+        # Records queued and records taken off the queue, each counted by one thread alone (the hub's, the writer's):
+        # the queue holds the difference.
+        self._queued_records = 0
+        self._taken_records = 0
         self.warn = warn or (lambda msg: print(f"tm: {msg}", file=sys.stderr))
         self._queue: deque[dict[str, Any] | records.Block] = deque()
         self.queue_dropped = 0
@@ -84,9 +89,10 @@ class Recorder:
 
     def put(self, data: dict[str, Any]) -> bool:
         """Queue one record; never blocks. False (counted) when the queue is full."""
-        if len(self._queue) >= self.queue_limit:
+        if self._queued_records - self._taken_records >= self.queue_limit:
             self.queue_dropped += 1
             return False
+        self._queued_records += 1
         self._queue.append(data)
         seq = data.get("seq")
         if isinstance(seq, int):
@@ -95,10 +101,11 @@ class Recorder:
 
     def put_block(self, block: records.Block) -> bool:
         """Queue a block the hub decoded typed and numbered (its ``seq`` set); written as ``put`` writes its mapping
-        (``block_line``). Never blocks; False (counted) when the queue is full."""
-        if len(self._queue) >= self.queue_limit:
-            self.queue_dropped += 1
+        (``block_line``). Never blocks; False (its rows counted) when the queue is full."""
+        if self._queued_records - self._taken_records >= self.queue_limit:
+            self.queue_dropped += block.rows
             return False
+        self._queued_records += block.rows
         self._queue.append(block)
         self.queued_seq = block.seq
         return True
@@ -182,13 +189,16 @@ class Recorder:
                 while queue:
                     data = queue.popleft()
                     if type(data) is not dict:
+                        self._taken_records += data.rows
                         line = block_line(data)  # a block: kept in the reserve
                         seq = data.seq
                     elif self.reserve_active and data.get("kind") not in KEPT_IN_RESERVE:
+                        self._taken_records += 1
                         self.reserve_skipped += 1
                         pending_seq = data.get("seq", pending_seq)
                         continue
                     else:
+                        self._taken_records += 1
                         line = records.to_log_line(data)
                         seq = data.get("seq", pending_seq)
                     self._file.write(line)
