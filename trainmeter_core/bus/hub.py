@@ -3,10 +3,10 @@
 Every record accepted gets the next sequence number, goes to the recorder, and is republished as the bytes the
 producer sent (never re-encoded), grouped with the records around it (``bus/publish.py``). A ``block`` (a training
 process's steps, losses, phases and metrics as columns) is taken in bulk: checked once, numbered as the records it
-stands for (its ``seq`` the last of them), written as one line and published alone; nothing here is done per row. Once a second the hub
-publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds ``bus.stats``. Malformed
-frames are counted and dropped; kinds and fields from a newer writer are kept and counted as unknown; nothing a
-producer sends can stop the hub.
+stands for (its ``seq`` the last of them), written as one line and published alone; nothing here is done per row.
+Once a second the hub publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds
+``bus.stats``. Malformed frames are counted and dropped; kinds and fields from a newer writer are kept and counted as
+unknown; nothing a producer sends can stop the hub.
 """
 
 from __future__ import annotations
@@ -343,9 +343,7 @@ class Hub:
                 return self._refuse(exc)
         kind = checked.kind
         if kind == "block":
-            if checked.unknown:
-                self.unknown += 1
-            return self._accept_block(payload, checked.record, checked.data, node_host)
+            return self._accept_block(payload, checked.record, checked.data, node_host, checked.unknown)
         if node_host is not None and (kind in NOT_FORWARDED or checked.data.get("host") != node_host):
             # A node speaks for itself only: never for the hub's host, another node, or in the hub's own kinds.
             self.malformed += 1
@@ -367,7 +365,7 @@ class Hub:
         return True
 
     def _accept_block(
-        self, payload, block: records.Block, data: dict[str, Any] | None, node_host: str | None
+        self, payload, block: records.Block, data: dict[str, Any] | None, node_host: str | None, unknown=False
     ) -> bool:
         """A block, typed: checked, numbered as its rows (its ``seq`` the last), recorded as one line (from ``data``,
         the checked mapping, when its check decoded one: it keeps fields this version does not know), published alone
@@ -391,6 +389,7 @@ class Hub:
                 self.recorder.put(data)
         self.out.publish_block(payload, self.seq - rows + 1, rows)
         self._observe_block(block, node_host is not None)
+        self.unknown += unknown  # fields of a newer writer, kept in the log's line
         if self.forwarder is not None:
             self.forwarder.put(payload)
         return True
