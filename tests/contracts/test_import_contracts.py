@@ -75,7 +75,7 @@ PLANTS = {
 }
 
 # More plants where a contract must reach inside a package or a renamed module: the records package's modules are
-# held by agent-light and pure as the single records.py was, and the agent's batch module by agent-light.
+# held by agent-light and pure as the single records.py was, the block the agent fills among them.
 INNER_PLANTS = {
     "agent-light in the records codec": (
         "agent-light",
@@ -83,11 +83,11 @@ INNER_PLANTS = {
         "import pluggy",
         "trainmeter_core.model.records.codec -> pluggy",
     ),
-    "agent-light in the agent's batch": (
+    "agent-light in the agent's block": (
         "agent-light",
-        "trainmeter_core/model/agent_batch.py",
+        "trainmeter_core/model/records/block.py",
         "import pluggy",
-        "trainmeter_core.model.agent_batch -> pluggy",
+        "trainmeter_core.model.records.block -> pluggy",
     ),
     "pure in a records family": (
         "pure",

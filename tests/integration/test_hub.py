@@ -13,12 +13,13 @@ import time
 import msgspec
 import zmq
 from deadline import wait_for
+from steady_blocks import malformed_block, steady_block
 from tm_runs import log_records
 
 from trainmeter_core.bus import client as bus
 from trainmeter_core.bus.hub import Hub
 from trainmeter_core.bus.publish import PUBLISH_GROUP_MAX
-from trainmeter_core.model import agent_batch, records
+from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import Recorder
 
 END = records.RunEnd(status=0, reason="exited", elapsed_s=1.0)
@@ -100,20 +101,6 @@ def _hub_would_count_malformed(frames: list[bytes]) -> int:
     """How many malformed records the wire protocol makes of one message (2 frames: topic, body; batch: an array)."""
     if len(frames) != 2:
         return 1
-    if frames[0] == agent_batch.WINDOW_TOPIC:
-        try:
-            header, items = agent_batch.split_window(frames[1])
-        except records.MalformedRecord:
-            return 1
-        bad = 0
-        for item in items:
-            try:
-                records.check(bytes(item)) if agent_batch.is_record(item) else agent_batch.expand(
-                    item, header
-                )
-            except records.MalformedRecord:
-                bad += 1
-        return bad if items and bad == len(items) else -1
     if frames[0] == bus.BATCH_TOPIC:
         try:
             items = records.split_batch(frames[1])
@@ -124,44 +111,34 @@ def _hub_would_count_malformed(frames: list[bytes]) -> int:
     bad = 0
     for item in items:
         try:
-            records.check(item)
+            checked = records.check(item)
+            if checked.kind == "block":
+                records.block.validate(checked.record)
+                if checked.record.rows < 1:
+                    raise records.MalformedRecord("block: no rows")
         except records.MalformedRecord:
             bad += 1
     return bad if bad == len(items) else -1  # -1: some item is valid, so this is no clean fuzz frame
 
 
-_WINDOW_HEADER = {
-    "v": records.SCHEMA_VERSION,
-    "source": "fuzz",
-    "host": "h",
-    "pid": 1,
-    "now_t": 1.0,
-    "now_wall": 2.0,
-}
-
-
-def _STEADY(step: int) -> tuple:  # noqa: N802 - reads as the item it builds
-    """A steady step's item in an agent's window, with its loss: two records."""
-    return (agent_batch.STEADY_STEP, step, 1.0, 0.1, 1, 5.0, 1, 8, "input_ids", 1, 2.5, 0.9, "backward")
+def _log_steps(log: list[dict]) -> list[int]:
+    """The step numbers of the log's step records and of its blocks' step rows, in order."""
+    return [
+        n
+        for r in log
+        if r["kind"] in ("step", "block")
+        for n in (r["step"] if r["kind"] == "block" else [r["step"]])
+    ]
 
 
 def _fuzz_frame(rng: random.Random) -> list[bytes]:
     """One message the hub must count as exactly one malformed record."""
     good = records.encode(_GOOD)
-    choice = rng.randrange(13)
-    if choice == 10:  # an agent's window that is not [header, items]
-        return [
-            agent_batch.WINDOW_TOPIC,
-            rng.choice([good, rng.randbytes(rng.randrange(0, 60)), b"\x92\x80\x90"]),
-        ]
-    if choice == 11:  # a window cut short
-        payload = agent_batch.encode_window(_WINDOW_HEADER, [_STEADY(1), _STEADY(2)])
-        return [agent_batch.WINDOW_TOPIC, payload[: rng.randrange(1, len(payload))]]
-    if choice == 12:  # a window holding one array that is no item, or a record of the wrong type
-        bad = rng.choice(
-            [(9, 1.0), (1, "one", 2.0), (2, "nap", 1.0, 2.0, None, "x"), rng.choice(_WRONG_TYPES)]
-        )
-        return [agent_batch.WINDOW_TOPIC, agent_batch.encode_window(_WINDOW_HEADER, [bad])]
+    choice = rng.randrange(12)
+    if choice == 10:  # a block that is malformed, alone
+        return [b"block", malformed_block(rng)[1]]
+    if choice == 11:  # ... or in a batch of its own
+        return [bus.BATCH_TOPIC, b"\x91" + malformed_block(rng)[1]]
     if choice == 0:  # random bytes
         return [b"step", rng.randbytes(rng.randrange(0, 300))]
     if choice == 1:  # a valid record cut short
@@ -219,11 +196,12 @@ def test_ten_thousand_fuzzed_frames_are_each_counted_malformed_and_the_valid_one
                     expected_steps.append(step)
                 elif (
                     draw < 0.6
-                ):  # an agent's window: two steady steps and a whole record, five records in all
-                    items = [_STEADY(step + 1), records.Notice(topic="fuzz", message="m"), _STEADY(step + 2)]
-                    sock.send_multipart(
-                        [agent_batch.WINDOW_TOPIC, agent_batch.encode_window(_WINDOW_HEADER, items)]
-                    )
+                ):  # an agent's batch: a block of two steady steps (six rows) and a whole record
+                    items = [
+                        steady_block(step + 1, 2, source="fuzz"),
+                        records.Notice(topic="fuzz", message="m"),
+                    ]
+                    sock.send_multipart([bus.BATCH_TOPIC, records.encode_many(items)])
                     expected_steps += [step + 1, step + 2]
                     step += 2
                 else:
@@ -246,7 +224,7 @@ def test_ten_thousand_fuzzed_frames_are_each_counted_malformed_and_the_valid_one
     assert hub.error is None
     assert hub.malformed == sent_fuzz
     log = log_records(tmp_path)
-    assert [r["step"] for r in log if r["kind"] == "step"] == expected_steps
+    assert _log_steps(log) == expected_steps
     assert any(r["kind"] == "tick" for r in log)
     assert log[-1]["kind"] == "run.end"  # the hub was still there to finish the run
     assert _seqs_strictly_increase(log)

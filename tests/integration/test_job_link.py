@@ -51,7 +51,9 @@ def job_hub(short_dir, log_dir, keys, endpoint="tcp://127.0.0.1:0", nnodes=3):
 
 
 @contextlib.contextmanager
-def node_hub(short_dir, log_dir, endpoint, keys_dir, node_rank=1, max_records=1_000_000, host=NODE):
+def node_hub(
+    short_dir, log_dir, endpoint, keys_dir, node_rank=1, max_records=1_000_000, host=NODE, max_bytes=1 << 30
+):
     """A node's hub whose every record also goes to the job hub at ``endpoint``."""
     log_dir.mkdir(exist_ok=True)
     recorder = Recorder(log_dir)
@@ -65,6 +67,7 @@ def node_hub(short_dir, log_dir, endpoint, keys_dir, node_rank=1, max_records=1_
         say=said.append,
         notice=hub.inject,
         max_records=max_records,
+        max_bytes=max_bytes,
         host=host,
     )
     hub.said = said

@@ -1,7 +1,7 @@
 """The engine's train_loss: every value counted and kept in the history like the step times, whatever its origin (the
 loss read at backward(), a tracker's, emit()'s), and the step of the first NaN or infinite one named.
 
-The records come as the hub builds them from the agent's steady steps (``agent_batch.expand``): each iteration's loss
+The records come as a block of the agent's steady steps expands (``records.block.expand``): each iteration's loss
 read at backward() comes just before its step record, so the engine holds a loss until its iteration is over.
 """
 
@@ -9,48 +9,45 @@ from __future__ import annotations
 
 import math
 
-from trainmeter_core.model import agent_batch, records
+from trainmeter_core.model import records
 from trainmeter_core.model.alerts import LossNan
 from trainmeter_core.model.alerts.episodes import Alerter
 from trainmeter_core.model.engine import Engine
 
-HEADER = {
-    "v": records.SCHEMA_VERSION,
-    "source": "agent",
-    "host": "n1",
-    "pid": 42,
-    "now_t": 0.0,
-    "now_wall": 1e9,
-}
 STEP_S = 0.05  # a step every 50 ms: a tick (every second) comes every 20 steps
 
 
 def steady_steps(steps: int, loss, rank: int | None = None, pid: int = 42) -> list[records.Record]:
-    """The records of ``steps`` steady iterations, loss ``loss(step)`` read at backward(), as the hub expands them."""
-    header = {**HEADER, "pid": pid, **({"rank": rank} if rank is not None else {})}
-    items = []
-    for step in range(1, steps + 1):
-        t = step * STEP_S
-        interval = STEP_S if step > 1 else 0.0  # the first step has no interval
-        items.append(
-            (
-                agent_batch.STEADY_STEP,
-                step,
-                t,
-                interval,
-                1,
-                None,
-                1,
-                64,
-                "input_ids",
-                1,
-                loss(step),
-                t,
-                "backward",
-            )
-        )
-    head, raws = agent_batch.split_window(agent_batch.encode_window(header, items))
-    return [record for raw in raws for record in agent_batch.expand(raw, head)]
+    """The records of ``steps`` steady iterations, loss ``loss(step)`` read at backward(), as a block of them expands
+    (its clocks read together at t 0 and wall 1e9, so each row's wall is 1e9 + its t)."""
+    numbers = range(1, steps + 1)
+    losses = [loss(step) for step in numbers]
+    block = records.Block(
+        rows=steps + sum(1 for value in losses if value is not None),
+        order="s" * steps,
+        step=list(numbers),
+        step_t=[step * STEP_S for step in numbers],
+        step_time_s=[STEP_S if step > 1 else 0.0 for step in numbers],  # the first step has no interval
+        optimizers=[1] * steps,
+        agent_us=[None] * steps,
+        micro_batches=[1] * steps,
+        tokens=[64] * steps,
+        tokens_source="input_ids",
+        dp=1,
+        loss=losses,
+        loss_t=[
+            None if value is None else step * STEP_S for step, value in zip(numbers, losses, strict=True)
+        ],
+        v=records.SCHEMA_VERSION,
+        source="agent",
+        host="n1",
+        pid=pid,
+        rank=rank,
+        t=0.0,
+        wall=1e9,
+    )
+    records.block.validate(block)
+    return records.block.expand(block)
 
 
 def with_ticks(logged: list[records.Record], every_s: float = 1.0) -> list[records.Record]:

@@ -9,9 +9,12 @@ import gzip
 import math
 import os
 
+import pytest
+from steady_blocks import steady_block
+
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
-from trainmeter_core.runlog.recorder import Recorder
+from trainmeter_core.runlog.recorder import Recorder, block_line
 
 
 def _data(record: records.Record, seq: int) -> dict:
@@ -43,7 +46,7 @@ def test_segments_rotate_at_the_limit_closed_ones_are_gzipped_and_all_read_back_
     assert stats["skipped"] == 0
 
 
-def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_counted(tmp_path):
+def test_below_the_reserve_only_run_step_block_fact_and_alert_are_kept_and_the_rest_counted(tmp_path):
     warnings = []
     # A reserve of 2**62 B (4 EiB) is more than any disk has free: the recorder is below it from the start.
     recorder = Recorder(tmp_path, reserve_b=2**62, warn=warnings.append)
@@ -60,6 +63,7 @@ def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_co
         ),
         records.Hello(protocol=1, agent_version="0", python="3", executable="python", argv=[], ppid=1),
         records.Step(step=1),
+        steady_block(2, 2),  # steps, with their losses and data waits: one line, kept whole
         records.Metric(values={"loss": 1.0}),
         records.SampleGpu(index=0),
         records.Fact(name="gpus", value=1, provenance="detected", origin="nvml"),
@@ -73,12 +77,12 @@ def test_below_the_reserve_only_run_step_fact_and_alert_are_kept_and_the_rest_co
     recorder.start()
     recorder.close()
     kept = [records.kind_of(r) for r in read_log(tmp_path)]
-    assert kept == ["run.start", "step", "fact", "alert", "run.end"]
+    assert kept == ["run.start", "step", "block", "fact", "alert", "run.end"]
     # hello, metric, sample.gpu, tick and notice: 5 skipped.
     assert recorder.reserve_skipped == 5
     assert recorder.reserve_active is True
     assert len(warnings) == 1 and "free space" in warnings[0]
-    assert recorder.flushed_seq == 10  # the skipped ones count as handled
+    assert recorder.flushed_seq == 11  # the skipped ones count as handled
 
 
 def test_the_end_is_flushed_and_fsynced_and_flushed_seq_is_the_last_seq(tmp_path, monkeypatch):
@@ -111,6 +115,20 @@ def test_a_full_queue_drops_and_counts_without_blocking(tmp_path):
     assert [r.step for r in read_log(tmp_path)] == [1, 2, 3, 4, 5]
 
 
+def test_a_block_weighs_its_rows_in_the_queue_and_a_dropped_one_counts_them(tmp_path):
+    recorder = Recorder(tmp_path, reserve_b=0, queue_limit=10)
+    first, second, third = steady_block(1, 3), steady_block(4, 1), steady_block(5, 1)
+    first.seq, second.seq, third.seq = 9, 12, 15
+    # 9 rows in a queue of 10: the next block still goes in (12 rows), the one after finds the queue full.
+    assert recorder.put_block(first) and recorder.put_block(second)
+    assert not recorder.put_block(third) and recorder.queue_dropped == 3
+    assert not recorder.put(_data(records.Step(step=9), 16)) and recorder.queue_dropped == 4
+    recorder.start()
+    recorder.close()
+    assert [r.seq for r in read_log(tmp_path)] == [9, 12]
+    assert recorder.put(_data(records.Step(step=9), 16))  # written: the queue is empty again
+
+
 def test_nonfinite_metric_values_are_written_as_text_and_read_back_as_floats(tmp_path):
     recorder = Recorder(tmp_path, reserve_b=0)
     recorder.start()
@@ -120,6 +138,57 @@ def test_nonfinite_metric_values_are_written_as_text_and_read_back_as_floats(tmp
     assert '"values":{"loss":"NaN","scale":"Infinity"}' in line
     (metric,) = read_log(tmp_path)
     assert math.isnan(metric.values["loss"]) and metric.values["scale"] == math.inf
+
+
+def test_a_block_is_one_line_of_number_arrays_ending_with_its_last_seq_its_nan_loss_as_text(tmp_path):
+    block = steady_block(1, 3)
+    block.loss[1] = math.nan
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    recorder.put(_data(block, 9))  # 9 rows, numbered 1 .. 9
+    recorder.close()
+    (line,) = (tmp_path / "events-0001.jsonl").read_bytes().splitlines()
+    assert line.startswith(b'{"kind":"block"') and line.endswith(b',"seq":9}')
+    assert b'"step":[1,2,3]' in line and b'"loss":[3.0,"NaN",' in line
+    (back,) = read_log(tmp_path)
+    assert back.seq == 9 and back.step == [1, 2, 3] and math.isnan(back.loss[1])
+    assert recorder.flushed_seq == 9
+
+
+@pytest.mark.parametrize("where", ["finite", "nan loss", "inf loss", "nan metric", "huge losses", "no loss"])
+def test_a_typed_blocks_line_is_the_line_of_the_mapping_it_came_from(where):
+    block = steady_block(1, 3)
+    if where == "nan loss":
+        block.loss[0] = math.nan
+    elif where == "inf loss":
+        block.loss[2] = -math.inf
+    elif where == "huge losses":
+        block.loss = [1e308, 1e308, 1e308]  # finite, though their sum is not
+    elif where == "no loss":
+        block.loss, block.loss_t, block.rows = [None] * 3, [None] * 3, 6
+    elif where == "nan metric":
+        block.order += "m"
+        block.rows += 1
+        block.metric_t, block.metric_values = [101.0], [{"lr": 0.1, "grad_norm": math.nan}]
+        block.metric_step, block.metric_origin = [3], ["emit"]
+    records.block.validate(block)
+    expected = records.to_log_line(_data(block, 42))
+    block.seq = 42  # as the hub numbers a block it decoded typed (Recorder.put_block)
+    assert block_line(block) == expected
+    assert block.seq == 42  # left as it was
+
+
+def test_a_typed_block_is_written_beside_mappings_in_seq_order(tmp_path):
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    recorder.put(_data(records.Step(step=1), 1))
+    block = steady_block(2, 2)
+    block.seq = 7
+    assert recorder.put_block(block)
+    recorder.put(_data(records.Step(step=4), 8))
+    recorder.close()
+    assert [r.seq for r in read_log(tmp_path)] == [1, 7, 8]
+    assert recorder.flushed_seq == 8
 
 
 def test_a_flush_asked_for_writes_everything_queued_at_once_instead_of_at_the_next_batch(

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainmeter_core.model import records
-from trainmeter_core.model.agent_batch import WINDOW_TOPIC, encode_window
 
 if TYPE_CHECKING:
     import zmq
@@ -103,8 +102,8 @@ class Producer:
         return self._sock
 
     def header(self) -> dict[str, object]:
-        """The header fields this producer stamps on a record (the same values ``stamp`` sets), as an agent's window
-        carries them for the records the hub builds from its arrays (``send_window``)."""
+        """The header fields this producer stamps on a record (the same values ``stamp`` sets), for a record built
+        from them rather than stamped (an agent's block)."""
         header: dict[str, object] = {
             "v": records.SCHEMA_VERSION,
             "source": self.source,
@@ -139,25 +138,6 @@ class Producer:
         if not batch:
             return True
         return self._send_frames(batch, single=False)
-
-    def send_window(self, items: list, count: int) -> bool:
-        """Send an agent's window (``trainmeter_core.model.agent_batch``): its items, whole records already stamped
-        (``stamp``) and arrays the hub turns into records, standing for ``count`` records in all. The header carries
-        the drop count, which each whole record also carries when it is not zero. Counted as ``count``."""
-
-        def frames() -> list[bytes]:
-            dropped = self.dropped
-            if dropped:
-                for item in items:
-                    if type(item) is not tuple:
-                        item.dropped = dropped
-            header = self.header()
-            header["dropped"] = dropped
-            header["now_t"] = time.monotonic()
-            header["now_wall"] = time.time()
-            return [WINDOW_TOPIC, encode_window(header, items)]
-
-        return self._send_message(frames, count)
 
     def _send_frames(self, batch: list[records.Record], single: bool) -> bool:
         def frames() -> list[bytes]:

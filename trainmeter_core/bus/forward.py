@@ -1,9 +1,11 @@
 """A node's forwarder: every record its hub accepts (the node's own log keeps them all) goes on to the job hub over tcp
-with CURVE, numbered by this node's forwarding sequence, and is kept until the job hub acknowledges it.
+with CURVE, numbered by this node's forwarding sequence, and is kept until the job hub acknowledges it. A record here
+is a payload as the hub took it, its bytes unchanged: a ``block`` of many rows is one, numbered, held and counted as
+one (the rows are the job hub's to count, docs/bus.md "Blocks").
 
 It runs in a thread of the node's launcher and never blocks the hub: while the link is down records wait in a bounded
-resend buffer (``TM_JOB_RESEND_MAX`` records, a million by default: a few hundred MB at most, minutes of a busy
-node), and whatever falls out of it is counted and told to the job hub as a gap, never dropped silently. Nothing here may stop the node's own run, whatever the network does.
+resend buffer (``TM_JOB_RESEND_MAX`` records, a million by default, and ``TM_JOB_RESEND_MAX_B`` bytes, 512 MiB: a
+block of a thousand steps weighs what a few hundred records do; minutes of a busy node), and whatever falls out of it is counted and told to the job hub as a gap, never dropped silently. Nothing here may stop the node's own run, whatever the network does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trainmeter_core.bus.client import HOSTNAME
 from trainmeter_core.model import records
 
 RESEND_MAX = int(os.environ.get("TM_JOB_RESEND_MAX", "1000000"))
+RESEND_MAX_B = int(os.environ.get("TM_JOB_RESEND_MAX_B", str(512 * 1024 * 1024)))
 KEYS_POLL_S = 0.5
 SEND_EVERY_S = 0.01
 SAY_EVERY_S = 60.0
@@ -47,6 +50,7 @@ class Forwarder:
         say: Callable[[str], None] = lambda line: None,
         notice: Callable[[records.Record], None] = lambda record: None,
         max_records: int = RESEND_MAX,
+        max_bytes: int = RESEND_MAX_B,
         host: str = HOSTNAME,
     ) -> None:
         self.endpoint = endpoint
@@ -57,6 +61,8 @@ class Forwarder:
         self.say = say
         self.notice = notice
         self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._held_b = 0  # the bytes of the records held (in flight or unsent), on the forwarder's thread
         self.head = 0  # the last forwarding sequence number given (on the hub's thread)
         self.acked = 0
         self.overflowed = 0  # records that fell out of the resend buffer before the job hub acknowledged them
@@ -286,11 +292,14 @@ class Forwarder:
     def _take_inbox(self) -> None:
         inbox, unsent = self._inbox, self._unsent
         while inbox:
-            unsent.append(inbox.popleft())
+            item = inbox.popleft()
+            unsent.append(item)
+            self._held_b += len(item[1])  # type: ignore[arg-type]
         excess = len(self._inflight) + len(unsent) - self.max_records
-        while excess > 0:
-            # Past the bound the oldest goes: the job hub learns of it as a gap when it asks for it.
-            (self._inflight or unsent).popleft()
+        # Past either bound the oldest goes (the newest always stays): the job hub learns of it as a gap when it asks.
+        while (excess > 0 or self._held_b > self.max_bytes) and len(self._inflight) + len(unsent) > 1:
+            _, payload = (self._inflight or unsent).popleft()
+            self._held_b -= len(payload)  # type: ignore[arg-type]
             self.overflowed += 1
             excess -= 1
 
@@ -332,7 +341,7 @@ class Forwarder:
         self.acked = min(through, self.head)
         for queue in (self._inflight, self._unsent):
             while queue and queue[0][0] <= through:
-                queue.popleft()
+                self._held_b -= len(queue.popleft()[1])  # type: ignore[arg-type]
 
     def _rewind(self, start: int) -> None:
         """Send again from ``start``: what was in flight from there goes back in front of the unsent records."""

@@ -1,10 +1,12 @@
 """The hub in the launcher: PULL -> validate -> sequence number -> recorder -> XPUB.
 
 Every record accepted gets the next sequence number, goes to the recorder, and is republished as the bytes the
-producer sent (never re-encoded), grouped with the records around it (``bus/publish.py``). Once a second the hub
-publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds ``bus.stats``. Malformed
-frames are counted and dropped; kinds and fields from a newer writer are kept and counted as unknown; nothing a
-producer sends can stop the hub.
+producer sent (never re-encoded), grouped with the records around it (``bus/publish.py``). A ``block`` (a training
+process's steps, losses, phases and metrics as columns) is taken in bulk: checked once, numbered as the records it
+stands for (its ``seq`` the last of them), written as one line and published alone; nothing here is done per row.
+Once a second the hub publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds
+``bus.stats``. Malformed frames are counted and dropped; kinds and fields from a newer writer are kept and counted as
+unknown; nothing a producer sends can stop the hub.
 """
 
 from __future__ import annotations
@@ -18,19 +20,18 @@ from typing import Any
 
 import zmq
 
+from trainmeter_core.bus import block_intake
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
 from trainmeter_core.bus.publish import Publication
-from trainmeter_core.model import agent_batch, records
-from trainmeter_core.model.agent_batch import WINDOW_TOPIC
+from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import Recorder
 
 RCVHWM = 1_000_000
 FINAL_FLUSH_WAIT_S = 2.0
 #: The agent's fact naming a folder torch.profiler wrote traces to (the launcher imports them at the run's end).
 PROFILER_DIR_FACT = "profiler.trace_dir"
-MAX_FRAME_B = (
-    64 * 1024 * 1024
-)  # a bigger frame disconnects its sender rather than eating the launcher's memory
+#: A bigger frame disconnects its sender rather than eating the launcher's memory.
+MAX_FRAME_B = 64 * 1024 * 1024
 #: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
 #: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
 NOT_FORWARDED = records.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
@@ -68,21 +69,20 @@ class Hub:
         self.pull.bind(in_endpoint)
         self.pub.bind(out_endpoint)
         self.out = Publication(self.pub)
-        self.seq = (
-            after_seq  # a log already written goes on: a resumed run, a finished run reopened by tm import
-        )
+        # A log already written goes on: a resumed run, a finished run reopened by tm import.
+        self.seq = after_seq
         self.received = 0
         self.malformed = 0
         self.unknown = 0
+        self.last_malformed: str | None = None  # why the last malformed record was refused, in one line
         self.kinds: dict[str, int] = {}
         # Step records per rank, [steps, skipped]: the run's steps are its lowest rank's (rank 0 on the job's first
         # node; on another node of a job, its own first rank, not a 0 for the rank 0 it never hosts).
         self._rank_steps: dict[int, list[int]] = {}
         self.dropped: dict[str, int] = {}
         self.open_producers: set[str] = set()
-        self.hello_pids: set[int] = (
-            set()
-        )  # processes whose agent said hello (the launcher's silence watch asks)
+        # Processes whose agent said hello (the launcher's silence watch asks).
+        self.hello_pids: set[int] = set()
         self.last_snapshot: dict[str, Any] | None = None
         self.profiler_dirs: list[
             str
@@ -301,41 +301,21 @@ class Hub:
                 except records.MalformedRecord:
                     self.malformed += 1
                     continue
-                # One array, decoded twice: check_batch gives one Checked per raw item, in order, or None.
-                checked = records.check_batch(frames[1]) if len(items) > 1 else None
-                if checked is None:
-                    for raw in items:
-                        self._accept(raw)
-                else:
-                    for raw, one in zip(items, checked, strict=True):
-                        self._accept(raw, checked=one)
-            elif frames[0] == WINDOW_TOPIC:
-                self._accept_window(frames[1])
+                self._accept_batch(frames[1], items)
             else:
                 self._accept(frames[1])
 
-    def _accept_window(self, payload) -> None:
-        """An agent's window: its whole records checked as any record is, its arrays turned into the records they
-        stand for (``model/agent_batch.py``), each then taken in like a record the agent had sent itself. A window that
-        cannot be read, or an array that is not one, is counted malformed, alone."""
-        try:
-            header, items = agent_batch.split_window(payload)
-        except records.MalformedRecord:
-            self.malformed += 1
-            return
-        for item in items:
-            if agent_batch.is_record(item):
-                self._accept(item)
-                continue
-            try:
-                built = agent_batch.expand(item, header)
-            except records.MalformedRecord:
-                self.received += 1
-                self.malformed += 1
-                continue
-            for record in built:
-                data = records.to_builtins(record)
-                self._accept(records.encode(record), checked=records.Checked(data["kind"], data, False))
+    def _accept_batch(self, payload: bytes, items: list) -> None:
+        """A producer's batch, in order: its blocks each in one typed decode (``bus/block_intake.py``), its other
+        records checked together (``check_batch``: two decodes of their array, one Checked per item, or None)."""
+        blocks = [block_intake.looks_like_block(raw) for raw in items]
+        others = [raw for raw, block in zip(items, blocks, strict=True) if not block]
+        if len(others) < len(items):
+            payload = b"".join([b"\xdd" + len(others).to_bytes(4, "big"), *others])
+        # None for every record once check_batch found a bad one: each is then checked alone.
+        checked = iter(records.check_batch(payload) or ()) if len(others) > 1 else iter(())
+        for raw, block in zip(items, blocks, strict=True):
+            self._accept(raw, checked=None if block else next(checked, None))
 
     def _own(self, record: records.Record) -> None:
         record.v = records.SCHEMA_VERSION
@@ -354,19 +334,23 @@ class Hub:
             return True
         self.received += 1
         if checked is None:
+            block = block_intake.typed_block(payload)
+            if block is not None:
+                return self._accept_block(payload, block, None, node_host)
             try:
                 checked = records.check(payload)
-            except records.MalformedRecord:
-                self.malformed += 1
-                return False
-        if node_host is not None and (checked.kind in NOT_FORWARDED or checked.data.get("host") != node_host):
+            except records.MalformedRecord as exc:
+                return self._refuse(exc)
+        kind = checked.kind
+        if kind == "block":
+            return self._accept_block(payload, checked.record, checked.data, node_host, checked.unknown)
+        if node_host is not None and (kind in NOT_FORWARDED or checked.data.get("host") != node_host):
             # A node speaks for itself only: never for the hub's host, another node, or in the hub's own kinds.
             self.malformed += 1
             return False
         self.seq += 1
         data = checked.data
         data["seq"] = self.seq
-        kind = checked.kind
         if checked.unknown:
             self.unknown += 1
         if kind in records.DERIVED_KINDS:  # published, never written: replay recomputes them
@@ -379,6 +363,42 @@ class Hub:
         if self.forwarder is not None and kind not in NOT_FORWARDED:
             self.forwarder.put(payload)
         return True
+
+    def _accept_block(
+        self, payload, block: records.Block, data: dict[str, Any] | None, node_host: str | None, unknown=False
+    ) -> bool:
+        """A block, typed: checked, numbered as its rows (its ``seq`` the last), recorded as one line (from ``data``,
+        the checked mapping, when its check decoded one: it keeps fields this version does not know), published alone
+        and counted as its rows. Nothing here is done per row."""
+        if node_host is not None and block.host != node_host:
+            self.malformed += 1
+            return False
+        try:
+            block_intake.check(block)
+        except records.MalformedRecord as exc:
+            return self._refuse(exc)
+        rows = block.rows
+        self.received += rows - 1
+        self.seq += rows
+        if self.recorder is not None:
+            if data is None:
+                block.seq = self.seq
+                self.recorder.put_block(block)
+            else:
+                data["seq"] = self.seq
+                self.recorder.put(data)
+        self.out.publish_block(payload, self.seq - rows + 1, rows)
+        self._observe_block(block, node_host is not None)
+        self.unknown += unknown  # fields of a newer writer, kept in the log's line
+        if self.forwarder is not None:
+            self.forwarder.put(payload)
+        return True
+
+    def _refuse(self, exc: records.MalformedRecord) -> bool:
+        """Count a malformed record and keep its one line (``last_malformed``, for whoever reports on the hub)."""
+        self.malformed += 1
+        self.last_malformed = str(exc)
+        return False
 
     def _late(self, payload) -> None:
         try:
@@ -403,10 +423,7 @@ class Hub:
     def _observe(self, kind: str, data: dict[str, Any], remote: bool = False) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         key = f"{data.get('source')}@{data.get('host')}:{data.get('pid')}"
-        dropped = data.get("dropped", 0)
-        if isinstance(dropped, int):
-            if dropped or key in self.dropped:
-                self.dropped[key] = dropped
+        self._note_dropped(key, data.get("dropped", 0))
         if remote:
             return  # another node's agents: its own launcher waits for them and watches their silence
         if kind == "step":
@@ -429,6 +446,25 @@ class Hub:
             folder = data.get("value")
             if isinstance(folder, str) and folder not in self.profiler_dirs and len(self.profiler_dirs) < 64:
                 self.profiler_dirs.append(folder)
+
+    def _note_dropped(self, key: str, dropped: object) -> None:
+        """Keep a producer's drop count from a record's header (the last one it sent is authoritative)."""
+        if isinstance(dropped, int):
+            if dropped or key in self.dropped:
+                self.dropped[key] = dropped
+
+    def _observe_block(self, block: records.Block, remote: bool) -> None:
+        """A block's counts, as its rows would have made them one by one; from its letters, never row by row."""
+        kinds = self.kinds
+        steps, phases, metrics = block_intake.row_counts(block)
+        for kind, count in (("step", steps), ("phase", phases), ("metric", metrics)):
+            if count:
+                kinds[kind] = kinds.get(kind, 0) + count
+        self._note_dropped(f"{block.source}@{block.host}:{block.pid}", block.dropped)
+        if remote or not steps:
+            return  # another node's agents: its own launcher counts their steps
+        counts = self._rank_steps.setdefault(block.rank if block.rank is not None else 0, [0, 0])
+        counts[0] += steps  # a block's steps are steady: none of them skipped
 
     @property
     def steps(self) -> int:

@@ -58,7 +58,7 @@ class NodeLink:
     clock_emitted: tuple[float, float | None] | None = None
     trips: deque = field(default_factory=lambda: deque(maxlen=CLOCK_WINDOW))
     trips_seen: int = 0
-    received: int = 0
+    received: int = 0  # records forwarded, a block counting one (the hub counts its rows)
     malformed: int = 0
 
 

@@ -4,7 +4,9 @@ Consecutive records leave as one message, a MessagePack array of the producers' 
 number: a send costs ~2 µs, so a burst would otherwise cap the hub near 80k/s. A group holds one kind, under that
 kind's topic, or several kinds that no subscriber filters for, under ``MIXED_TOPIC``: a training loop's step, loss
 and data wait interleave, and would otherwise leave as three messages per iteration, each sent here and taken off the
-socket by every subscriber of every kind (docs/bus.md, "Messages"). Only the hub's thread sends and takes in
+socket by every subscriber of every kind (docs/bus.md, "Messages"). A ``block`` stands for many records numbered
+consecutively: it leaves alone, under its own topic, with its first row's number, so that a subscriber numbers its
+rows as the hub did. Only the hub's thread sends and takes in
 subscriptions; ``listening`` is also asked from the launcher's other threads (it reads a copy of the topics).
 """
 
@@ -19,6 +21,7 @@ PUBLISH_GROUP_MAX = 1000
 _SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _SEND_LAST = int(zmq.NOBLOCK)
 _send_frame = zmq.backend.Socket.send
+_BLOCK_TOPIC = records.topic("block")
 
 
 class Publication:
@@ -72,6 +75,19 @@ class Publication:
         self.flush()
         self._kind, self._mixed, self._several, self._first_seq = kind, self._may_mix(kind), False, seq
         self._out.append(payload)
+
+    def publish_block(self, payload, first_seq: int, rows: int) -> None:
+        """Send a block alone (topic ``block``, frame 2 its first row's number), after the group before it: grouped,
+        its rows would shift the numbers of every record after it in the group. Counted as its rows."""
+        self.flush()
+        self.published += rows
+        pub, send = self.pub, _send_frame
+        try:
+            send(pub, _BLOCK_TOPIC, _SEND_MORE)
+            send(pub, first_seq.to_bytes(8, "big"), _SEND_MORE)
+            send(pub, payload, _SEND_LAST)
+        except zmq.Again:  # as for a group: a slow subscriber sees a gap
+            pass
 
     def _may_mix(self, kind: str) -> bool:
         """Whether no subscriber holds a filter that lets this kind through (all-kinds subscriptions aside)."""

@@ -1,14 +1,16 @@
 """The recorder: the only writer of a run's log, on its own thread behind a bounded queue.
 
 The log is JSON Lines in segments (``events-0001.jsonl``, ...), rotated at a size limit and gzip-compressed once
-closed. Flushes are batched and reported as the last flushed sequence number; the end of a run is fsynced. Below a
-free-space reserve only ``run.*``, ``step``, ``fact`` and ``alert`` records are kept, so tm never fills the disk the
+closed. A ``block`` is one line of number arrays, with its last row's ``seq``. Flushes are batched and reported as the
+last flushed sequence number; the end of a run is fsynced. Below a free-space reserve only ``run.*``, ``step`` (and the
+``block`` that carries steps), ``fact`` and ``alert`` records are kept, so tm never fills the disk the
 checkpoints need. A slow disk never stalls the hub: a full queue drops and counts.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import shutil
 import sys
@@ -18,13 +20,19 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trainmeter_core.model import records
 
 SEGMENT_LIMIT_B = int(os.environ.get("TM_LOG_SEGMENT_B", 128 * 1024 * 1024))
 RESERVE_B = int(os.environ.get("TM_LOG_RESERVE_B", 2 * 1024 * 1024 * 1024))
+#: Records queued, a block counting its rows (so its weight, not its line, fills the queue).
 QUEUE_LIMIT = 2_000_000
 FLUSH_EVERY_S = 0.1
-KEPT_IN_RESERVE = frozenset({"run.start", "run.end", "step", "fact", "alert"})
+#: A block keeps its losses, phases and metrics with its steps: they are one line, and splitting it would cost per row.
+KEPT_IN_RESERVE = frozenset({"run.start", "run.end", "step", "block", "fact", "alert"})
+
+_json_encoder = msgspec.json.Encoder()
 
 
 def segment_name(n: int) -> str:
@@ -51,8 +59,12 @@ class Recorder:
         self.segment_limit_b = segment_limit_b
         self.reserve_b = reserve_b
         self.queue_limit = queue_limit
+        # Records queued and records taken off the queue, each counted by one thread alone (the hub's, the writer's):
+        # the queue holds the difference.
+        self._queued_records = 0
+        self._taken_records = 0
         self.warn = warn or (lambda msg: print(f"tm: {msg}", file=sys.stderr))
-        self._queue: deque[dict[str, Any]] = deque()
+        self._queue: deque[dict[str, Any] | records.Block] = deque()
         self.queue_dropped = 0
         self.flushed_seq: int | None = None
         self.queued_seq: int | None = None  # the last sequence number put in the queue
@@ -77,13 +89,25 @@ class Recorder:
 
     def put(self, data: dict[str, Any]) -> bool:
         """Queue one record; never blocks. False (counted) when the queue is full."""
-        if len(self._queue) >= self.queue_limit:
+        if self._queued_records - self._taken_records >= self.queue_limit:
             self.queue_dropped += 1
             return False
+        self._queued_records += 1
         self._queue.append(data)
         seq = data.get("seq")
         if isinstance(seq, int):
             self.queued_seq = seq
+        return True
+
+    def put_block(self, block: records.Block) -> bool:
+        """Queue a block the hub decoded typed and numbered (its ``seq`` set); written as ``put`` writes its mapping
+        (``block_line``). Never blocks; False (its rows counted) when the queue is full."""
+        if self._queued_records - self._taken_records >= self.queue_limit:
+            self.queue_dropped += block.rows
+            return False
+        self._queued_records += block.rows
+        self._queue.append(block)
+        self.queued_seq = block.seq
         return True
 
     def flush(self, timeout_s: float) -> bool:
@@ -164,15 +188,23 @@ class Recorder:
             try:
                 while queue:
                     data = queue.popleft()
-                    if self.reserve_active and data.get("kind") not in KEPT_IN_RESERVE:
+                    if type(data) is not dict:
+                        self._taken_records += data.rows
+                        line = block_line(data)  # a block: kept in the reserve
+                        seq = data.seq
+                    elif self.reserve_active and data.get("kind") not in KEPT_IN_RESERVE:
+                        self._taken_records += 1
                         self.reserve_skipped += 1
                         pending_seq = data.get("seq", pending_seq)
                         continue
-                    line = records.to_log_line(data)
+                    else:
+                        self._taken_records += 1
+                        line = records.to_log_line(data)
+                        seq = data.get("seq", pending_seq)
                     self._file.write(line)
                     self._segment_bytes += len(line)
                     self.bytes_written += len(line)
-                    pending_seq = data.get("seq", pending_seq)
+                    pending_seq = seq
                     wrote = True
                     if self._segment_bytes >= self.segment_limit_b:
                         self._rotate()
@@ -203,6 +235,22 @@ class Recorder:
             self._file.close()
         except OSError as exc:
             self.warn(f"cannot finish the run log in {self.run_dir}: {exc}")
+
+
+def block_line(block: records.Block) -> bytes:
+    """A typed block's log line, as ``records.to_log_line`` writes the mapping it came from, ``seq`` last: encoded
+    from the Struct, its ``seq`` put at the end. A loss or metric value that is not a finite number (JSON would write
+    null) takes the mapping's way, which writes the log's texts for them."""
+    seq = block.seq
+    unnumbered = msgspec.structs.replace(block, seq=None)
+    # A sum is finite when every term is (one that overflows takes the careful way, which looks at each).
+    if math.isfinite(sum(filter(None, block.loss))) and all(
+        math.isfinite(sum(values.values())) for values in block.metric_values
+    ):
+        return b'%s,"seq":%d}\n' % (_json_encoder.encode(unnumbered)[:-1], seq)
+    data = records.to_builtins(unnumbered)
+    data["seq"] = seq
+    return records.to_log_line(data)
 
 
 def compress_segment(path: Path) -> None:

@@ -62,11 +62,14 @@ def topic(kind: str) -> bytes:
 
 
 class Checked(msgspec.Struct):
-    """What ``check`` learned of one payload: the raw mapping, its kind, whether the kind or a field is unknown."""
+    """What ``check`` learned of one payload: the raw mapping, its kind, whether the kind or a field is unknown, and
+    the typed record its schema check decoded (None for a kind this version does not know): a hub that looks further
+    into a record (a block's columns) reads it there rather than decoding the payload again."""
 
     kind: str
     data: dict[str, Any]
     unknown: bool
+    record: Record | None = None
 
 
 def _require_loggable(kind: str, data: dict[str, Any]) -> None:
@@ -128,13 +131,13 @@ class UnionCodec:
             _require_loggable(kind, data)
             return Checked(kind, data, True)
         try:
-            decoder.decode(payload)
+            record = decoder.decode(payload)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             raise MalformedRecord(f"{kind}: {exc}") from None
         unknown = not self.fields[kind].issuperset(data)
         if unknown or kind in _ANY_VALUED_KINDS:
             _require_loggable(kind, data)
-        return Checked(kind, data, unknown)
+        return Checked(kind, data, unknown, record)
 
     def check_batch(self, payload: bytes) -> list[Checked] | None:
         """``check`` of every record of a producer's batch (a MessagePack array of records), in two decodes of the
@@ -143,12 +146,12 @@ class UnionCodec:
         try:
             items = _msgpack_any_list.decode(payload)
             # The schema of each record's kind, found by its tag: what check's typed decode of each does.
-            self._typed_union_list.decode(payload)
+            typed = self._typed_union_list.decode(payload)
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError, RecursionError):
             return None
         fields = self.fields
         checked = []
-        for data in items:
+        for data, record in zip(items, typed, strict=True):
             if not isinstance(data, dict):
                 return None
             kind = data.get("kind")
@@ -160,7 +163,7 @@ class UnionCodec:
                     _require_loggable(kind, data)
                 except MalformedRecord:
                     return None
-            checked.append(Checked(kind, data, unknown))
+            checked.append(Checked(kind, data, unknown, record))
         return checked
 
     def decode(self, payload: bytes) -> Record | Unknown:
