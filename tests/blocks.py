@@ -164,3 +164,82 @@ def blockify(log: Iterable[records.Record | records.Unknown], at_most: int = 100
             out.append(record)
     close()
     return out
+
+
+#: Where the synthetic run's wall clock stands when its monotonic clock reads 0.
+WALL0 = 1_700_000_000.0
+
+
+def training_run(
+    steps: int, *, nan_at: int | None = None, tick_every: int = 25, host: str = "h", rank: int = 0
+) -> list[records.Record]:
+    """One rank's steady run in hub order, every record numbered: its start, the facts that give tokens and FLOPs,
+    each step preceded by a data-wait phase and the loss read at backward() (NaN at step ``nan_at``), a learning rate
+    emitted every 10 steps, a tick every ``tick_every`` steps and the end. Walls are the monotonic times shifted by
+    one constant, as a block carries them."""
+    agent = {"source": "agent", "host": host, "pid": 7, "rank": rank}
+    out: list[records.Record] = [
+        records.RunStart(
+            t=0.5, run_id="r1", name="train", run_dir="/runs/r1", command=["python", "train.py"], cwd="/w",
+            tm_version="0.1.0", python="3.11", platform="linux", source="launcher", host=host, pid=1,
+        ),
+        records.Fact(t=0.6, name="model.params", value=1_000_000, provenance="detected", origin="agent:model", **agent),
+    ]  # fmt: skip
+    t = 1.0
+    for step in range(1, steps + 1):
+        out.append(
+            records.Phase(phase="data_wait", start_t=t, end_t=t + 0.001, step=step, probe="dataloader", t=t + 0.001,
+                          **agent)
+        )  # fmt: skip
+        loss = float("nan") if step == nan_at else 5.0 / step
+        out.append(
+            records.Metric(values={"train_loss": loss}, step=step, origin="backward", t=t + 0.006, **agent)
+        )
+        out.append(
+            records.Step(
+                step=step, step_time_s=0.01, optimizers=1, agent_us=3.0 if step % 16 == 0 else None,
+                micro_batches=1, tokens=1024, tokens_source="input_ids", dp=1, tokens_global=1024, t=t + 0.008,
+                **agent,
+            )
+        )  # fmt: skip
+        if step % 10 == 0:
+            out.append(
+                records.Metric(values={"lr": 1e-3 / step}, step=step, origin="emit", t=t + 0.009, **agent)
+            )
+        if step % tick_every == 0:
+            out.append(
+                records.Tick(
+                    n=step // tick_every, interval_s=1.0, t=t + 0.0095, source="hub", host=host, pid=1
+                )
+            )
+        t += 0.01
+    out.append(
+        records.RunEnd(t=t + 0.5, status=0, reason="exited", exit_code=0, elapsed_s=t, source="launcher", host=host,
+                       pid=1)
+    )  # fmt: skip
+    for seq, record in enumerate(out, start=1):
+        record.seq = seq
+        record.wall = WALL0 + record.t
+    return out
+
+
+def expanded(log: Iterable[records.Record | records.Unknown]) -> list[records.Record | records.Unknown]:
+    """A log with every block replaced by its rows."""
+    return [
+        row for item in log for row in (records.block.expand(item) if type(item) is records.Block else [item])
+    ]
+
+
+def log_line(record: records.Record | records.Unknown) -> bytes:
+    """The record's line as the recorder writes it: the tag first, the hub's ``seq`` last."""
+    data = records.to_builtins(record)
+    seq = data.pop("seq", None)
+    if seq is not None:
+        data["seq"] = seq
+    return records.to_log_line(data)
+
+
+def same(got: Iterable[records.Record], want: Iterable[records.Record]) -> bool:
+    """Whether two lists hold the same records, field by field (a NaN loss equals a NaN loss: compared by their
+    reprs, which name every field and write each float exactly)."""
+    return [repr(r) for r in got] == [repr(r) for r in want]
