@@ -241,5 +241,9 @@ def log_line(record: records.Record | records.Unknown) -> bytes:
 
 def same(got: Iterable[records.Record], want: Iterable[records.Record]) -> bool:
     """Whether two lists hold the same records, field by field (a NaN loss equals a NaN loss: compared by their
-    reprs, which name every field and write each float exactly)."""
-    return [repr(r) for r in got] == [repr(r) for r in want]
+    reprs, which name every field and write each float exactly), and write the same wire bytes (a field that holds
+    its default is left out of both)."""
+    got, want = list(got), list(want)
+    return [repr(r) for r in got] == [repr(r) for r in want] and [records.encode(r) for r in got] == [
+        records.encode(r) for r in want
+    ]

@@ -26,6 +26,9 @@ from trainmeter_core.model.records.loop import Metric, Phase, PhaseName, Step, T
 ROW_KINDS = frozenset({"step", "metric", "phase"})
 #: The letters of ``order``.
 STEP, PHASE, METRIC = "s", "p", "m"
+#: A metric's default origin, the very object: msgspec leaves a field out of what it writes when it holds its default
+#: by identity, so a row whose origin equals it takes it, and is written as the record sent alone was (no "origin").
+_DEFAULT_ORIGIN = Metric(values={}).origin
 
 
 class Block(Record, tag="block", kw_only=True):
@@ -205,11 +208,12 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
                 seq += 1
             if want_metric and (seq is None or seq > after_seq):
                 t = block.metric_t[m]
+                origin = block.metric_origin[m]
                 out.append(
                     Metric(
                         values=block.metric_values[m],
                         step=block.metric_step[m],
-                        origin=block.metric_origin[m],
+                        origin=_DEFAULT_ORIGIN if origin == _DEFAULT_ORIGIN else origin,
                         t=t,
                         wall=t + shift,
                         seq=seq,
