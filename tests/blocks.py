@@ -134,9 +134,15 @@ def _fits(record: records.Record, first: records.Record) -> bool:
     return type(record) is records.Metric
 
 
-def blockify(log: Iterable[records.Record | records.Unknown], at_most: int = 1000) -> list:
+def blockify(
+    log: Iterable[records.Record | records.Unknown], at_most: int = 1000, *, rewall: bool = False
+) -> list:
     """The records of a log with each run of consecutive rows that one block can hold exactly (at most ``at_most``
-    records, at least two) made into that block; every other record as it was."""
+    records, at least two) made into that block; every other record as it was.
+
+    With ``rewall``, a row whose wall time is not its run's shift of its ``t`` (a real agent's rows: each read the
+    wall clock apart) gets it (on a copy): the result then stands for a log that differs from ``log`` in those walls
+    alone, and ``expanded`` gives that log."""
     out: list = []
     run: list[records.Record] = []
 
@@ -150,6 +156,8 @@ def blockify(log: Iterable[records.Record | records.Unknown], at_most: int = 100
 
     for record in log:
         row = records.kind_of(record) in records.ROW_KINDS and record.seq is not None
+        if row and rewall and run and _header(record) == _header(run[0]):
+            record = msgspec.structs.replace(record, wall=record.t + (run[0].wall - run[0].t))
         if run and (
             not row
             or _header(record) != _header(run[0])

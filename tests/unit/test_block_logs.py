@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from blocks import block_of, blockify, expanded, log_line, same, training_run
+from test_replay_unchanged import LOGS
 
 from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
@@ -193,3 +194,25 @@ def test_a_hand_over_to_a_live_row_inside_a_block_reads_the_blocks_rows_before_i
     assert handover.wait_first_live() and handover.first_live > block.seq - block.rows + 1
     assert handover.wait_for_log()
     assert same(handover.from_log(after_seq=100), [r for r in rows if 100 < r.seq < handover.first_live])
+
+
+@pytest.mark.parametrize("name", sorted(LOGS))
+def test_a_fixture_logs_rows_in_blocks_replay_to_the_snapshots_of_the_same_rows(tmp_path, name):
+    logged = list(read_log(LOGS[name]))
+    # Exactly: the rows whose walls a block's one shift gives back (the H200 logs hold some), so the log of blocks
+    # stands for the fixture itself and replays to its snapshots.
+    exact = blockify(logged)
+    assert same(expanded(exact), logged)
+    write_log(tmp_path / "exact", exact)
+    want = [records.encode(s) for s in replay.snapshots(LOGS[name])]
+    assert [records.encode(s) for s in replay.snapshots(tmp_path / "exact")] == want
+    # Every steady row in a block, its wall moved onto its block's shift: replays as the same rows logged alone.
+    rewalled = blockify(logged, rewall=True)
+    rows = expanded(rewalled)
+    assert sum(b.rows for b in rewalled if type(b) is records.Block) * 2 > sum(
+        records.kind_of(r) in records.ROW_KINDS for r in rows
+    )
+    write_log(tmp_path / "blocks", rewalled)
+    write_log(tmp_path / "rows", rows)
+    by_block = [records.encode(s) for s in replay.snapshots(tmp_path / "blocks")]
+    assert by_block == [records.encode(s) for s in replay.snapshots(tmp_path / "rows")] and len(by_block) > 1
