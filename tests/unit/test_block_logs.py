@@ -216,3 +216,14 @@ def test_a_fixture_logs_rows_in_blocks_replay_to_the_snapshots_of_the_same_rows(
     write_log(tmp_path / "rows", rows)
     by_block = [records.encode(s) for s in replay.snapshots(tmp_path / "blocks")]
     assert by_block == [records.encode(s) for s in replay.snapshots(tmp_path / "rows")] and len(by_block) > 1
+
+
+def test_the_live_engine_fed_blocks_makes_the_snapshots_a_replay_of_their_log_makes(run):
+    from trainmeter_core.components.engine import LiveEngine
+
+    _, blocked, blocks_dir, _ = run
+    live = LiveEngine()
+    published = [out for item in blocked for out in live.feed(item) if type(out) is records.Snapshot]
+    replayed = list(replay.snapshots(blocks_dir))
+    assert [records.encode(s) for s in published] == [records.encode(s) for s in replayed]
+    assert published[-1].final and live.through_seq == blocked[-1].seq
