@@ -261,10 +261,9 @@ def _pieces(run_dir: Path, kinds, stats: dict | None, after_seq: int, before_seq
                     if seq <= after_seq:
                         continue
                     if seq >= limit:
+                        # A block's seq is its last row's: its first rows may be before the limit.
                         if _BLOCK_MARK in line and (wanted is None or b"block" in wanted):
-                            chunk.append(
-                                line
-                            )  # a block's seq is its last row's: its first rows may be wanted
+                            chunk.append(line)
                         yield _decoded(chunk, stats, kinds, after_seq, limit, bounded)[0]
                         return  # the recorder writes in hub order: nothing wanted follows
             if wanted is not None and line.startswith(_KIND_FIRST):

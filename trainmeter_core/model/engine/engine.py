@@ -159,14 +159,13 @@ class Engine:
             return []
         state = self.state
         if state.nodes or self._t_offset or state.start_t is None:
-            feed = (
-                self.feed
-            )  # a job's rows, an attempt on another clock, the run's first row: feed's every step
+            # A job's rows, an attempt on another clock, the run's first row: every step of feed.
+            feed = self.feed
             for row in rows:
                 feed(row, snapshots)
             return []
         # What feed does to a row of a run on the hub's clock that has started, the handler's lookup included (a
-        # block's rows are steps, metrics and phases alone): 10% of a block's cost.
+        # block's rows are steps, metrics and phases alone): 3% of a block log's replay.
         on_step, on_metric, on_phase = self._on_step, self._on_metric, self._on_phase
         step_type, metric_type = records.Step, records.Metric
         for row in rows:
