@@ -13,6 +13,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
+import msgspec
 import pytest
 from blocks import block_of, blockify, expanded, log_line, same, training_run
 from test_replay_unchanged import LOGS
@@ -227,3 +228,22 @@ def test_the_live_engine_fed_blocks_makes_the_snapshots_a_replay_of_their_log_ma
     replayed = list(replay.snapshots(blocks_dir))
     assert [records.encode(s) for s in published] == [records.encode(s) for s in replayed]
     assert published[-1].final and live.through_seq == blocked[-1].seq
+
+
+def test_a_block_whose_columns_disagree_with_its_rows_is_skipped_and_counted_and_the_rest_read(tmp_path):
+    rows = training_run(60)
+    blocked = blockify(rows, at_most=30)
+    bad = [i for i, item in enumerate(blocked) if type(item) is records.Block][1:3]
+    lying = msgspec.structs.replace(blocked[bad[0]], rows=blocked[bad[0]].rows + 1)
+    short = msgspec.structs.replace(blocked[bad[1]], step_t=blocked[bad[1]].step_t[:-1])
+    log = list(blocked)
+    log[bad[0]], log[bad[1]] = lying, short
+    write_log(tmp_path, log)
+    kept = [row for i, item in enumerate(blocked) if i not in bad for row in expanded([item])]
+    for blocks in (False, True):
+        stats: dict = {}
+        assert same(expanded(read_log(tmp_path, stats=stats, blocks=blocks)), kept)
+        assert stats["skipped"] == 2 and stats["reasons"] == {"block": 2}
+    stats = {}
+    engine, last = replay.replay_engine(tmp_path, stats)
+    assert stats["skipped"] == 2 and last is not None and last.final

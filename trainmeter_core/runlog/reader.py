@@ -186,21 +186,24 @@ def read_log(
     whole = blocks or (kinds is not None and "block" in kinds)
     if kinds is not None and (whole or row_kinds):
         kinds = {*kinds, "block"}  # block lines pass the tag filter and are decoded
+    if stats is None:
+        stats = {}
     pieces = _pieces(run_dir, kinds, stats, after_seq, before_seq)
-    if whole and not after_seq and before_seq is None:
-        return itertools.chain.from_iterable(pieces)  # blocks as they are, none cut: nothing to look at
     if not whole and not row_kinds:
         return itertools.chain.from_iterable(pieces)  # no block wanted: none decoded
     limit = before_seq if before_seq is not None else 1 << 64
     cut_kinds = None if not row_kinds or row_kinds == records.ROW_KINDS else row_kinds
     return itertools.chain.from_iterable(
-        _opened(piece, whole, cut_kinds, after_seq, limit) for piece in pieces
+        _opened(piece, whole, cut_kinds, after_seq, limit, stats) for piece in pieces
     )
 
 
-def _opened(found: list, whole: bool, kinds: frozenset[str] | None, after_seq: int, limit: int) -> list:
+def _opened(
+    found: list, whole: bool, kinds: frozenset[str] | None, after_seq: int, limit: int, stats: dict
+) -> list:
     """A decoded list with each block in it as its rows of ``kinds`` (every row kind when None), or as it is when
-    ``whole`` and the bounds ``after_seq < seq < limit`` do not cut it (its rows inside them when they do)."""
+    ``whole`` and the bounds ``after_seq < seq < limit`` do not cut it (its rows inside them when they do). A block
+    whose columns disagree with its rows is skipped and counted, as a line that is no record is."""
     block_type = records.Block
     if block_type not in map(type, found):
         return found
@@ -209,15 +212,18 @@ def _opened(found: list, whole: bool, kinds: frozenset[str] | None, after_seq: i
         if type(record) is not block_type:
             out.append(record)
             continue
+        try:
+            records.block.validate(record)
+        except records.MalformedRecord:
+            stats["skipped"] += 1
+            stats["reasons"]["block"] = stats["reasons"].get("block", 0) + 1
+            continue
         seq = record.seq
         cut = seq is not None and (seq - record.rows < after_seq or seq >= limit)
         if whole and not cut:
             out.append(record)
             continue
-        try:
-            rows = records.block.expand(record, kinds, after_seq if seq is not None else 0)
-        except (IndexError, TypeError, ValueError):  # columns shorter than the rows they say: not a block
-            continue
+        rows = records.block.expand(record, kinds, after_seq if seq is not None else 0)
         if seq is not None and seq >= limit:
             rows = [row for row in rows if row.seq < limit]
         out.extend(rows)
@@ -560,6 +566,6 @@ def read_segment(path: Path, kinds: set[str] | None = None) -> Iterator[records.
         except records.MalformedRecord:
             continue
         if type(record) is records.Block and row_kinds:
-            yield from _opened([record], False, row_kinds, 0, 1 << 64)
+            yield from _opened([record], False, row_kinds, 0, 1 << 64, {"skipped": 0, "reasons": {}})
         elif kinds is None or records.kind_of(record) in kinds:
             yield record

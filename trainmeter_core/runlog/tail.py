@@ -67,13 +67,17 @@ def tail_records(
                 record = records.from_log_line(line + b"\n")
             except records.MalformedRecord:
                 continue
-            if blocks or type(record) is not records.Block:
+            if type(record) is not records.Block:
                 out.append(record)
                 continue
             try:
-                out.extend(records.block.expand(record))
-            except (IndexError, TypeError, ValueError):  # columns shorter than the rows they say: not a block
+                records.block.validate(record)
+            except records.MalformedRecord:  # columns that disagree with its rows: no record, as a bad line
                 continue
+            if blocks:
+                out.append(record)
+            else:
+                out.extend(records.block.expand(record))
         if out:
             return out
     return []
