@@ -1,7 +1,9 @@
 """Blocks for tests: a list of step, metric and phase records (one producer's) made into the ``records.Block`` that
 stands for them, and a run log's records with every run of such rows that a block can hold made into blocks.
 
-``block_of`` is ``records.block.expand`` undone: ``expand(block_of(rows)) == rows`` whenever ``holds(rows)``.
+``block_of`` is ``records.block.expand`` undone: ``expand(block_of(rows)) == rows`` whenever ``holds(rows)``. Beside
+them: a synthetic steady run to make blocks of (``training_run``), a log with its blocks as rows (``expanded``), the
+line the recorder writes (``log_line``), and a comparison of records that holds for NaN losses (``same``).
 """
 
 from __future__ import annotations
