@@ -148,7 +148,7 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
     metric_proto = Metric(values={}, **header)
     phase_proto = Phase(phase="startup", start_t=0.0, end_t=0.0, **header)
     dp = block.dp
-    loss_origin = block.loss_origin
+    loss_origin = _DEFAULT_ORIGIN if block.loss_origin == _DEFAULT_ORIGIN else block.loss_origin
     shift = block.wall - block.t  # a row's wall time: its t on the wall clock
     seq = None if block.seq is None else block.seq - block.rows
     out: list[Record] = []
