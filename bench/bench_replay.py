@@ -6,8 +6,14 @@ engine's checkpoint; plus N fuzzed golden logs (default 10,000).
 
 Prints figures (and ratios against 0.0.7 and a plain JSON decode of the same lines, measured in the same run); never
 fails on a time. Each replay runs in a fresh process of its own, so its peak memory is its own; rounds alternate.
-usage: python bench/bench_replay.py [--records N] [--fuzz N] [--rounds N] [--peer-venv /work/peer]
+usage: python bench/bench_replay.py [--records N] [--fuzz N] [--rounds N] [--peer-venv /work/peer] [--block-steps N]
 Targets (issue 16): >= 365k records/s and <= 200 MB for 1M records.
+
+The block log (issue 42): ``--block-steps`` steps (default 1M) of the same run as the agent sends them now, its steps,
+losses and data waits in blocks of at most 1,000 rows (333 steps: one flush), the GPU samples and ticks of those
+seconds after each block (the hub numbers a block when it arrives). Its replay (``final_snapshot``, a fresh process)
+beside a bare ``msgspec.json`` decode of the same file into typed records (``records.Block`` for its blocks). Targets:
+replay at least half the speed of that decode, peak memory <= 200 MB.
 """
 
 from __future__ import annotations
@@ -149,6 +155,76 @@ def synthetic_log(path: Path, n: int) -> tuple[int, int]:
                 )
             put(records.Tick(n=step // STEPS_PER_S, interval_s=1.0, source="launcher", t=t))
     return seq, step
+
+
+#: A block's rows at most: one flush of the agent.
+BLOCK_ROWS = 1_000
+
+
+def block_log(path: Path, steps: int) -> tuple[int, int]:
+    """The run of ``synthetic_log``, ``steps`` steps of it, as the agent sends it now: its facts, then per flush one
+    block of 333 steps (each step's data wait, loss and step: 999 rows) and the GPU samples and ticks of those seconds
+    (numbered after the block, which the hub numbers when it arrives). Returns (records the log stands for, lines)."""
+    from blocks import block_of
+
+    seq = lines = 0
+    t, wall = 1000.0, 1.8e9
+    agent = {"source": "agent", "host": "bench", "pid": 4242, "v": records.SCHEMA_VERSION}
+    with open(path / "events-0001.jsonl", "wb") as f:
+
+        def write(record: records.Record) -> None:
+            nonlocal lines
+            lines += 1
+            data = records.to_builtins(record)
+            data["seq"] = data.pop("seq")  # as the recorder writes it: the hub appends seq last
+            f.write(records.to_log_line(data))
+
+        def numbered(record: records.Record) -> records.Record:
+            nonlocal seq
+            seq += 1
+            record.seq, record.v, record.host = seq, records.SCHEMA_VERSION, "bench"
+            record.wall = wall + (record.t - 1000.0)
+            return record
+
+        write(numbered(records.Fact(name="peak", value={"flops": 1e12, "label": "declared", "source": "bench",
+                                                        "device_type": "cpu"},
+                                    provenance="declared", origin="--peak-tflops", t=t)))  # fmt: skip
+        for name, value in (
+            ("params", 124_000_000),
+            ("layers", 12),
+            ("d_model", 768),
+            ("tokens_per_step", 524_288),
+        ):
+            write(
+                numbered(records.Fact(name=name, value=value, provenance="declared", origin=f"--{name}", t=t))
+            )
+        step = 0
+        per_block = BLOCK_ROWS // 3
+        while step < steps:
+            rows: list[records.Record] = []
+            after: list[records.Record] = []
+            for _ in range(min(per_block, steps - step)):
+                rows.append(records.Phase(phase="data_wait", start_t=t, end_t=t + DATA_WAIT_S, step=step or None,
+                                          probe="dataloader", t=t + DATA_WAIT_S, **agent))  # fmt: skip
+                step += 1
+                t += STEP_S
+                rows.append(records.Metric(values={"train_loss": 3.0 - step * 1e-6}, step=step, origin="backward",
+                                           t=t, **agent))  # fmt: skip
+                rows.append(records.Step(step=step, step_time_s=STEP_S, micro_batches=1, tokens=524_288,
+                                         tokens_source="input_ids", tokens_global=524_288, dp=1, optimizers=1,
+                                         agent_us=30.0 if step % 16 == 0 else None, t=t, **agent))  # fmt: skip
+                if step % STEPS_PER_S == 0:
+                    for gpu in range(GPUS):
+                        after.append(records.SampleGpu(index=gpu, util_gpu=0.9, sm_active=0.7, tensor_active=0.4,
+                                                       dram_active=0.3, clock_sm_mhz=1755.0, power_w=600.0,
+                                                       source="gpu", t=t))  # fmt: skip
+                    after.append(records.Tick(n=step // STEPS_PER_S, interval_s=1.0, source="launcher", t=t))
+            for row in rows:
+                numbered(row)
+            write(block_of(rows))
+            for record in after:
+                write(numbered(record))
+    return seq, lines
 
 
 def peer_log(path: Path, steps: int) -> int:
@@ -312,6 +388,58 @@ def side_by_side(n: int, rounds: int, peer_venv: str | None) -> None:
         )
 
 
+_BARE_DECODE = """
+import json, sys, time
+import msgspec
+from trainmeter_core.model import records
+data = open(sys.argv[1] + "/events-0001.jsonl", "rb").read()
+decoder = msgspec.json.Decoder(records.AnyRecord)
+lines = data.splitlines()
+decoder.decode(lines[0])
+started = time.perf_counter()
+for line in lines:
+    decoder.decode(line)
+print(json.dumps({"s": time.perf_counter() - started}))
+"""
+
+
+def blocks_side_by_side(steps: int, rounds: int) -> None:
+    """The replay of a log of blocks (``final_snapshot``, a fresh process) and a bare typed decode of its lines (a
+    fresh process too), alternated."""
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp)
+        n, lines = block_log(run, steps)
+        size_mb = (run / "events-0001.jsonl").stat().st_size / 1e6
+        replays, decodes = [], []
+        for _ in range(rounds):
+            result = _replay_in_process(sys.executable, _OURS, run, env)
+            if result is not None:
+                replays.append(result)
+            result = _replay_in_process(sys.executable, _BARE_DECODE, run, env)
+            if result is not None:
+                decodes.append(result)
+        if not replays or not decodes:
+            return
+        replay_s = statistics.median(r["s"] for r in replays)
+        decode_s = statistics.median(r["s"] for r in decodes)
+        peak = max(r["peak_mb"] for r in replays)
+        seen = sorted({r["steps"] for r in replays})
+        print(
+            f"tm replay of a block log, {steps:,} steps = {n:,} records in {lines:,} lines ({size_mb:.0f} MB), fresh "
+            f"process: {replay_s:.2f} s = {n / replay_s:,.0f} records/s = {steps / replay_s:,.0f} steps/s "
+            f"(rounds {min(r['s'] for r in replays):.2f} to {max(r['s'] for r in replays):.2f} s), peak memory "
+            f"{peak:.0f} MB (target <= 200 MB); a bare msgspec.json decode of its lines into typed records: "
+            f"{decode_s:.2f} s (rounds {min(r['s'] for r in decodes):.2f} to {max(r['s'] for r in decodes):.2f} s); "
+            f"replay at {decode_s / replay_s:.3f}x of the decode's speed (target >= 0.5x); steps in the snapshot "
+            f"{seen}; {_load()}"
+        )
+        print(
+            f"  reproduce: {sys.executable} bench/bench_replay.py --block-steps {steps} --rounds {rounds} --only-blocks"
+        )
+
+
 def _load() -> str:
     with open("/proc/loadavg") as f:
         return "load average " + " ".join(f.read().split()[:3])
@@ -323,7 +451,13 @@ def main() -> None:
     parser.add_argument("--fuzz", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peer-venv", default=os.environ.get("TM_PEER_VENV") or "/work/peer")
+    parser.add_argument("--block-steps", type=int, default=1_000_000)
+    parser.add_argument("--only-blocks", action="store_true", help="only the block log's replay and decode")
     args = parser.parse_args()
+    if args.block_steps:
+        blocks_side_by_side(args.block_steps, args.rounds)
+    if args.only_blocks:
+        return
     side_by_side(args.records, args.rounds, args.peer_venv)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)

@@ -132,8 +132,11 @@ class BusComponent(Protocol):
 
     ``name``: names it in ``component`` records, for ``TM_DISABLE_COMPONENTS`` and ``TM_OWN_PROCESS``; unique among
     the loaded plugins (the first to take a name wins). ``subscribes``: the record kinds it reads (``("*",)`` for
-    every kind, ``()`` for a pure producer such as a sampler). ``shared``: only tm's built-ins may run as threads of
-    the shared ``components`` process; a plugin's component always gets a process of its own, whatever it says.
+    every kind, ``()`` for a pure producer such as a sampler). A component that reads ``step``, ``metric`` or
+    ``phase`` records gets each as its own record, also those an agent sent in a ``block``; one that names ``"block"``
+    among its kinds (``("*", "block")``: every kind) gets each block as it is instead, to take its steps in bulk.
+    ``shared``: only tm's built-ins may run as threads of the shared ``components`` process; a plugin's component
+    always gets a process of its own, whatever it says.
 
     ``run(ctx)`` loops until ``ctx.stopping`` is set and then returns; it reads with ``ctx.records(timeout_s)`` or
     ``ctx.recv(timeout_s)`` and publishes with ``ctx.publish(record)`` (:class:`ComponentContext`). Its working

@@ -13,13 +13,13 @@ import os
 import socket
 import sys
 
-from trainmeter_core.bus.component import ALL_KINDS, Component, ComponentContext
+from trainmeter_core.bus.component import ALL_KINDS_WITH_BLOCKS, Component, ComponentContext
 from trainmeter_core.model import records
 
 
 class WebComponent(Component):
     name = "web"
-    subscribes = ALL_KINDS
+    subscribes = ALL_KINDS_WITH_BLOCKS  # the dashboard takes a block whole: no step of it is built
     shared = False
 
     def run(self, ctx: ComponentContext) -> None:

@@ -26,8 +26,9 @@ NOTICES_KEPT = 50
 HISTORY_CACHE_ENTRIES = 512
 #: History deltas kept while the copy waits for a whole history (about ten minutes of ticks).
 DELTAS_HELD = 600
-#: The kinds the dashboard reads besides the engine's (what ``tm view`` and a dashboard take from the log).
-SIDE_KINDS = frozenset({"alert", "step", "run.start", "run.end", "bus.stats", "component", "notice"})
+#: The kinds the dashboard reads besides the engine's (what ``tm view`` and a dashboard take from the log). Of a step
+#: it reads the agent's own time alone, so it takes a block as it is (its ``agent_us`` column), never its rows.
+SIDE_KINDS = frozenset({"alert", "step", "block", "run.start", "run.end", "bus.stats", "component", "notice"})
 _PREFIX_METRIC = "tm:"
 _PREFIX_GPU = "tm:gpu:"
 _PREFIX_RANK = "tm:rank:"
@@ -118,6 +119,12 @@ class DashboardState:
                     self.agent_us_total += agent_us
                     self.agent_us_steps += 1
                     self.agent_us_last = agent_us
+            elif kind == "block":
+                for agent_us in record.agent_us:  # type: ignore[union-attr]  # its steps', in order
+                    if agent_us is not None:
+                        self.agent_us_total += agent_us
+                        self.agent_us_steps += 1
+                        self.agent_us_last = agent_us
             elif kind == "run.start":
                 self.run_start = record  # type: ignore[assignment]
                 self.run_end = None  # a resumed run's next attempt: it runs again

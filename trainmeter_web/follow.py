@@ -49,7 +49,7 @@ def replayed_dashboard(run_dir: Path, stats: dict | None = None) -> DashboardSta
     engine, snapshot = replay_engine(run_dir, stats)
     dashboard = DashboardState(run_dir, read_meta(run_dir))
     side: dict = {}
-    for record in read_log(run_dir, kinds=set(SIDE_KINDS), stats=side):
+    for record in read_log(run_dir, kinds=set(SIDE_KINDS), stats=side):  # "block" among them: blocks whole
         dashboard.feed(record)
     dashboard.load_history(engine.history, REPLAYED, 0, snapshot)
     # The whole log was read for the dashboard's own parts (the engine's read began at its checkpoint): its count of
@@ -158,7 +158,7 @@ class Following:
         from trainmeter_core.bus.client import Producer, Subscriber, read_endpoints
 
         endpoints = read_endpoints(run_dir)
-        self.subscriber = Subscriber(endpoints["out"])
+        self.subscriber = Subscriber(endpoints["out"], blocks=True)  # the dashboard takes a block whole
         self.producer = Producer(endpoints["in"], source="view", linger_ms=0)
         dashboard = DashboardState(run_dir, read_meta(run_dir))
         producer = self.producer

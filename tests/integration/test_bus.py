@@ -9,12 +9,14 @@ import os
 import threading
 
 import msgspec
+from blocks import blockify, same, training_run
 from deadline import wait_for
 from test_hub import END, raw_push, running_hub
 from tm_runs import log_records
 
 from trainmeter_core.bus import client as bus
 from trainmeter_core.model import records
+from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.rundir import RunLock
 
 
@@ -227,3 +229,68 @@ def test_subscribe_ends_when_the_launcher_lock_is_free(short_dir, tmp_path):
     threading.Timer(0.3, lock.release).start()
     # Nobody publishes: the iterator idles until the lock is free, then stops instead of waiting forever.
     assert list(items) == []
+
+
+def _received(sub: bus.Subscriber, done, what: str) -> list:
+    got: list = []
+    while not done(got):
+        record = sub.recv(30)
+        assert record is not None, f"timed out waiting for {what}"
+        if getattr(record, "step", None) != -1:  # the subscription's probes
+            got.append(record)
+    return got
+
+
+def test_a_subscriber_gets_the_rows_of_the_blocks_a_producer_sends_each_once_in_order_with_the_logs_seqs(
+    short_dir, tmp_path
+):
+    # 150 steps of one producer, with their losses, data-wait phases and learning rates, in blocks of at most 40
+    # records, between whole records (the facts, ticks and the run's start and end of the synthetic run).
+    rows = [r for r in training_run(150, nan_at=9) if r.source == "agent"]
+    sent = blockify(rows, at_most=40)
+    assert sum(type(item) is records.Block for item in sent) >= 10
+    for item in sent:
+        item.seq = None  # the hub numbers them
+    probes = [records.Step(step=-1), records.Metric(values={"probe": 1.0}, step=-1)]
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
+        steps = bus.Subscriber(hub.out_endpoint, ["step"])
+        losses = bus.Subscriber(hub.out_endpoint, ["metric"])
+        every = bus.Subscriber(hub.out_endpoint)
+        bulk = bus.Subscriber(hub.out_endpoint, blocks=True)
+        try:
+            for sub, probe in (
+                (steps, probes[0]),
+                (losses, probes[1]),
+                (every, probes[0]),
+                (bulk, probes[0]),
+            ):
+                _subscribed(sock, sub, records.encode(probe))
+            producer = bus.Producer(hub.in_endpoint, "agent")
+            for at in range(0, len(sent), 3):
+                assert producer.send_many(sent[at : at + 3])
+            producer.close()
+            got_steps = _received(steps, lambda got: len(got) == 150, "the steps")
+            got_metrics = _received(losses, lambda got: len(got) == 165, "the metrics")
+            got_every = _received(every, lambda got: got and records.kind_of(got[-1]) == "bye", "the bye")
+            got_bulk = _received(bulk, lambda got: got and records.kind_of(got[-1]) == "bye", "the bye")
+            assert (
+                every.gaps == bulk.gaps == 0
+            )  # (a subscriber of some kinds sees the others' numbers as gaps)
+        finally:
+            for sub in (steps, losses, every, bulk):
+                sub.close()
+    # Every step once, in order; the metrics (150 losses, one NaN, and 15 learning rates) likewise.
+    assert [s.step for s in got_steps] == list(range(1, 151))
+    assert sum(1 for m in got_metrics if m.values.get("train_loss") != m.values.get("train_loss")) == 1
+    # Their numbers are the log's (rows numbered by the hub inside their block), and so are the rows themselves.
+    assert same(got_steps, [r for r in read_log(tmp_path, {"step"}) if r.step != -1])
+    assert same(got_metrics, [r for r in read_log(tmp_path, {"metric"}) if r.step != -1])
+    assert [r.seq for r in got_every] == sorted({r.seq for r in got_every})
+    assert [records.kind_of(r) for r in got_every if records.kind_of(r) in records.ROW_KINDS] == [
+        records.kind_of(r) for r in rows if records.kind_of(r) in records.ROW_KINDS
+    ]
+    # Who asked for blocks got them as they are, each numbered as its last row.
+    blocks = [b for b in got_bulk if type(b) is records.Block]
+    assert len(blocks) == sum(type(item) is records.Block for item in sent)
+    assert same(blocks, read_log(tmp_path, {"block"}))
+    assert bulk.last_seq == every.last_seq

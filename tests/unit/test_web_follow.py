@@ -223,3 +223,26 @@ def test_catching_up_gives_up_when_asked_to_stop_before_anything_came(tmp_path):
     stopping.set()
     model = DashboardState(tmp_path / "run", {})
     assert not Follower(model, lambda timeout_s: None, stopping, lambda reason: None).catch_up()
+
+
+def test_a_dashboard_of_a_block_log_shows_what_the_log_of_rows_shows_without_building_a_step(tmp_path):
+    from blocks import blockify, log_line, training_run
+
+    rows = training_run(200)
+    blocked = blockify(rows, at_most=40)
+    docs = {}
+    for name, log in (("blocks", blocked), ("rows", rows)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "events-0001.jsonl").write_bytes(b"".join(log_line(r) for r in log))
+        dashboard = replayed_dashboard(tmp_path / name)
+        docs[name] = (dashboard.overhead_doc(), dashboard.snapshot_doc(), dashboard.through_seq)
+    assert docs["blocks"] == docs["rows"]
+    # The agent's own time of steps 16, 32, ... 192 (3 µs each): 12 steps.
+    assert docs["blocks"][0]["agent_steps"] == 12 and docs["blocks"][0]["agent_us_per_step"] == 3.0
+    # Fed live, a block whole and its rows one by one leave the same dashboard.
+    by_block, by_row = DashboardState(None, {}), DashboardState(None, {})
+    for item in blocked:
+        by_block.feed(item)
+    for row in rows:
+        by_row.feed(row)
+    assert by_block.overhead_doc() == by_row.overhead_doc() and by_block.through_seq == by_row.through_seq

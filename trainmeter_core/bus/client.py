@@ -225,11 +225,25 @@ def read_endpoints(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 class Subscriber:
-    """A SUB socket on the hub's XPUB, filtered by kind. Records come back typed, with their ``seq`` set."""
+    """A SUB socket on the hub's XPUB, filtered by kind. Records come back typed, with their ``seq`` set.
 
-    def __init__(self, endpoint: str, kinds: Iterable[str] | None = None, *, hwm: int = 1_000_000) -> None:
+    A ``block`` (``records.Block``: many ``step``, ``metric`` and ``phase`` records of one producer as columns) reaches
+    whoever asks for one of those kinds, or for every kind, as the records it stands for (of the kinds asked, each with
+    its own ``seq``), exactly as if each had been sent alone. Only with ``blocks=True``, or when asked for the kind
+    ``block`` by name, does it come as it is (its ``seq`` then its last row's): for whoever takes steps in bulk.
+    """
+
+    def __init__(
+        self, endpoint: str, kinds: Iterable[str] | None = None, *, hwm: int = 1_000_000, blocks: bool = False
+    ) -> None:
         zmq = _zmq()
         self.kinds = None if kinds is None else set(kinds)
+        # The row kinds a block is expanded into for this subscriber (empty: it takes no block)
+        self._row_kinds = (
+            records.ROW_KINDS if self.kinds is None else frozenset(self.kinds & records.ROW_KINDS)
+        )
+        self.blocks = blocks or (self.kinds is not None and "block" in self.kinds)
+        self._takes_blocks = self.blocks or bool(self._row_kinds)
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
@@ -238,7 +252,8 @@ class Subscriber:
             self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         else:
             # run.end always comes, so an iterator knows when the run is over.
-            for kind in self.kinds | {"run.end"}:
+            topics = self.kinds | {"run.end"} | ({"block"} if self._takes_blocks else set())
+            for kind in topics:
                 self._sock.setsockopt(zmq.SUBSCRIBE, records.topic(kind))
         self._sock.connect(endpoint)
         self._poller = zmq.Poller()
@@ -287,7 +302,8 @@ class Subscriber:
         # "*") holds none that a filter asked for; its records are still checked one by one below.
         mixed = frames[0] == MIXED_TOPIC
         if kinds is not None and not mixed and kind not in kinds and kind != "run.end":
-            return
+            if kind != "block" or not self._takes_blocks:
+                return
         seq = int.from_bytes(frames[1], "big")
         body = frames[2]
         # A record is a MessagePack map; an array is a group of consecutive records of one kind.
@@ -304,11 +320,31 @@ class Subscriber:
             except records.MalformedRecord:
                 self.malformed += 1
             else:
+                if type(record) is records.Block:
+                    # Numbered as its rows: frame 2 is its first row's number, its own seq its last row's.
+                    seq = self._take_block(record, seq)
+                    continue
                 record.seq = seq
                 if not mixed or kinds is None or records.kind_of(record) in kinds:
                     self._pending.append(record)
             seq += 1
         self.last_seq = seq - 1
+
+    def _take_block(self, block: records.Block, first: int) -> int:
+        """Queue a block numbered from ``first``: as it is, or as its rows of the kinds asked; the number after it."""
+        if block.rows < 1:
+            self.malformed += 1
+            return first + 1  # one number, as the hub gave any record it could not read as rows
+        block.seq = first + block.rows - 1
+        if self.blocks:
+            self._pending.append(block)
+        elif self._row_kinds:
+            kinds = None if self._row_kinds == records.ROW_KINDS else self._row_kinds
+            try:
+                self._pending.extend(records.block.expand(block, kinds))
+            except (IndexError, TypeError, ValueError):  # columns shorter than the rows they say: not a block
+                self.malformed += 1
+        return block.seq + 1
 
     def close(self) -> None:
         self._sock.close(linger=0)

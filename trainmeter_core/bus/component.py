@@ -19,6 +19,9 @@ from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.tail import last_seq
 
 ALL_KINDS = ("*",)
+#: Every kind, with each ``block`` as it is (not expanded into its step, metric and phase records): for a component that
+#: takes steps in bulk, as the engine does. ``"block"`` among other kinds asks for blocks as they are too.
+ALL_KINDS_WITH_BLOCKS = ("*", "block")
 STOP_CHECK_S = 0.1
 #: After the launcher asks components to stop, alerts from the final snapshot may still be on their way: wait until
 #: the bus has been quiet this long, but never longer than STOP_DRAIN_MAX_S (the supervisor kills at 3 s).
@@ -55,9 +58,11 @@ class ComponentContext:
         self.endpoints = endpoints
         self.meta: dict[str, Any] = json.loads((self.run_dir / "meta.json").read_text())
         self._producer = Producer(endpoints["in"], source=name, linger_ms=1000)
-        # ("*",) subscribes to every kind; () to none (a pure producer such as a sampler).
-        kinds = None if tuple(subscribes) == ALL_KINDS else subscribes
-        self._subscriber = Subscriber(endpoints["out"], kinds) if subscribes else None
+        # ("*",) subscribes to every kind; () to none (a pure producer such as a sampler). A block reaches a component
+        # as its rows unless it named the kind "block".
+        kinds = None if "*" in subscribes else subscribes
+        blocks = "block" in subscribes
+        self._subscriber = Subscriber(endpoints["out"], kinds, blocks=blocks) if subscribes else None
 
     @property
     def child_pid(self) -> int | None:

@@ -15,7 +15,7 @@ import secrets
 import time
 from pathlib import Path
 
-from trainmeter_core.bus.component import ALL_KINDS, Component, ComponentContext
+from trainmeter_core.bus.component import ALL_KINDS_WITH_BLOCKS, Component, ComponentContext
 from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history_sync import JournaledHistory
@@ -55,8 +55,17 @@ class LiveEngine:
             or record.seq <= self.through_seq
         ):
             return
-        self.engine.feed(record, snapshots=False)
+        self._feed_new(record, snapshots=False)
         self.through_seq = record.seq
+
+    def _feed_new(self, record: records.Record | records.Unknown, snapshots: bool) -> list[records.Snapshot]:
+        """Feed what of ``record`` is after ``through_seq``: all of it, or of a block that straddles it (the engine's
+        checkpoint or hand-over fell inside it) only its rows after it."""
+        if type(record) is records.Block and record.seq - record.rows < self.through_seq:
+            for row in records.block.expand(record, after_seq=self.through_seq):
+                self.engine.feed(row, snapshots)
+            return []
+        return self.engine.feed(record, snapshots)
 
     def caught_up(self) -> None:
         """Live from here on: the history's past reaches a dashboard whole (``history.sync``), never as a delta."""
@@ -70,7 +79,7 @@ class LiveEngine:
             or record.seq <= self.through_seq
         ):
             return []
-        snapshots = self.engine.feed(record)
+        snapshots = self._feed_new(record, snapshots=True)
         self.through_seq = record.seq
         if not snapshots:
             return []
@@ -92,7 +101,7 @@ class LiveEngine:
 
 class EngineComponent(Component):
     name = "engine"
-    subscribes = ALL_KINDS
+    subscribes = ALL_KINDS_WITH_BLOCKS  # steps in bulk: a block is fed whole
     shared = True
 
     def run(self, ctx: ComponentContext) -> None:
@@ -112,7 +121,7 @@ class EngineComponent(Component):
                 self._finish_from_log(ctx, live)
             return
         handover.wait_for_log()
-        for record in handover.from_log(after_seq=live.through_seq):
+        for record in handover.from_log(after_seq=live.through_seq, blocks=True):
             live.catch_up(record)
         live.caught_up()
         saved = Saved(ctx.run_dir, live)
@@ -133,7 +142,7 @@ class EngineComponent(Component):
 
     def _finish_from_log(self, ctx: ComponentContext, live: LiveEngine) -> None:
         """Feed a finished run's log quietly, but ``run.end`` itself aloud: its final snapshot, as it was live."""
-        for record in read_log(ctx.run_dir, after_seq=live.through_seq):
+        for record in read_log(ctx.run_dir, after_seq=live.through_seq, blocks=True):
             if records.kind_of(record) == "run.end":
                 live.caught_up()
                 for out in live.feed(record):

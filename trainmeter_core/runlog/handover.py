@@ -29,7 +29,7 @@ Receive = Callable[[float], "records.Record | records.Unknown | None"]
 def log_has_ended(run_dir: Path) -> bool:
     """True when the log's tail holds ``run.end`` (only late alerts are written after it) and no ``run.start`` after
     it (a resumed run's next attempt)."""
-    ends = [records.kind_of(r) for r in tail_records(Path(run_dir), _END_TAIL_B)]
+    ends = [records.kind_of(r) for r in tail_records(Path(run_dir), _END_TAIL_B, blocks=True)]
     ends = [kind for kind in ends if kind in ("run.start", "run.end")]
     return bool(ends) and ends[-1] == "run.end"
 
@@ -68,7 +68,9 @@ class HandOver:
                 continue
             self._pending.append(record)
             if records.kind_of(record) not in records.DERIVED_KINDS and record.seq is not None:
-                self.first_live = record.seq
+                # A block received as it is (its seq its last row's) starts with its first row.
+                is_block = type(record) is records.Block
+                self.first_live = record.seq - record.rows + 1 if is_block else record.seq
         return self.first_live is not None
 
     def wait_for_log(self) -> bool:
@@ -101,12 +103,20 @@ class HandOver:
         return False
 
     def from_log(
-        self, after_seq: int = 0, kinds: set[str] | None = None, stats: dict | None = None
+        self,
+        after_seq: int = 0,
+        kinds: set[str] | None = None,
+        stats: dict | None = None,
+        *,
+        blocks: bool = False,
     ) -> Iterator[records.Record | records.Unknown]:
         """The logged records with ``after_seq < seq <`` the first live one (those after a checkpoint at
-        ``after_seq``), in order; ``kinds`` keeps only those kinds (others are not even decoded)."""
+        ``after_seq``), in order; ``kinds`` keeps only those kinds (others are not even decoded). A block comes as
+        its rows, or as it is with ``blocks`` true (as its rows inside the bounds when they cut it: ``read_log``)."""
         assert self.first_live is not None, "wait_first_live first"
-        yield from read_log(self.run_dir, kinds, stats, after_seq=after_seq, before_seq=self.first_live)
+        yield from read_log(
+            self.run_dir, kinds, stats, after_seq=after_seq, before_seq=self.first_live, blocks=blocks
+        )
 
     def next(self, timeout_s: float) -> records.Record | records.Unknown | None:
         """The next live record: those kept while handing over first, then the bus's."""

@@ -4,6 +4,11 @@ A reader never crashes on a log: malformed lines, bytes that are not UTF-8, wron
 a SIGKILL are skipped and counted (by reason); kinds from a newer writer are kept as ``Unknown``. A reader that wants
 only the tail (``after_seq``, from a checkpoint) skips whole segments by their first sequence number and, inside a
 segment, every line at or before it by a look at its last key, so it never decodes a record it does not need.
+A ``block`` line (many steps, metrics and phases as columns, numbered as its rows) reaches whoever asks for one of those
+kinds as its rows, unless the reader asks for blocks as they are.
+
+Why one module: the tag filter, the bounds and the cutting of blocks at them are one pass over the same lines and
+chunks; split, each half would have to know how the other reads a line.
 """
 
 from __future__ import annotations
@@ -137,7 +142,8 @@ def first_seq(path: Path, stats: dict | None = None) -> int | None:
         except records.MalformedRecord:
             continue
         if record.seq is not None:
-            return record.seq
+            # A block's seq is its last row's: the segment starts with its first.
+            return record.seq - record.rows + 1 if type(record) is records.Block else record.seq
     return None
 
 
@@ -162,8 +168,13 @@ def read_log(
     *,
     after_seq: int = 0,
     before_seq: int | None = None,
+    blocks: bool = False,
 ) -> Iterator[records.Record | records.Unknown]:
     """Every record of a run's log in order, or only those with ``after_seq < seq < before_seq``.
+
+    A block comes as its rows of the kinds asked (``step``, ``metric``, ``phase``; every row when ``kinds`` is None),
+    each with its own ``seq``; with ``blocks`` true, or ``block`` among ``kinds``, as it is, unless the bounds cut it:
+    then as its rows inside them (of the row kinds asked, or of every row kind when none is).
 
     ``stats`` (if given) receives ``skipped`` and ``reasons`` (lines that are not records), ``unknown`` (records of a
     kind this version does not know), ``decoded`` (lines decoded in full, the segment index included) and
@@ -171,7 +182,52 @@ def read_log(
     ``before_seq``, a record that carries no sequence number cannot be placed and is left out. The records come in
     decoded lists through one ``itertools.chain``: no Python frame resumes per record (2% of a replay).
     """
-    return itertools.chain.from_iterable(_pieces(run_dir, kinds, stats, after_seq, before_seq))
+    row_kinds = records.ROW_KINDS if kinds is None else frozenset(kinds) & records.ROW_KINDS
+    whole = blocks or (kinds is not None and "block" in kinds)
+    if kinds is not None and (whole or row_kinds):
+        kinds = {*kinds, "block"}  # block lines pass the tag filter and are decoded
+    if stats is None:
+        stats = {}
+    pieces = _pieces(run_dir, kinds, stats, after_seq, before_seq)
+    if not whole and not row_kinds:
+        return itertools.chain.from_iterable(pieces)  # no block wanted: none decoded
+    limit = before_seq if before_seq is not None else 1 << 64
+    cut_kinds = None if not row_kinds or row_kinds == records.ROW_KINDS else row_kinds
+    return itertools.chain.from_iterable(
+        _opened(piece, whole, cut_kinds, after_seq, limit, stats) for piece in pieces
+    )
+
+
+def _opened(
+    found: list, whole: bool, kinds: frozenset[str] | None, after_seq: int, limit: int, stats: dict
+) -> list:
+    """A decoded list with each block in it as its rows of ``kinds`` (every row kind when None), or as it is when
+    ``whole`` and the bounds ``after_seq < seq < limit`` do not cut it (its rows inside them when they do). A block
+    whose columns disagree with its rows is skipped and counted, as a line that is no record is."""
+    block_type = records.Block
+    if block_type not in map(type, found):
+        return found
+    out: list = []
+    for record in found:
+        if type(record) is not block_type:
+            out.append(record)
+            continue
+        try:
+            records.block.validate(record)
+        except records.MalformedRecord:
+            stats["skipped"] += 1
+            stats["reasons"]["block"] = stats["reasons"].get("block", 0) + 1
+            continue
+        seq = record.seq
+        cut = seq is not None and (seq - record.rows < after_seq or seq >= limit)
+        if whole and not cut:
+            out.append(record)
+            continue
+        rows = records.block.expand(record, kinds, after_seq if seq is not None else 0)
+        if seq is not None and seq >= limit:
+            rows = [row for row in rows if row.seq < limit]
+        out.extend(rows)
+    return out
 
 
 def _pieces(run_dir: Path, kinds, stats: dict | None, after_seq: int, before_seq) -> Iterator[list]:
@@ -211,6 +267,9 @@ def _pieces(run_dir: Path, kinds, stats: dict | None, after_seq: int, before_seq
                     if seq <= after_seq:
                         continue
                     if seq >= limit:
+                        # A block's seq is its last row's: its first rows may be before the limit.
+                        if _BLOCK_MARK in line and (wanted is None or b"block" in wanted):
+                            chunk.append(line)
                         yield _decoded(chunk, stats, kinds, after_seq, limit, bounded)[0]
                         return  # the recorder writes in hub order: nothing wanted follows
             if wanted is not None and line.startswith(_KIND_FIRST):
@@ -419,6 +478,7 @@ def _wanted(line: bytes, wanted: set[bytes], stats: dict) -> bool:
 
 
 _KIND_FIRST = b'{"kind":"'
+_BLOCK_MARK = b'"kind":"block"'
 #: Lines decoded by one call: the typed decoder's per-call cost is paid once for all of them.
 _BATCH_LINES = 256
 _typed_batch = msgspec.json.Decoder(list[records.AnyRecord])  # type: ignore[valid-type]
@@ -471,6 +531,12 @@ def _decoded(
             if seq is None or seq <= after_seq:
                 continue
             if seq >= limit:
+                if (
+                    type(record) is records.Block
+                    and seq - record.rows + 1 < limit
+                    and (kinds is None or "block" in kinds)
+                ):
+                    out.append(record)  # its first rows are before the limit: read_log cuts it
                 return out, True
         if type(record) is records.Unknown:
             stats["unknown"] += 1
@@ -487,8 +553,11 @@ def _types_of(kinds: frozenset[str]) -> frozenset[type]:
 
 def read_segment(path: Path, kinds: set[str] | None = None) -> Iterator[records.Record | records.Unknown]:
     """The records of one segment in order (of ``kinds`` only, the others not decoded); lines that are not records
-    are skipped."""
+    are skipped. A block comes as its rows of the kinds asked."""
+    row_kinds = records.ROW_KINDS if kinds is None else frozenset(kinds) & records.ROW_KINDS
     marks = None if kinds is None else [f'"kind":"{k}"'.encode() for k in kinds]
+    if marks is not None and row_kinds:
+        marks.append(_BLOCK_MARK)
     for line in _lines(path):
         if not line.endswith(b"\n") or (marks is not None and not any(mark in line for mark in marks)):
             continue
@@ -496,5 +565,7 @@ def read_segment(path: Path, kinds: set[str] | None = None) -> Iterator[records.
             record = records.from_log_line(line)
         except records.MalformedRecord:
             continue
-        if kinds is None or records.kind_of(record) in kinds:
+        if type(record) is records.Block and row_kinds:
+            yield from _opened([record], False, row_kinds, 0, 1 << 64, {"skipped": 0, "reasons": {}})
+        elif kinds is None or records.kind_of(record) in kinds:
             yield record

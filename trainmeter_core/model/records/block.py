@@ -18,6 +18,8 @@ Each row's ``t`` is its own time; its ``wall`` is that time carried onto the wal
 import math
 from typing import Any
 
+import msgspec
+
 from trainmeter_core.model.records.codec import MalformedRecord
 from trainmeter_core.model.records.header import Record
 from trainmeter_core.model.records.loop import Metric, Phase, PhaseName, Step, TokenSource
@@ -26,6 +28,12 @@ from trainmeter_core.model.records.loop import Metric, Phase, PhaseName, Step, T
 ROW_KINDS = frozenset({"step", "metric", "phase"})
 #: The letters of ``order``.
 STEP, PHASE, METRIC = "s", "p", "m"
+#: A metric's default origin, the very object: msgspec leaves a field out of what it writes when it holds its default
+#: by identity, so a row whose origin equals it takes it, and is written as the record sent alone was (no "origin").
+_DEFAULT_ORIGIN = Metric(values={}).origin
+#: A record with some fields replaced: each row is a copy of its kind's prototype (``expand``). Every mutable field is
+#: replaced, so that no two rows share one.
+_copy = msgspec.structs.replace
 
 
 class Block(Record, tag="block", kw_only=True):
@@ -126,7 +134,8 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
     block's header; only those of ``kinds`` when given, and only those numbered after ``after_seq``.
 
     The block is taken as ``validate`` passed it (a hub checked it before numbering it): a column shorter than its
-    rows raises IndexError here."""
+    rows raises IndexError here. Each row is a copy of one record of its kind that holds the block's header (and what
+    every step of it shares), with its own fields replaced: a quarter of what building each with its header costs."""
     want_step = kinds is None or "step" in kinds
     want_phase = kinds is None or "phase" in kinds
     want_metric = kinds is None or "metric" in kinds
@@ -135,9 +144,15 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
         header["rank"] = block.rank
     if block.dropped:
         header["dropped"] = block.dropped
+    step_proto = Step(step=0, tokens_source=block.tokens_source, dp=block.dp, **header)
+    metric_proto = Metric(values={}, **header)
+    phase_proto = Phase(phase="startup", start_t=0.0, end_t=0.0, **header)
+    dp = block.dp
+    loss_origin = _DEFAULT_ORIGIN if block.loss_origin == _DEFAULT_ORIGIN else block.loss_origin
     shift = block.wall - block.t  # a row's wall time: its t on the wall clock
     seq = None if block.seq is None else block.seq - block.rows
     out: list[Record] = []
+    append = out.append
     s = p = m = 0
     for letter in block.order:
         if letter == STEP:
@@ -147,15 +162,16 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
                     seq += 1
                 if want_metric and (seq is None or seq > after_seq):
                     loss_t = block.loss_t[s]
-                    out.append(
-                        Metric(
+                    append(
+                        _copy(
+                            metric_proto,
                             values={"train_loss": loss},
                             step=block.step[s],
-                            origin=block.loss_origin,
+                            origin=loss_origin,
                             t=loss_t,
                             wall=loss_t + shift,
                             seq=seq,
-                            **header,
+                            absent={},
                         )
                     )
             if seq is not None:
@@ -163,21 +179,20 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
             if want_step and (seq is None or seq > after_seq):
                 t = block.step_t[s]
                 tokens = block.tokens[s]
-                out.append(
-                    Step(
+                append(
+                    _copy(
+                        step_proto,
                         step=block.step[s],
                         step_time_s=block.step_time_s[s],
                         optimizers=block.optimizers[s],
                         agent_us=block.agent_us[s],
                         micro_batches=block.micro_batches[s],
                         tokens=tokens,
-                        tokens_source=block.tokens_source,
-                        dp=block.dp,
-                        tokens_global=tokens * block.dp,
+                        tokens_global=tokens * dp,
                         t=t,
                         wall=t + shift,
                         seq=seq,
-                        **header,
+                        absent={},
                     )
                 )
             s += 1
@@ -186,8 +201,9 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
                 seq += 1
             if want_phase and (seq is None or seq > after_seq):
                 end_t = block.phase_end_t[p]
-                out.append(
-                    Phase(
+                append(
+                    _copy(
+                        phase_proto,
                         phase=block.phase[p],
                         start_t=block.phase_start_t[p],
                         end_t=end_t,
@@ -196,7 +212,8 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
                         t=end_t,
                         wall=end_t + shift,
                         seq=seq,
-                        **header,
+                        absent={},
+                        paths=[],
                     )
                 )
             p += 1
@@ -205,15 +222,17 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
                 seq += 1
             if want_metric and (seq is None or seq > after_seq):
                 t = block.metric_t[m]
-                out.append(
-                    Metric(
+                origin = block.metric_origin[m]
+                append(
+                    _copy(
+                        metric_proto,
                         values=block.metric_values[m],
                         step=block.metric_step[m],
-                        origin=block.metric_origin[m],
+                        origin=_DEFAULT_ORIGIN if origin == _DEFAULT_ORIGIN else origin,
                         t=t,
                         wall=t + shift,
                         seq=seq,
-                        **header,
+                        absent={},
                     )
                 )
             m += 1

@@ -1,0 +1,183 @@
+"""The engine takes a block whole: its state ends exactly as if each row had been fed in order (the whole state as
+bytes, history included, and every snapshot field by field), for one rank's run with its losses (one NaN) and tokens,
+a resumed run on another clock, a job's records from two nodes, and a live engine whose checkpoint fell inside a
+block."""
+
+from __future__ import annotations
+
+import math
+
+from blocks import WALL0, blockify, expanded, training_run
+
+from trainmeter_core.components.engine import LiveEngine
+from trainmeter_core.model import records
+from trainmeter_core.model.engine import Engine
+from trainmeter_core.model.history_sync import JournaledHistory
+
+
+def fed(log: list) -> tuple[Engine, list[bytes]]:
+    """An engine fed ``log`` in order, and its snapshots as MessagePack (NaN compares equal as bytes)."""
+    engine = Engine()
+    made = [records.encode(snapshot) for record in log for snapshot in engine.feed(record)]
+    return engine, made
+
+
+def assert_same_engine(blocked: list, rows: list) -> Engine:
+    by_block, snapshots_by_block = fed(blocked)
+    by_row, snapshots_by_row = fed(rows)
+    assert snapshots_by_block == snapshots_by_row
+    assert by_block.state_bytes() == by_row.state_bytes()
+    assert by_block.state.through_seq == by_row.state.through_seq == rows[-1].seq
+    return by_block
+
+
+def test_a_block_fed_whole_leaves_the_state_its_rows_fed_one_by_one_leave_losses_and_tokens_included():
+    rows = training_run(200, nan_at=37)
+    blocked = blockify(rows, at_most=64)
+    assert sum(type(item) is records.Block for item in blocked) >= 8
+    assert expanded(blocked) == rows
+    engine = assert_same_engine(blocked, rows)
+    # Every step's loss was kept: the NaN at step 37 counted, the last loss 5/200, 200 steps of 1024 tokens.
+    assert engine.state.loss_nonfinite == 1
+    assert engine.state.series["train_loss"].value == 5.0 / 200
+    assert engine.state.tokens_seen == 200 * 1024
+    assert engine.state.last_step == 200
+
+
+def test_a_block_whose_last_row_is_a_loss_and_one_holding_phases_alone_feed_as_their_rows():
+    rows = training_run(30)
+    # Cut the runs so that blocks end on a loss metric (its step in the next block) and hold a lone phase.
+    blocked = blockify(rows, at_most=2)
+    kinds = {
+        tuple(records.kind_of(row) for row in records.block.expand(b))
+        for b in blocked
+        if type(b) is records.Block
+    }
+    assert ("phase", "metric") in kinds and ("step", "phase") in kinds
+    assert_same_engine(blocked, rows)
+
+
+def resumed_run() -> list[records.Record]:
+    """Attempt 1 steps 1..40 and is lost; attempt 2 starts on a clock that restarted (its monotonic times from 0
+    again, 100 s later on the wall clock), resumes after step 30 and steps 31..60 (its first step the resumed one)."""
+    first = [record for record in training_run(40) if type(record) is not records.RunEnd]
+    second = training_run(30)
+    for record in second:
+        record.wall += 100.0 + first[-1].t
+        if type(record) is records.RunStart:
+            record.attempt, record.resume_reason = 2, "--resume"
+        if type(record) in (records.Step, records.Metric, records.Phase) and record.step is not None:
+            record.step += 30
+        if type(record) is records.Step and record.step == 31:
+            record.resumed_from = 30
+        if type(record) is records.Tick:
+            record.n += 40 // 25
+    log = first + second
+    for seq, record in enumerate(log, start=1):
+        record.seq = seq
+    return log
+
+
+def test_a_resumed_runs_blocks_on_the_next_attempts_clock_feed_as_their_rows():
+    rows = resumed_run()
+    blocked = blockify(rows, at_most=50)
+    assert sum(type(item) is records.Block for item in blocked) >= 4
+    engine = assert_same_engine(blocked, rows)
+    assert len(engine.state.attempts) == 2 and engine.state.resume.t_offset != 0
+
+
+AHEAD_S = 1000.0  # node1's clock runs this far ahead of the hub's
+
+
+def job_run() -> list[records.Record]:
+    """A two-node job as the job hub (node0) logs it: node0's rank 0 and node1's rank 1 each send their steps in
+    turns of ten, node1's on its own clock (the clock map says how far ahead)."""
+    place = records.JobPlace(id="j", node_rank=0, nnodes=2, hub="10.0.0.1:29401", found_by="torchrun flags")
+    log: list[records.Record] = [
+        records.RunStart(
+            t=0.5, host="node0", run_id="r0", name="job", run_dir="/r0", command=["torchrun"], cwd="/",
+            tm_version="0", python="3.11", platform="linux", job=place,
+        ),
+        records.ClockMap(
+            t=0.6, host="node0", node_rank=1, node_host="node1", offset_s=-AHEAD_S, basis="round_trip",
+            uncertainty_s=1e-4,
+        ),
+        records.NodeEvent(t=0.6, host="node0", node_rank=1, node_host="node1", event="joined"),
+    ]  # fmt: skip
+    node0 = [
+        r for r in training_run(60, host="node0", rank=0) if type(r) not in (records.RunStart, records.RunEnd)
+    ]
+    node1 = [
+        r for r in training_run(60, host="node1", rank=1) if type(r) not in (records.RunStart, records.RunEnd)
+    ]
+    node1 = [r for r in node1 if type(r) is not records.Tick]
+    for record in node1:
+        record.t += AHEAD_S
+        if type(record) is records.Phase:
+            record.start_t += AHEAD_S
+            record.end_t += AHEAD_S
+    steps_seen = 0
+    at0 = at1 = 0
+    while at0 < len(node0) or at1 < len(node1):
+        # Ten steps of node0 (with what comes between them), then ten of node1.
+        for source, at in ((node0, at0), (node1, at1)):
+            stop = at
+            taken = 0
+            while stop < len(source) and taken < 10:
+                if type(source[stop]) is records.Step:
+                    taken += 1
+                stop += 1
+            log.extend(source[at:stop])
+            if source is node0:
+                at0 = stop
+            else:
+                at1 = stop
+            steps_seen += taken
+    log.append(
+        records.RunEnd(t=log[-1].t + 1, host="node0", status=0, reason="exited", exit_code=0, elapsed_s=1.0)
+    )
+    for seq, record in enumerate(log, start=1):
+        record.seq = seq
+        record.wall = record.wall or WALL0 + record.t
+    return log
+
+
+def test_a_jobs_blocks_from_two_nodes_feed_as_their_rows_on_the_hubs_clock():
+    rows = job_run()
+    blocked = blockify(rows)
+    hosts = {item.host for item in blocked if type(item) is records.Block}
+    assert hosts == {"node0", "node1"}
+    engine = assert_same_engine(blocked, rows)
+    assert engine.state.nodes and engine.state.last_step == 60
+
+
+def test_a_live_engine_whose_checkpoint_fell_inside_a_block_feeds_only_the_rows_after_it():
+    rows = training_run(50)
+    blocked = blockify(rows, at_most=40)
+    block = next(item for item in blocked if type(item) is records.Block and item.seq > 20)
+    through = block.seq - block.rows // 2  # inside the block
+    # The engine that wrote the checkpoint was fed every row up to ``through``.
+    restored = LiveEngine(Engine(history=JournaledHistory()))
+    for row in rows:
+        if row.seq <= through:
+            restored.catch_up(row)
+    everything = LiveEngine(Engine(history=JournaledHistory()))
+    for row in rows:
+        everything.catch_up(row)
+    for item in blocked:
+        restored.catch_up(item)
+    assert restored.through_seq == everything.through_seq == rows[-1].seq
+    assert restored.engine.state_bytes() == everything.engine.state_bytes()
+
+
+def test_a_live_block_after_the_checkpoint_makes_no_snapshot_and_the_tick_after_it_the_rows_snapshot():
+    rows = training_run(25)  # one tick, after step 25
+    blocked = blockify(rows)
+    by_block, by_row = LiveEngine(), LiveEngine()
+    out_block = [out for item in blocked for out in by_block.feed(item)]
+    out_row = [out for row in rows for out in by_row.feed(row)]
+    snapshots = [records.encode(o) for o in out_block if type(o) is records.Snapshot]
+    assert snapshots == [records.encode(o) for o in out_row if type(o) is records.Snapshot]
+    assert len(snapshots) == 2  # the tick's and the final one
+    final = out_block[-2]
+    assert final.final and not math.isnan(by_block.engine.state.series["train_loss"].value)
