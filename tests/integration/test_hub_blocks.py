@@ -42,7 +42,7 @@ def test_a_block_is_numbered_as_its_rows_logged_as_one_line_and_published_alone_
     with (
         running_hub(short_dir, tmp_path) as hub,
         raw_sub(hub.out_endpoint) as sub,
-        bus.Subscriber(hub.out_endpoint) as subscriber,
+        bus.Subscriber(hub.out_endpoint, blocks=True) as subscriber,
         raw_push(hub.in_endpoint) as push,
     ):
         wait_for(lambda: len(hub.topics) >= 1, what="the subscriptions")
@@ -70,9 +70,9 @@ def test_a_block_is_numbered_as_its_rows_logged_as_one_line_and_published_alone_
         counts = dict(hub.kinds)
         # Two notices and the block's 30 rows, with whatever ticks and stats the hub added meanwhile: all published.
         assert hub.received == hub.published >= 32 and hub.malformed == 0 and hub.steps == 10
-    # The current subscriber numbers what a message carries from frame 2: the block comes with its first row's seq.
+    # A subscriber that takes blocks whole gets the block with its own seq, its last row's.
     got = [r for r in seen if records.kind_of(r) == "block"]
-    assert got and got[0].seq == first and got[0].step == block.step
+    assert got and got[0].seq == first + 29 and got[0].step == block.step
     assert (counts["step"], counts["phase"], counts["metric"]) == (10, 10, 10)
     assert "block" not in counts  # counted as the records it stands for
     log = log_records(tmp_path)
@@ -130,7 +130,7 @@ def test_ten_thousand_garbage_blocks_are_each_refused_and_the_hub_and_recorder_g
     print(f"kinds of garbage: {sorted(whys.items())}")
     assert hub.malformed == GARBAGE_BLOCKS
     stats: dict = {}
-    logged = list(read_log(tmp_path, stats=stats))
+    logged = list(read_log(tmp_path, stats=stats, blocks=True))
     assert stats["skipped"] == 0
     assert [n for r in logged if records.kind_of(r) == "block" for n in r.step] == good_steps
     assert records.kind_of(logged[-1]) == "run.end"

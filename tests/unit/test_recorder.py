@@ -72,11 +72,13 @@ def test_below_the_reserve_only_run_step_block_fact_and_alert_are_kept_and_the_r
         records.Notice(topic="t", message="m"),
         records.RunEnd(status=0, reason="exited", elapsed_s=1.0),
     ]
-    for seq, record in enumerate(logged, start=1):
+    seq = 0
+    for record in logged:
+        seq += record.rows if isinstance(record, records.Block) else 1  # a block is numbered as its rows
         recorder.put(_data(record, seq))
     recorder.start()
     recorder.close()
-    kept = [records.kind_of(r) for r in read_log(tmp_path)]
+    kept = [records.kind_of(r) for r in read_log(tmp_path, blocks=True)]
     assert kept == ["run.start", "step", "block", "fact", "alert", "run.end"]
     # hello, metric, sample.gpu, tick and notice: 5 skipped.
     assert recorder.reserve_skipped == 5
@@ -125,7 +127,7 @@ def test_a_block_weighs_its_rows_in_the_queue_and_a_dropped_one_counts_them(tmp_
     assert not recorder.put(_data(records.Step(step=9), 16)) and recorder.queue_dropped == 4
     recorder.start()
     recorder.close()
-    assert [r.seq for r in read_log(tmp_path)] == [9, 12]
+    assert [r.seq for r in read_log(tmp_path, blocks=True)] == [9, 12]
     assert recorder.put(_data(records.Step(step=9), 16))  # written: the queue is empty again
 
 
@@ -150,7 +152,7 @@ def test_a_block_is_one_line_of_number_arrays_ending_with_its_last_seq_its_nan_l
     (line,) = (tmp_path / "events-0001.jsonl").read_bytes().splitlines()
     assert line.startswith(b'{"kind":"block"') and line.endswith(b',"seq":9}')
     assert b'"step":[1,2,3]' in line and b'"loss":[3.0,"NaN",' in line
-    (back,) = read_log(tmp_path)
+    (back,) = read_log(tmp_path, blocks=True)
     assert back.seq == 9 and back.step == [1, 2, 3] and math.isnan(back.loss[1])
     assert recorder.flushed_seq == 9
 
@@ -183,11 +185,11 @@ def test_a_typed_block_is_written_beside_mappings_in_seq_order(tmp_path):
     recorder.start()
     recorder.put(_data(records.Step(step=1), 1))
     block = steady_block(2, 2)
-    block.seq = 7
+    block.seq = 7  # its 6 rows: 2 .. 7
     assert recorder.put_block(block)
     recorder.put(_data(records.Step(step=4), 8))
     recorder.close()
-    assert [r.seq for r in read_log(tmp_path)] == [1, 7, 8]
+    assert [r.seq for r in read_log(tmp_path, blocks=True)] == [1, 7, 8]
     assert recorder.flushed_seq == 8
 
 
