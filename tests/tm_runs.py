@@ -39,7 +39,8 @@ def expand_blocks(logged: list[dict]) -> list[dict]:
         if data.get("kind") != "block":
             out.append(data)
             continue
-        for row in block.expand(records.from_log_line(json.dumps(data))):
+        # Every row, whatever its number: a hub that numbers a block as one record leaves its first rows' below 1.
+        for row in block.expand(records.from_log_line(json.dumps(data)), after_seq=-(2**62)):
             out.append(json.loads(records.to_log_line(records.to_builtins(row))))
     return out
 

@@ -245,12 +245,12 @@ class Outbox:
 
     def _cut(self) -> None:
         """The rows written so far become one block at the end of the batch; the columns start over."""
-        from trainmeter_core.model.records.block import Block
+        from trainmeter_core.model import records
 
         s, p, m, rows = self._s, self._p, self._m, self._rows
         step_flags = self._step_flags
         losses = [self._loss[i] if step_flags[i] & _HAS_LOSS else None for i in range(s)]
-        block = Block(
+        block = records.Block(
             rows=rows + sum(1 for loss in losses if loss is not None),
             order=self._order[:rows].decode("ascii"),
             step=self._step[:s].tolist(),
