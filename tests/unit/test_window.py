@@ -28,16 +28,6 @@ def _records(items: list, **header) -> list:
     return out
 
 
-def test_the_agents_item_codes_are_the_windows():
-    from trainmeter_agent import _outbox
-
-    assert (_outbox.STEADY_STEP, _outbox.PHASE, _outbox.METRIC) == (
-        agent_batch.STEADY_STEP,
-        agent_batch.BARE_PHASE,
-        agent_batch.BARE_METRIC,
-    )
-
-
 def test_a_steady_step_is_its_loss_then_its_step_each_dated_on_the_wall_clock_by_its_own_t():
     steady = (agent_batch.STEADY_STEP, 7, 99.5, 0.25, 1, 12.5, 2, 16, "input_ids", 4, 2.5, 99.25, "backward")
     loss, step = _records([steady])
@@ -137,30 +127,3 @@ def test_an_array_that_is_not_one_of_the_three_items_is_malformed(item):
 def test_a_window_that_cannot_be_read_is_malformed(payload):
     with pytest.raises(records.MalformedRecord):
         agent_batch.split_window(payload)
-
-
-def test_the_count_a_window_is_sent_with_is_the_number_of_records_the_hub_builds_from_it():
-    from trainmeter_agent._outbox import Outbox
-
-    def steady(step: int, loss: float | None) -> tuple:
-        t = 10.0 + step
-        return (agent_batch.STEADY_STEP, step, t, 0.1, 1, None, 1, 8, "input_ids", 1, loss, t, "backward")
-
-    sent: list[tuple[list, int]] = []
-    outbox = Outbox(lambda batch, logged: sent.append((batch, logged)), window_s=60.0, max_records=3)
-    items = [
-        steady(1, 2.5),
-        (agent_batch.BARE_PHASE, "data_wait", 11.0, 11.1, 1, "dataloader"),
-        steady(2, None),  # no loss with this step: one record
-        steady(3, 2.25),
-        (agent_batch.BARE_METRIC, 13.5, {"lr": 0.1}, 3, "emit"),
-    ]
-    outbox.ready = True
-    for item in items:
-        outbox.put(item, 10.0)
-        if item[0] == agent_batch.STEADY_STEP and item[1] == 3:
-            # The timer's flush between two puts (what it does when the loop pauses): each window counts its own.
-            outbox.flush()
-    outbox.flush()
-    assert [len(batch) for batch, _ in sent] == [3, 1, 1]
-    assert [logged for _, logged in sent] == [len(_records(batch)) for batch, _ in sent] == [4, 2, 1]
