@@ -238,7 +238,7 @@ class Agent(StepRecords, EmitCalls):
                 held.append(self._probe_fact(name, state))
             if held:
                 self.producer.send_many(held)
-            self.outbox.page.open(self.outbox.max_records)  # the launcher's count of this process's steps
+            self.outbox.open_page(self.outbox.max_records)  # the launcher's count of this process's steps
             self.outbox.ready = True
             return True
         except Exception as exc:

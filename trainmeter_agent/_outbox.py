@@ -13,9 +13,9 @@ would delay a signal meant to kill a process stuck in native code) and never rai
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
-from array import array
 
 from trainmeter_core.bus.step_page import COUNTED, HANDED, WINDOWS, StepPage
 
@@ -33,6 +33,24 @@ QUIET_MAX_S = 1.0
 _STEP, _PHASE, _METRIC = ord("s"), ord("p"), ord("m")
 # A step row's flags: its loss read at backward(), its agent time.
 _HAS_LOSS, _HAS_AGENT_US = 1, 2
+#: A step's row: step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, loss, loss_t, flags.
+STEP_ROW = struct.Struct("=qddqdqqddB")
+#: A phase's row: start_t, end_t, step, whether it has a step.
+PHASE_ROW = struct.Struct("=ddqB")
+#: A metric's row: t, step, whether it has a step.
+METRIC_ROW = struct.Struct("=dqB")
+# The hot rows' stores and sizes as globals: one lookup each, not two.
+_pack_step, _STEP_B = STEP_ROW.pack_into, STEP_ROW.size
+_pack_phase, _PHASE_B = PHASE_ROW.pack_into, PHASE_ROW.size
+
+
+def _columns_of(row: struct.Struct, packed: bytearray, count: int, fields: int) -> list[list]:
+    """The first ``count`` packed rows as one list per field."""
+    if not count:
+        return [[] for _ in range(fields)]
+    return [
+        list(column) for column in zip(*row.iter_unpack(memoryview(packed)[: count * row.size]), strict=True)
+    ]
 
 
 class Outbox:
@@ -60,6 +78,7 @@ class Outbox:
         self._idle = True  # the flush thread sleeps without a deadline: the next row wakes it
         self._loop_flushed = False  # a window left since the flush thread last looked
         self._pid = os.getpid()
+        self._slots = self.page.slots
         self._columns(max(1, self.max_records))
         self._batch: list = []  # whole records and cut blocks, in order
         self._queued = 0  # rows and whole records in the open window
@@ -67,45 +86,38 @@ class Outbox:
         self.ready = False  # the flush thread flushes only once the agent may send (hello went out)
 
     def _columns(self, capacity: int) -> None:
-        """The columns, each of ``capacity`` entries: a window's rows of one kind are at most that many."""
+        """The columns, room for ``capacity`` rows of each kind (a window holds at most that many rows in all)."""
         self._capacity = capacity
-        zeros_d, zeros_q = array("d", bytes(8 * capacity)), array("q", bytes(8 * capacity))
         self._order = bytearray(capacity)
         self._rows = 0
-        # steps
+        # Steps: one packed row each (STEP_ROW), and what a block says once for its steps.
         self._s = 0
-        self._step, self._step_t, self._step_time_s = (
-            array("q", zeros_q),
-            array("d", zeros_d),
-            array("d", zeros_d),
-        )
-        self._optimizers, self._agent_us = array("q", zeros_q), array("d", zeros_d)
-        self._micro_batches, self._tokens = array("q", zeros_q), array("q", zeros_q)
-        self._loss, self._loss_t, self._step_flags = (
-            array("d", zeros_d),
-            array("d", zeros_d),
-            bytearray(capacity),
-        )
+        self._step_rows = bytearray(STEP_ROW.size * capacity)
         self._tokens_source: str | None = None
         self._dp: int | None = None
         self._loss_origin = "backward"
-        # phases: names and probes are the probes' own constant strings, kept in lists of fixed length
+        # Phases: times and step packed (PHASE_ROW); names and probes are the probes' own constant strings.
         self._p = 0
+        self._phase_rows = bytearray(PHASE_ROW.size * capacity)
         self._phase: list = [None] * capacity
         self._phase_probe: list = [None] * capacity
-        self._phase_start_t, self._phase_end_t = array("d", zeros_d), array("d", zeros_d)
-        self._phase_step, self._phase_has_step = array("q", zeros_q), bytearray(capacity)
-        # metrics: each row's values are the caller's dict
+        # Metrics: time and step packed (METRIC_ROW); each row's values are the caller's dict until it leaves.
         self._m = 0
-        self._metric_t = array("d", zeros_d)
+        self._metric_rows = bytearray(METRIC_ROW.size * capacity)
         self._metric_values: list = [None] * capacity
         self._metric_origin: list = [None] * capacity
-        self._metric_step, self._metric_has_step = array("q", zeros_q), bytearray(capacity)
+
+    def open_page(self, window_records: int) -> None:
+        """Map this process's step page (``trainmeter_core.bus.step_page``): the slots the rows write from now on."""
+        self.page.open(window_records)
+        self._slots = self.page.slots
 
     def __len__(self) -> int:
         return self._queued
 
     # -- the loop's rows --------------------------------------------------------------------------------------------
+    # Each row is one packed store (``Struct.pack_into``, one C call, nothing allocated) under the lock, and the
+    # window's bookkeeping written out in place: on a tight loop every call and line of an iteration shows.
 
     def put_step(
         self,
@@ -123,7 +135,9 @@ class Outbox:
         loss_origin: str,
     ) -> None:
         """A steady step's row (and the ``train_loss`` metric before it, when ``loss`` is not None)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # acquire and release: half the cost of a with block
+        try:
             s = self._s
             if s and (
                 tokens_source != self._tokens_source or dp != self._dp or loss_origin != self._loss_origin
@@ -132,65 +146,95 @@ class Outbox:
                 s = 0
             if not s:
                 self._tokens_source, self._dp, self._loss_origin = tokens_source, dp, loss_origin
-            self._step[s] = step
-            self._step_t[s] = t
-            self._step_time_s[s] = step_time_s
-            self._optimizers[s] = optimizers
-            self._micro_batches[s] = micro_batches
-            self._tokens[s] = tokens
             flags = 0
-            if agent_us is not None:
-                self._agent_us[s] = agent_us
+            if agent_us is None:
+                agent_us = 0.0
+            else:
                 flags = _HAS_AGENT_US
-            if loss is not None:
-                self._loss[s] = loss
-                self._loss_t[s] = loss_t
+            if loss is None:
+                loss = loss_t = 0.0
+            else:
                 flags |= _HAS_LOSS
-            self._step_flags[s] = flags
+            _pack_step(
+                self._step_rows,
+                s * _STEP_B,
+                step,
+                t,
+                step_time_s,
+                optimizers,
+                agent_us,
+                micro_batches,
+                tokens,
+                loss,
+                loss_t,
+                flags,
+            )
             self._s = s + 1
-            self.steps += 1
-            self.page.slots[COUNTED] = self.steps  # a plain store into the mapped page: no syscall
-            self._row(_STEP, t)
+            steps = self.steps + 1
+            self.steps = steps
+            self._slots[COUNTED] = steps  # a plain store into the mapped page: no syscall
+            rows = self._rows
+            self._order[rows] = _STEP
+            self._rows = rows + 1
+            queued = self._queued + 1
+            self._queued = queued
+            if queued == 1:
+                self._opened(t)
+            elif (
+                t - self._opened_t >= self.window_s
+                or queued >= self.max_records
+                or rows + 1 >= self._capacity
+            ):
+                self._flush()
+        finally:
+            lock.release()
 
     def put_phase(self, phase: str, start_t: float, end_t: float, step: int | None, probe: str) -> None:
         """A phase's row (a phase with no other field: a DataLoader batch's data wait)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # acquire and release: half the cost of a with block
+        try:
             p = self._p
+            if step is None:
+                _pack_phase(self._phase_rows, p * _PHASE_B, start_t, end_t, 0, 0)
+            else:
+                _pack_phase(self._phase_rows, p * _PHASE_B, start_t, end_t, step, 1)
             self._phase[p] = phase
             self._phase_probe[p] = probe
-            self._phase_start_t[p] = start_t
-            self._phase_end_t[p] = end_t
-            if step is None:
-                self._phase_has_step[p] = 0
-            else:
-                self._phase_step[p] = step
-                self._phase_has_step[p] = 1
             self._p = p + 1
-            self._row(_PHASE, end_t)
+            rows = self._rows
+            self._order[rows] = _PHASE
+            self._rows = rows + 1
+            queued = self._queued + 1
+            self._queued = queued
+            if queued == 1:
+                self._opened(end_t)
+            elif (
+                end_t - self._opened_t >= self.window_s
+                or queued >= self.max_records
+                or rows + 1 >= self._capacity
+            ):
+                self._flush()
+        finally:
+            lock.release()
 
     def put_metric(self, t: float, values: dict, step: int | None, origin: str) -> None:
         """A metric's row: the values (already real numbers), the step that labels them, who sent them."""
         with self._lock:
             m = self._m
-            self._metric_t[m] = t
+            if step is None:
+                METRIC_ROW.pack_into(self._metric_rows, m * METRIC_ROW.size, t, 0, 0)
+            else:
+                METRIC_ROW.pack_into(self._metric_rows, m * METRIC_ROW.size, t, step, 1)
             self._metric_values[m] = values
             self._metric_origin[m] = origin
-            if step is None:
-                self._metric_has_step[m] = 0
-            else:
-                self._metric_step[m] = step
-                self._metric_has_step[m] = 1
             self._m = m + 1
-            self._row(_METRIC, t)
-
-    def _row(self, letter: int, now: float) -> None:
-        """The row just written joins the window (under the lock); the window leaves when it is due."""
-        rows = self._rows
-        self._order[rows] = letter
-        self._rows = rows + 1
-        self._arrived(now)
-        if self._rows >= self._capacity and self._rows:
-            self._flush()
+            rows = self._rows
+            self._order[rows] = _METRIC
+            self._rows = rows + 1
+            self._arrived(t)
+            if self._rows >= self._capacity:
+                self._flush()
 
     def put(self, record, now: float, steps: int = 0) -> None:
         """Queue one whole record (already stamped) after every row before it; ``steps`` is 1 for a step record."""
@@ -200,18 +244,22 @@ class Outbox:
             self._batch.append(record)
             if steps:
                 self.steps += steps
-                self.page.slots[COUNTED] = self.steps
+                self._slots[COUNTED] = self.steps
             self._arrived(now)
 
     def _arrived(self, now: float) -> None:
         queued = self._queued + 1
         self._queued = queued
-        if queued == 1:  # the first of a window
-            self._opened_t = now
-            if self._idle:
-                self._wake()
+        if queued == 1:
+            self._opened(now)
         elif now - self._opened_t >= self.window_s or queued >= self.max_records:
             self._flush()
+
+    def _opened(self, now: float) -> None:
+        """The first row or record of a window: its clock starts, and the flush thread watches it if it slept."""
+        self._opened_t = now
+        if self._idle:
+            self._wake()
 
     # -- leaving ----------------------------------------------------------------------------------------------------
 
@@ -227,7 +275,7 @@ class Outbox:
                 self._cut()
             self._batch = []
             self._queued = 0
-            self.page.slots[HANDED] = self.steps  # handed to nobody, but no kill can lose them now
+            self._slots[HANDED] = self.steps  # handed to nobody, but no kill can lose them now
 
     def _flush(self) -> None:
         if not self._queued:
@@ -241,7 +289,7 @@ class Outbox:
         self.windows += 1
         if self.max_records > self._capacity:
             self._columns(self.max_records)  # a larger window asked for since (tests, benches)
-        slots = self.page.slots
+        slots = self._slots
         slots[WINDOWS] = self.windows
         slots[HANDED] = self.steps
         self._send(batch)
@@ -251,31 +299,40 @@ class Outbox:
         from trainmeter_core.model import records
 
         s, p, m, rows = self._s, self._p, self._m, self._rows
-        step_flags = self._step_flags
-        losses = [self._loss[i] if step_flags[i] & _HAS_LOSS else None for i in range(s)]
+        steps = _columns_of(STEP_ROW, self._step_rows, s, 10)
+        step, step_t, step_time_s, optimizers, agent_us, micro_batches, tokens, loss, loss_t, flags = steps
+        losses = [value if flag & _HAS_LOSS else None for value, flag in zip(loss, flags, strict=True)]
+        start_t, end_t, phase_step, phase_has_step = _columns_of(PHASE_ROW, self._phase_rows, p, 4)
+        metric_t, metric_step, metric_has_step = _columns_of(METRIC_ROW, self._metric_rows, m, 3)
         block = records.Block(
-            rows=rows + sum(1 for loss in losses if loss is not None),
+            rows=rows + sum(1 for value in losses if value is not None),
             order=self._order[:rows].decode("ascii"),
-            step=self._step[:s].tolist(),
-            step_t=self._step_t[:s].tolist(),
-            step_time_s=self._step_time_s[:s].tolist(),
-            optimizers=self._optimizers[:s].tolist(),
-            agent_us=[self._agent_us[i] if step_flags[i] & _HAS_AGENT_US else None for i in range(s)],
-            micro_batches=self._micro_batches[:s].tolist(),
-            tokens=self._tokens[:s].tolist(),
+            step=step,
+            step_t=step_t,
+            step_time_s=step_time_s,
+            optimizers=optimizers,
+            agent_us=[
+                value if flag & _HAS_AGENT_US else None for value, flag in zip(agent_us, flags, strict=True)
+            ],
+            micro_batches=micro_batches,
+            tokens=tokens,
             tokens_source=self._tokens_source if s else None,
             dp=self._dp if s else None,
             loss=losses,
-            loss_t=[self._loss_t[i] if step_flags[i] & _HAS_LOSS else None for i in range(s)],
+            loss_t=[value if flag & _HAS_LOSS else None for value, flag in zip(loss_t, flags, strict=True)],
             loss_origin=self._loss_origin,
             phase=self._phase[:p],
-            phase_start_t=self._phase_start_t[:p].tolist(),
-            phase_end_t=self._phase_end_t[:p].tolist(),
-            phase_step=[self._phase_step[i] if self._phase_has_step[i] else None for i in range(p)],
+            phase_start_t=start_t,
+            phase_end_t=end_t,
+            phase_step=[
+                value if has else None for value, has in zip(phase_step, phase_has_step, strict=True)
+            ],
             phase_probe=self._phase_probe[:p],
-            metric_t=self._metric_t[:m].tolist(),
+            metric_t=metric_t,
             metric_values=self._metric_values[:m],
-            metric_step=[self._metric_step[i] if self._metric_has_step[i] else None for i in range(m)],
+            metric_step=[
+                value if has else None for value, has in zip(metric_step, metric_has_step, strict=True)
+            ],
             metric_origin=self._metric_origin[:m],
         )
         for i in range(m):

@@ -145,7 +145,7 @@ def test_the_step_page_counts_the_steps_queued_and_those_handed_to_a_message(tmp
     monkeypatch.setenv(step_page.PAGES_ENV, str(tmp_path))
     outbox, sent = _collecting(max_records=4)
     _step(outbox, 1)  # before the page is mapped: carried over when it is
-    outbox.page.open(outbox.max_records)
+    outbox.open_page(outbox.max_records)
     for step in range(2, 7):
         _step(outbox, step)
     outbox.put(records.Step(step=7), BASE_T + 7.5, steps=1)
