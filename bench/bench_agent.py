@@ -232,7 +232,7 @@ def bench_backward(trainmeter_agent) -> None:
 
 
 class _BuildOnly:
-    """Stands in for the producer: takes the records and windows and sends nothing."""
+    """Stands in for the producer: takes the records (blocks among them) and sends nothing."""
 
     def send(self, record) -> bool:
         return True
@@ -242,9 +242,6 @@ class _BuildOnly:
 
     def stamp(self, record, now_t: float, now_wall: float) -> None:
         pass
-
-    def send_window(self, items: list, logged: int) -> bool:
-        return True
 
 
 # The loops run as scripts: ``python -c LOOP blocks per_block``. Each prints the median CPU µs per iteration over its
@@ -323,9 +320,28 @@ threading.Thread(target=threading.Event().wait, name="floor-sleeper", daemon=Tru
 """
 
 
-def with_floor_hooks(code: str) -> str:
-    """A loop script with the do-nothing hooks installed just before its loop starts."""
-    return code.replace(_LOOP_TAIL, _FLOOR_HOOKS + _LOOP_TAIL)
+# The agent's flush thread in a steady loop (trainmeter_agent/_outbox.py, QUIET_MAX_S): it wakes about once a second,
+# takes a lock and looks at two attributes, and sleeps again. The floor with this thread instead of one asleep for
+# good says what the agent's one thread costs the loop.
+_WAKING_THREAD = """
+def _wake_each_second():
+    lock = threading.Lock()
+    while True:
+        time.sleep(1.0)
+        with lock:
+            pass
+"""
+
+
+def with_floor_hooks(code: str, waking_thread: bool = False) -> str:
+    """A loop script with the do-nothing hooks installed just before its loop starts; with ``waking_thread``, its
+    extra thread wakes each second as the agent's flush thread does in a steady loop."""
+    hooks = _FLOOR_HOOKS
+    if waking_thread:
+        hooks = hooks.replace("import threading\n", "import threading\n" + _WAKING_THREAD).replace(
+            "target=threading.Event().wait", "target=_wake_each_second"
+        )
+    return code.replace(_LOOP_TAIL, hooks + _LOOP_TAIL)
 
 
 def _run_loop(argv: list[str], env: dict, cwd: str) -> dict | None:
@@ -360,6 +376,10 @@ def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int) -> No
                 "plain": ([sys.executable, "-c", code, str(blocks), str(per_block)], env),
                 "empty hooks": (
                     [sys.executable, "-c", with_floor_hooks(code), str(blocks), str(per_block)],
+                    env,
+                ),
+                "empty hooks, waking thread": (
+                    [sys.executable, "-c", with_floor_hooks(code, True), str(blocks), str(per_block)],
                     env,
                 ),
                 "tm": (
@@ -403,6 +423,11 @@ def _loop_lines(name: str, results: dict, rounds: int) -> None:
     print(
         f"{'':<12}do-nothing hooks at the agent's attach points (no tm) add {med(floor):6.2f} µs CPU per iteration "
         f"(spread {min(floor):.1f} to {max(floor):.1f}): the floor under any probe written in Python"
+    )
+    waking = _paired(results, "cpu_us", "empty hooks, waking thread", "empty hooks")
+    print(
+        f"{'':<12}its extra thread waking once a second (the agent's flush thread in a steady loop) instead of "
+        f"never adds {med(waking):+6.2f} µs CPU per iteration (spread {min(waking):.1f} to {max(waking):.1f})"
     )
     if "0.0.7" in results:
         peer_added = _paired(results, "cpu_us", "0.0.7", "0.0.7 plain")

@@ -19,11 +19,29 @@ def run_tm(args: list[str], env: dict[str, str], timeout: float = 120, **kw) -> 
 
 
 def log_records(run_dir: Path) -> list[dict]:
-    """Every line of a run's log as plain JSON (the raw form a user would grep)."""
+    """Every line of a run's log as plain JSON (the raw form a user would grep), each block's line as the records it
+    stands for (``expand_blocks``)."""
     out = []
     for seg in sorted(run_dir.glob("events-*.jsonl")):
         for line in seg.read_text().splitlines():
             out.append(json.loads(line))
+    return expand_blocks(out)
+
+
+def expand_blocks(logged: list[dict]) -> list[dict]:
+    """Log lines as plain JSON, with each block (``records.Block``) replaced by the records it stands for, each as its
+    own line of the log would be (``trainmeter_core.model.records.block.expand``)."""
+    from trainmeter_core.model import records
+    from trainmeter_core.model.records import block
+
+    out: list[dict] = []
+    for data in logged:
+        if data.get("kind") != "block":
+            out.append(data)
+            continue
+        # Every row, whatever its number: a hub that numbers a block as one record leaves its first rows' below 1.
+        for row in block.expand(records.from_log_line(json.dumps(data)), after_seq=-(2**62)):
+            out.append(json.loads(records.to_log_line(records.to_builtins(row))))
     return out
 
 

@@ -20,7 +20,7 @@ from trainmeter_agent._iterations import IterationDetector
 from trainmeter_agent._launcher_env import env_int, hello_record, launcher_alive
 from trainmeter_agent._loss import ATTACHED as LOSS_ATTACHED
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
-from trainmeter_agent._outbox import METRIC, PHASE, Outbox
+from trainmeter_agent._outbox import Outbox
 from trainmeter_agent._step_records import StepRecords
 
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
@@ -77,7 +77,7 @@ class Agent(StepRecords, EmitCalls):
         self.compiled_functions = 0
         self._probe_states: dict[str, str] = {}
         self._held: list = []  # facts and phases found before hello: they go out right after it
-        # Steps, metrics (as (t, values, step, origin) until they leave), phases, facts and notices, in call order.
+        # Steps, metrics and phases (as rows of columns until they leave), facts and notices, in call order.
         self.outbox = Outbox(self._send_batch)
         self._reset_buffers()
         # The steady step's view of the probes (regate): the model probe while the steady step may take its short way,
@@ -238,6 +238,7 @@ class Agent(StepRecords, EmitCalls):
                 held.append(self._probe_fact(name, state))
             if held:
                 self.producer.send_many(held)
+            self.outbox.open_page(self.outbox.max_records)  # the launcher's count of this process's steps
             self.outbox.ready = True
             return True
         except Exception as exc:
@@ -255,12 +256,12 @@ class Agent(StepRecords, EmitCalls):
         if self._ready():
             self._queue_record(record, time.monotonic())
 
-    def _queue(self, item: tuple, now: float) -> None:
-        """Queue an item of the window (``_outbox``: a metric's tuple) to leave with it; the first one of a process
-        says hello."""
+    def _queue_metric(self, t: float, values: dict, step: int | None, origin: str) -> None:
+        """Queue a metric as a row of the window (its values already real numbers); the first one of a process says
+        hello."""
         if not self.activated:
             self.activate()
-        self.outbox.put(item, now)
+        self.outbox.put_metric(t, values, step, origin)
 
     def _queue_record(self, record, now: float) -> None:
         """Queue a whole record, stamped with the producer's header now. It is dated on the wall clock when it was made
@@ -273,21 +274,21 @@ class Agent(StepRecords, EmitCalls):
             if record.t and not record.wall:
                 record.wall = now_wall - (now_t - record.t)
             producer.stamp(record, now_t, now_wall)
-        self.outbox.put(record, now)
+        self.outbox.put(record, now, steps=1 if type(record) is self._rec_module().Step else 0)
 
     def flush(self) -> None:
         """Send what is queued as one batch now (the window closes on its own every 50 ms, and at exit and fork)."""
         if self._ready():
             self.outbox.flush()
         elif len(self.outbox):
-            self.outbox._items.clear()  # the bus is gone: what was queued is dropped, never kept to grow
+            self.outbox.discard()  # the bus is gone: what was queued is dropped, never kept to grow
 
-    def _send_batch(self, batch: list, records: int) -> None:
-        """The outbox's send: one window message of its items, as they are (the hub builds the records its tuples
-        stand for: ``trainmeter_core.model.agent_batch``)."""
+    def _send_batch(self, batch: list) -> None:
+        """The outbox's send: one batch message of the window's records, its rows as blocks (the producer stamps each
+        with the two clocks read now: a block's rows keep their own times)."""
         if not (self.bus_on and self.producer is not None):
             return
-        self.producer.send_window(batch, records)
+        self.producer.send_many(batch)
 
     # -- facts, phases, taps ---------------------------------------------------------------------------------------
 
@@ -323,10 +324,10 @@ class Agent(StepRecords, EmitCalls):
 
     def phase(self, name: str, start_t: float, end_t: float, *, probe: str, **extra) -> None:
         """A span outside plain compute; batched with the metrics (held until hello). A span with no extra field (a
-        data wait, once per DataLoader batch) waits as a tuple that the window's send turns into its record."""
+        data wait, once per DataLoader batch) waits as a row of the window's block."""
         step = self.current_step()
         if self.activated and not extra:
-            self.outbox.put((PHASE, name, start_t, end_t, step, probe), end_t)
+            self.outbox.put_phase(name, start_t, end_t, step, probe)
             return
         record = self._rec_module().Phase(
             phase=name, start_t=start_t, end_t=end_t, step=step, probe=probe, t=end_t, **extra
@@ -342,7 +343,7 @@ class Agent(StepRecords, EmitCalls):
     def tapped(self, origin: str, values: dict, step: int | None) -> None:
         """Numbers a tracker tap read, as a metric under the tracker's name."""
         now = time.monotonic()
-        self._queue((METRIC, now, values, step if step is not None else self.current_step(), origin), now)
+        self._queue_metric(now, values, step if step is not None else self.current_step(), origin)
 
     def current_step(self) -> int | None:
         """The step that labels metrics: the loop's own (emit mode) or the agent's iteration count."""

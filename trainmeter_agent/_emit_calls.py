@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-from trainmeter_agent._outbox import METRIC
 from trainmeter_agent._real_number import NotANumber, real_number
 
 
@@ -52,7 +51,7 @@ class EmitCalls:
                 if not values:
                     return
             now = time.monotonic()
-            self._queue((METRIC, now, values, step, "emit"), now)
+            self._queue_metric(now, values, step, "emit")
         except Exception as exc:
             self.stop_probe("emit", exc)
 

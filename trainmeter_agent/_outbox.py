@@ -1,121 +1,386 @@
-"""The agent's outbox: step records, metrics and phases wait here and leave a few at a time, in the order they came.
+"""The agent's outbox: steps, losses, phases and metrics are written as rows into preallocated columns, and leave a
+window at a time as one ``batch`` message: the rows as ``records.Block`` s, with the whole records queued between them
+(facts, notices, general steps) in the order they came.
 
-A batch leaves when its window has been open ``window_s`` (checked by the loop's next record, and by a timer thread
-when the loop goes quiet), when it holds ``max_records``, before a fork, and at exit. A send through the bus costs more
-than everything else the agent does in an iteration, so a tight loop pays for one send per window instead of one per
-step. SIGKILL (and a default SIGTERM) cannot flush: such a process loses at most the window that was open, and the
-launcher says so. It never installs a signal handler (a Python handler would delay a signal meant to kill a process
-stuck in native code) and never raises into the loop.
+A window leaves when it has been open ``window_s`` (checked at the loop's next row or record, or by the one flush
+thread once the loop has gone quiet), when it holds ``max_records`` rows and records, before a fork, and at exit. A
+send costs more than everything else the agent does in an iteration, so a tight loop pays for one send per window.
+SIGKILL (and a default SIGTERM) cannot flush: such a process loses at most the window that was open, and the launcher
+says how many steps that was (the step page, ``trainmeter_core.bus.step_page``). It never installs a signal handler (a Python handler
+would delay a signal meant to kill a process stuck in native code) and never raises into the loop.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
-from collections import deque
 
-#: A batch leaves at most this long after its first record ...
+from trainmeter_core.bus.step_page import COUNTED, HANDED, WINDOWS, StepPage
+
+#: A window leaves at most this long after its first row ...
 WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.05"))
-#: ... or once it holds this many entries (a steady step and its loss are one entry, two records).
+#: ... or once it holds this many rows and records (a step and its loss are one row, two records).
 MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
+#: The flush thread's longest sleep while the loop closes its own windows: a loop that goes quiet has its open window
+#: sent at most this long (plus one window) later. Each wake that finds the loop has flushed doubles the sleep, from
+#: one window up to this; a wake that finds a window due resets it. Measured on the tight loop at 50 ms windows
+#: (bench/bench_agent_rows.py, last line): 5 sleeps in 5 s while the loop sent 99 windows itself; a floor thread that
+#: wakes once a second instead of never (bench/bench_agent.py, "waking thread") added +1.2, +0.5 and -0.5 µs per
+#: iteration in three runs, within their noise. The cost of a look: one lock, two attributes, one clock read.
+QUIET_MAX_S = 1.0
+
+# The row letters of a block's ``order`` (records.block: STEP, PHASE, METRIC), as bytes.
+_STEP, _PHASE, _METRIC = ord("s"), ord("p"), ord("m")
+# A step row's flags: its loss read at backward(), its agent time.
+_HAS_LOSS, _HAS_AGENT_US = 1, 2
+#: A step's row: step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, loss, loss_t, flags.
+STEP_ROW = struct.Struct("=qddqdqqddB")
+#: A phase's row: start_t, end_t, step, whether it has a step.
+PHASE_ROW = struct.Struct("=ddqB")
+#: A metric's row: t, step, whether it has a step.
+METRIC_ROW = struct.Struct("=dqB")
+# The hot rows' stores and sizes as globals: one lookup each, not two.
+_pack_step, _STEP_B = STEP_ROW.pack_into, STEP_ROW.size
+_pack_phase, _PHASE_B = PHASE_ROW.pack_into, PHASE_ROW.size
 
 
-# The loop's hottest records wait in the outbox as plain tuples and leave as they are: the hub builds the records they
-# stand for (``trainmeter_core.model.agent_batch``, whose codes these are: ``tests/e2e/test_agent.py`` checks they match).
-#: ``(STEADY_STEP, step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, tokens_source, dp, loss, loss_t,
-#: loss_origin)``: a steady iteration's step record, after its ``train_loss`` metric from backward() when ``loss`` is
-#: a float.
-STEADY_STEP = 1
-#: Where a steady step's ``loss`` lies in its tuple.
-STEADY_LOSS = 10
-#: ``(PHASE, phase, start_t, end_t, step, probe)``: a phase record with no other field (a DataLoader batch's data wait).
-PHASE = 2
-#: ``(METRIC, t, values, step, origin)``: a metric record.
-METRIC = 3
-
-
-def records_in(batch: list) -> int:
-    """The records a batch stands for: one an item, two a steady step with its loss (counted here, from the items the
-    batch holds, so a window's count is its own whichever thread closed it and whenever)."""
-    return len(batch) + sum(
-        1
-        for item in batch
-        if type(item) is tuple and item[0] == STEADY_STEP and item[STEADY_LOSS] is not None
-    )
+def _columns_of(row: struct.Struct, packed: bytearray, count: int, fields: int) -> list[list]:
+    """The first ``count`` packed rows as one list per field."""
+    if not count:
+        return [[] for _ in range(fields)]
+    return [
+        list(column) for column in zip(*row.iter_unpack(memoryview(packed)[: count * row.size]), strict=True)
+    ]
 
 
 class Outbox:
-    """Records in arrival order; ``send(batch, records)`` is the agent's, called by whichever thread closes the window.
+    """Rows in columns and whole records, in arrival order; ``send(batch, steps)`` is the agent's, called by whichever
+    thread closes the window, with the records of the window (blocks among them) and the steps they hold.
 
-    ``put`` is the only call the loop makes per record: a deque append (thread-safe without a lock), a length and a
-    clock comparison. Flushes take a lock so that the loop's thread and the timer never interleave two batches.
+    The loop's rows are stores into arrays allocated once (``_columns``): a row allocates nothing that lives on. Every
+    put and flush holds one lock, so that the loop, another thread that emits and the flush thread never interleave
+    (uncontended, the lock is one C call each way).
     """
 
     def __init__(self, send, window_s: float = WINDOW_S, max_records: int = MAX_RECORDS) -> None:
         self._send = send
         self.window_s = window_s
         self.max_records = max_records
-        self.windows = 0  # batches sent by this process
+        self.page = StepPage()
         self._reset()
 
     def _reset(self) -> None:
-        self._items: deque = deque()
-        self._opened_t = 0.0
+        self.windows = 0  # windows sent by this process
+        self.steps = 0  # steps queued by this process (rows and whole step records)
         self._lock = threading.Lock()
         self._due = threading.Event()
         self._timer: threading.Thread | None = None
+        self._idle = True  # the flush thread sleeps without a deadline: the next row wakes it
+        self._loop_flushed = False  # a window left since the flush thread last looked
         self._pid = os.getpid()
-        self.ready = False  # the timer flushes only once the agent may send (hello went out)
+        self._slots = self.page.slots
+        self._columns(max(1, self.max_records))
+        self._batch: list = []  # whole records and cut blocks, in order
+        self._queued = 0  # rows and whole records in the open window
+        self._opened_t = 0.0
+        self.ready = False  # the flush thread flushes only once the agent may send (hello went out)
+
+    def _columns(self, capacity: int) -> None:
+        """The columns, room for ``capacity`` rows of each kind (a window holds at most that many rows in all)."""
+        self._capacity = capacity
+        self._order = bytearray(capacity)
+        self._rows = 0
+        # Steps: one packed row each (STEP_ROW), and what a block says once for its steps.
+        self._s = 0
+        self._step_rows = bytearray(STEP_ROW.size * capacity)
+        self._tokens_source: str | None = None
+        self._dp: int | None = None
+        self._loss_origin = "backward"
+        # Phases: times and step packed (PHASE_ROW); names and probes are the probes' own constant strings.
+        self._p = 0
+        self._phase_rows = bytearray(PHASE_ROW.size * capacity)
+        self._phase: list = [None] * capacity
+        self._phase_probe: list = [None] * capacity
+        # Metrics: time and step packed (METRIC_ROW); each row's values are the caller's dict until it leaves.
+        self._m = 0
+        self._metric_rows = bytearray(METRIC_ROW.size * capacity)
+        self._metric_values: list = [None] * capacity
+        self._metric_origin: list = [None] * capacity
+
+    def open_page(self, window_records: int) -> None:
+        """Map this process's step page (``trainmeter_core.bus.step_page``): the slots the rows write from now on."""
+        self.page.open(window_records)
+        self._slots = self.page.slots
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._queued
 
-    def put(self, item, now: float) -> None:
-        """Queue one item (a record, or what the send turns into one); close the window when it is due."""
-        items = self._items
-        items.append(item)
-        if len(items) == 1:  # the first of a window
-            self._opened_t = now
-            if self._timer is None:
-                self._start_timer()
-            self._due.set()  # after the append: the timer that wakes finds the item
-        elif now - self._opened_t >= self.window_s or len(items) >= self.max_records:
-            self.flush()
+    # -- the loop's rows --------------------------------------------------------------------------------------------
+    # Each row is one packed store (``Struct.pack_into``, one C call, nothing allocated) under the lock, and the
+    # window's bookkeeping written out in place: on a tight loop every call and line of an iteration shows.
+
+    def put_step(
+        self,
+        step: int,
+        t: float,
+        step_time_s: float,
+        optimizers: int,
+        agent_us: float | None,
+        micro_batches: int,
+        tokens: int,
+        tokens_source: str,
+        dp: int,
+        loss: float | None,
+        loss_t: float | None,
+        loss_origin: str,
+    ) -> None:
+        """A steady step's row (and the ``train_loss`` metric before it, when ``loss`` is not None)."""
+        lock = self._lock
+        lock.acquire()  # acquire and release: half the cost of a with block
+        try:
+            s = self._s
+            if s and (
+                tokens_source != self._tokens_source or dp != self._dp or loss_origin != self._loss_origin
+            ):
+                self._cut()  # what a block says once for its steps changed: the next rows are another block
+                s = 0
+            if not s:
+                self._tokens_source, self._dp, self._loss_origin = tokens_source, dp, loss_origin
+            flags = 0
+            if agent_us is None:
+                agent_us = 0.0
+            else:
+                flags = _HAS_AGENT_US
+            if loss is None:
+                loss = loss_t = 0.0
+            else:
+                flags |= _HAS_LOSS
+            _pack_step(
+                self._step_rows,
+                s * _STEP_B,
+                step,
+                t,
+                step_time_s,
+                optimizers,
+                agent_us,
+                micro_batches,
+                tokens,
+                loss,
+                loss_t,
+                flags,
+            )
+            self._s = s + 1
+            steps = self.steps + 1
+            self.steps = steps
+            self._slots[COUNTED] = steps  # a plain store into the mapped page: no syscall
+            rows = self._rows
+            self._order[rows] = _STEP
+            self._rows = rows + 1
+            queued = self._queued + 1
+            self._queued = queued
+            if queued == 1:
+                self._opened(t)
+            elif (
+                t - self._opened_t >= self.window_s
+                or queued >= self.max_records
+                or rows + 1 >= self._capacity
+            ):
+                self._flush()
+        finally:
+            lock.release()
+
+    def put_phase(self, phase: str, start_t: float, end_t: float, step: int | None, probe: str) -> None:
+        """A phase's row (a phase with no other field: a DataLoader batch's data wait)."""
+        lock = self._lock
+        lock.acquire()  # acquire and release: half the cost of a with block
+        try:
+            p = self._p
+            if step is None:
+                _pack_phase(self._phase_rows, p * _PHASE_B, start_t, end_t, 0, 0)
+            else:
+                _pack_phase(self._phase_rows, p * _PHASE_B, start_t, end_t, step, 1)
+            self._phase[p] = phase
+            self._phase_probe[p] = probe
+            self._p = p + 1
+            rows = self._rows
+            self._order[rows] = _PHASE
+            self._rows = rows + 1
+            queued = self._queued + 1
+            self._queued = queued
+            if queued == 1:
+                self._opened(end_t)
+            elif (
+                end_t - self._opened_t >= self.window_s
+                or queued >= self.max_records
+                or rows + 1 >= self._capacity
+            ):
+                self._flush()
+        finally:
+            lock.release()
+
+    def put_metric(self, t: float, values: dict, step: int | None, origin: str) -> None:
+        """A metric's row: the values (already real numbers), the step that labels them, who sent them."""
+        with self._lock:
+            m = self._m
+            if step is None:
+                METRIC_ROW.pack_into(self._metric_rows, m * METRIC_ROW.size, t, 0, 0)
+            else:
+                METRIC_ROW.pack_into(self._metric_rows, m * METRIC_ROW.size, t, step, 1)
+            self._metric_values[m] = values
+            self._metric_origin[m] = origin
+            self._m = m + 1
+            rows = self._rows
+            self._order[rows] = _METRIC
+            self._rows = rows + 1
+            self._arrived(t)
+            if self._rows >= self._capacity:
+                self._flush()
+
+    def put(self, record, now: float, steps: int = 0) -> None:
+        """Queue one whole record (already stamped) after every row before it; ``steps`` is 1 for a step record."""
+        with self._lock:
+            if self._rows:
+                self._cut()
+            self._batch.append(record)
+            if steps:
+                self.steps += steps
+                self._slots[COUNTED] = self.steps
+            self._arrived(now)
+
+    def _arrived(self, now: float) -> None:
+        queued = self._queued + 1
+        self._queued = queued
+        if queued == 1:
+            self._opened(now)
+        elif now - self._opened_t >= self.window_s or queued >= self.max_records:
+            self._flush()
+
+    def _opened(self, now: float) -> None:
+        """The first row or record of a window: its clock starts, and the flush thread watches it if it slept."""
+        self._opened_t = now
+        if self._idle:
+            self._wake()
+
+    # -- leaving ----------------------------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Send everything queued so far as one batch (nothing when empty), with the number of records it holds."""
+        """Send everything queued so far as one batch (nothing when empty)."""
         with self._lock:
-            items = self._items
-            n = len(items)
-            if not n:
-                return
-            batch = [items.popleft() for _ in range(n)]
-            self.windows += 1
-            self._send(batch, records_in(batch))
+            self._flush()
 
-    # -- the timer ------------------------------------------------------------------------------------------------
+    def discard(self) -> None:
+        """Drop what is queued (the bus is gone: nothing queued is kept to grow)."""
+        with self._lock:
+            if self._rows:
+                self._cut()
+            self._batch = []
+            self._queued = 0
+            self._slots[HANDED] = self.steps  # handed to nobody, but no kill can lose them now
 
-    def _start_timer(self) -> None:
-        self._timer = threading.Thread(target=self._run, name="tm-agent-flush", daemon=True)
-        self._timer.start()
+    def _flush(self) -> None:
+        if not self._queued:
+            return
+        if self._rows:
+            self._cut()
+        batch, self._batch = self._batch, []
+        self._queued = 0
+        self._opened_t = 0.0  # keeps no clock reading of the window alive past it
+        self._loop_flushed = True  # (or the flush thread, which clears it next)
+        self.windows += 1
+        if self.max_records > self._capacity:
+            self._columns(self.max_records)  # a larger window asked for since (tests, benches)
+        slots = self._slots
+        slots[WINDOWS] = self.windows
+        slots[HANDED] = self.steps
+        self._send(batch)
+
+    def _cut(self) -> None:
+        """The rows written so far become one block at the end of the batch; the columns start over."""
+        from trainmeter_core.model import records
+
+        s, p, m, rows = self._s, self._p, self._m, self._rows
+        steps = _columns_of(STEP_ROW, self._step_rows, s, 10)
+        step, step_t, step_time_s, optimizers, agent_us, micro_batches, tokens, loss, loss_t, flags = steps
+        losses = [value if flag & _HAS_LOSS else None for value, flag in zip(loss, flags, strict=True)]
+        start_t, end_t, phase_step, phase_has_step = _columns_of(PHASE_ROW, self._phase_rows, p, 4)
+        metric_t, metric_step, metric_has_step = _columns_of(METRIC_ROW, self._metric_rows, m, 3)
+        block = records.Block(
+            rows=rows + sum(1 for value in losses if value is not None),
+            order=self._order[:rows].decode("ascii"),
+            step=step,
+            step_t=step_t,
+            step_time_s=step_time_s,
+            optimizers=optimizers,
+            agent_us=[
+                value if flag & _HAS_AGENT_US else None for value, flag in zip(agent_us, flags, strict=True)
+            ],
+            micro_batches=micro_batches,
+            tokens=tokens,
+            tokens_source=self._tokens_source if s else None,
+            dp=self._dp if s else None,
+            loss=losses,
+            loss_t=[value if flag & _HAS_LOSS else None for value, flag in zip(loss_t, flags, strict=True)],
+            loss_origin=self._loss_origin,
+            phase=self._phase[:p],
+            phase_start_t=start_t,
+            phase_end_t=end_t,
+            phase_step=[
+                value if has else None for value, has in zip(phase_step, phase_has_step, strict=True)
+            ],
+            phase_probe=self._phase_probe[:p],
+            metric_t=metric_t,
+            metric_values=self._metric_values[:m],
+            metric_step=[
+                value if has else None for value, has in zip(metric_step, metric_has_step, strict=True)
+            ],
+            metric_origin=self._metric_origin[:m],
+        )
+        for i in range(m):
+            self._metric_values[i] = None  # the block holds them now: the columns keep no caller's dict alive
+        self._batch.append(block)
+        self._s = self._p = self._m = self._rows = 0
+
+    # -- the flush thread ---------------------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """A window opened while the flush thread sleeps without a deadline (the first row of a process, or the
+        first after a quiet spell): it starts, or wakes, to watch this window."""
+        self._idle = False
+        if self._timer is None:
+            self._timer = threading.Thread(target=self._run, name="tm-agent-flush", daemon=True)
+            self._timer.start()
+        else:
+            self._due.set()
 
     def _run(self) -> None:
-        due, items = self._due, self._items
+        """Sleep until the open window is due, plus a grace of one window, or longer while the loop closes its windows
+        itself (QUIET_MAX_S); send a window the loop left open; sleep without a deadline once nothing is queued."""
+        # It keeps no clock reading or count of the loop's in a variable while it sleeps (a flag says the loop
+        # flushed): tests/e2e/test_agent_steady_alloc.py sees what is alive, and so would see those change.
+        sleep_s = self.window_s
         while True:
-            due.wait()
-            due.clear()
-            while items:
-                wait_s = self._opened_t + self.window_s - time.monotonic()
-                if wait_s > 0:
-                    time.sleep(wait_s)  # the loop may close the window meanwhile: look again
+            self._loop_flushed = False
+            wait_s = self._opened_t + self.window_s + sleep_s - time.monotonic()
+            if wait_s > 0:
+                time.sleep(min(wait_s, 3600.0))  # a window of no deadline (inf) is looked at hourly
+            with self._lock:
+                if self._loop_flushed and self._queued:
+                    # The loop closed the window itself and opened another: it is busy, look again later.
+                    sleep_s = min(2 * sleep_s, QUIET_MAX_S)
                     continue
-                if self.ready:
+                sleep_s = self.window_s
+                if self._queued and self.ready and time.monotonic() - self._opened_t >= self.window_s:
                     try:
-                        self.flush()
+                        self._flush()
                     except Exception:
-                        pass  # the send path says its own errors; the timer stays
-                break
+                        pass  # the send path says its own errors; the thread stays
+                if self._queued:
+                    continue  # not due yet, or not ready: look again at its deadline
+                self._idle = True
+                self._due.clear()
+            self._due.wait()
 
     # -- fork -----------------------------------------------------------------------------------------------------
 
@@ -128,5 +393,7 @@ class Outbox:
             pass
 
     def after_fork_child(self) -> None:
-        """A fork child: no timer thread (threads do not survive a fork), no lock held by one, nothing queued."""
+        """A fork child: no flush thread (threads do not survive a fork), no lock held by one, nothing queued, and a
+        step page of its own once it steps (the parent's mapping is left alone)."""
+        self.page = self.page.after_fork()
         self._reset()

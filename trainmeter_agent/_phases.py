@@ -14,7 +14,6 @@ import time
 
 from trainmeter_agent._compiling import full_check
 from trainmeter_agent._gates import gate_input
-from trainmeter_agent._outbox import PHASE
 
 _CHECKPOINT_DEPTH = [0]  # nested saves (DCP or save_pretrained calling torch.save) are one checkpoint
 #: The fact naming every folder this process wrote checkpoints to (a list): the host sampler watches their
@@ -90,10 +89,9 @@ class Phases:
                 # own).
                 try:
                     ended = monotonic()
-                    item = (PHASE, "data_wait", started, ended, iterations.iteration or None, "dataloader")
-                    # Through put (see Agent.send_steady_step): an append of its own, after a look at the deque, could
-                    # land in a window the flush timer had just emptied, with no deadline and no timer to wake.
-                    agent.outbox.put(item, ended)
+                    agent.outbox.put_phase(
+                        "data_wait", started, ended, iterations.iteration or None, "dataloader"
+                    )
                     if iterations.timed:
                         iterations._agent_s += monotonic() - ended
                 except Exception as exc:

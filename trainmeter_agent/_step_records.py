@@ -11,7 +11,6 @@ import time
 
 from trainmeter_agent._iterations import AGENT_US_EVERY
 from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
-from trainmeter_agent._outbox import STEADY_STEP
 
 #: The overhead fact goes out at the first timed step, then every OVERHEAD_EVERY steps (a timed one too).
 OVERHEAD_FIRST, OVERHEAD_EVERY = AGENT_US_EVERY, 16 * AGENT_US_EVERY
@@ -102,15 +101,16 @@ class StepRecords:
                     # leaves with the step (LossProbe.end_step would send it at once).
                     loss_value = sum(loss._entries)
                     loss._calls = 0  # LossProbe.reset_iteration: why and copies are already None and False
-                    loss._entries = []
-                    loss_t = time.monotonic()  # the item stands for two records (_outbox.records_in)
+                    loss._entries.clear()  # nobody else holds it: nothing is pending
+                    loss_t = (
+                        time.monotonic()
+                    )  # the row stands for two records: the loss metric, then the step
                 else:
                     self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
             except Exception as exc:
                 self.stop_probe("loss", exc)
-        # One tuple for the metric and the step record: the hub builds both (trainmeter_core.model.agent_batch).
-        item = (
-            STEADY_STEP,
+        # One row of the window's columns for the metric and the step record (records.Block stands for both).
+        outbox.put_step(
             step,
             t,
             step_time_s,
@@ -124,9 +124,6 @@ class StepRecords:
             loss_t,
             LOSS_ORIGIN,
         )
-        # Through put, never an append of its own: put appends before it asks whether the window is new, so the flush
-        # timer emptying the deque in between cannot leave an item in a window it never opened (no deadline, no wake).
-        outbox.put(item, t)
         if agent_us is not None:
             self._overhead_s += agent_us
             self._overhead_steps += 1

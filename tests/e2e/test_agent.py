@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from deadline import wait_for
+from tm_runs import expand_blocks
 
 from trainmeter_agent._agent import PROBES
 from trainmeter_core.bus.hub import Hub
@@ -79,7 +80,8 @@ class Run:
             self.hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=1.0))
             self.recorder.close()
             lines = (self.run_dir / "events-0001.jsonl").read_text().splitlines()
-            self._records = [r for r in map(json.loads, lines) if r.get("source") == "agent"]
+            logged = expand_blocks(list(map(json.loads, lines)))
+            self._records = [r for r in logged if r.get("source") == "agent"]
         return self._records
 
     def close(self) -> None:
@@ -618,8 +620,8 @@ def test_the_launcher_is_gone_once_its_pid_has_exited(monkeypatch):
 
 
 class CollectingProducer:
-    """Stands in for the producer: keeps what would reach the hub, a window's items turned into their records as the
-    hub turns them (``trainmeter_core.model.agent_batch``)."""
+    """Stands in for the producer: keeps what would reach the hub, a block as the records it stands for (as a reader
+    gets them: ``trainmeter_core.model.records.block.expand``)."""
 
     def __init__(self) -> None:
         self.records: list = []
@@ -631,36 +633,19 @@ class CollectingProducer:
         return True
 
     def send_many(self, logged) -> bool:
-        self.records.extend(logged)
+        from trainmeter_core.model.records import block
+
+        for record in logged:
+            if type(record) is records.Block:
+                block.validate(record)
+                self.records.extend(block.expand(record))
+            else:
+                self.records.append(record)
         self.batches += 1
         return True
 
     def stamp(self, record, now_t: float, now_wall: float) -> None:
         pass
-
-    def send_window(self, items: list, logged: int) -> bool:
-        from trainmeter_core.model import agent_batch
-
-        header = {
-            "v": records.SCHEMA_VERSION,
-            "source": "agent",
-            "host": "here",
-            "pid": 1,
-            "now_t": 0.0,
-            "now_wall": 0.0,
-        }
-        header_struct, raws = agent_batch.split_window(agent_batch.encode_window(header, items))
-        built = []
-        for raw in raws:
-            built.extend(
-                [records.decode(bytes(raw))]
-                if agent_batch.is_record(raw)
-                else agent_batch.expand(raw, header_struct)
-            )
-        assert len(built) == logged  # the window counts the records its items stand for
-        self.records.extend(built)
-        self.batches += 1
-        return True
 
     def close(self, reason: str = "exit", linger_ms: int | None = None) -> None:
         self.closed_with = (reason, linger_ms)

@@ -95,3 +95,62 @@ def test_a_process_that_exits_normally_loses_nothing_and_no_loss_is_said(tm_env,
     assert not [r for r in records if r["kind"] == "notice" and r["topic"] == "agent.lost_window"]
     assert json.loads((run / "summary.json").read_text())["bus"]["ended_without_bye"] == []
     assert "ended without saying goodbye" not in result.stderr
+
+
+# A tight torch loop (the benches' loop: DataLoader batch 1, Embedding + Linear, AdamW) that kills itself after
+# {kill_at} optimizer steps. Each step is one row of the agent's window (its loss read at backward() rides in it) and
+# each batch's data wait another: a window of WINDOW_ROWS rows holds about half as many steps. It waits half a second
+# before the kill, so that every window already handed to the bus has reached the hub: what the kill takes is the open
+# window alone.
+TORCH_LOOP = """
+import os, signal, time
+import torch
+torch.set_num_threads(1)
+torch.manual_seed(0)
+ids = torch.randint(16, (4096, 8))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
+model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for i, (batch,) in enumerate(loader, start=1):
+    loss = torch.nn.functional.cross_entropy(model(batch).flatten(0, 1), batch.flatten())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if i == {kill_at}:
+        break
+print(i, flush=True)
+time.sleep(0.5)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+WINDOW_ROWS = 64
+
+
+def test_a_killed_torch_loop_says_how_many_steps_it_lost_and_the_log_holds_the_rest(tm_env, tmp_path, torch):
+    import re
+
+    script = tmp_path / "loop.py"
+    kill_at = 1000
+    script.write_text(TORCH_LOOP.format(kill_at=kill_at))
+    env = dict(
+        tm_env,
+        TM_AGENT_FLUSH_RECORDS=str(WINDOW_ROWS),
+        TM_AGENT_FLUSH_S="3600",
+        TM_DISABLE_COMPONENTS="web",
+    )
+    result = run_tm([str(script)], env, timeout=300, cwd=tmp_path)
+    assert result.returncode == 128 + 9, result.stderr
+    assert result.stdout.split() == [str(kill_at)]
+
+    run = only_run(tmp_path / "runs")
+    records = log_records(run)  # blocks read as the records they stand for
+    logged = [r["step"] for r in records if r["kind"] == "step"]
+    assert logged == list(range(1, len(logged) + 1))  # each step once, in order, from the first
+    (notice,) = [r for r in records if r["kind"] == "notice" and r["topic"] == "agent.lost_window"]
+    said = re.search(r"lost (\d+) of the (\d+) steps it counted \((\d) flush windows?\)", notice["message"])
+    assert said, notice["message"]
+    lost, counted, windows = (int(x) for x in said.groups())
+    assert counted == kill_at  # the step page held the agent's count after the kill
+    assert counted == len(logged) + lost  # every counted step is in the log or said lost
+    assert lost < WINDOW_ROWS and windows == (1 if lost else 0)  # at most the one window that was open
+    assert "never arrived" not in notice["message"]  # nothing handed to the bus went missing
+    assert notice["message"] in result.stderr

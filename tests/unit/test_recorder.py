@@ -84,7 +84,9 @@ def test_below_the_reserve_only_run_step_block_fact_and_alert_are_kept_and_the_r
     assert recorder.reserve_skipped == 5
     assert recorder.reserve_active is True
     assert len(warnings) == 1 and "free space" in warnings[0]
-    assert recorder.flushed_seq == 16  # the skipped ones count as handled (the block is 6 rows: 11 records, 16 seqs)
+    assert (
+        recorder.flushed_seq == 16
+    )  # the skipped ones count as handled (the block is 6 rows: 11 records, 16 seqs)
 
 
 def test_the_end_is_flushed_and_fsynced_and_flushed_seq_is_the_last_seq(tmp_path, monkeypatch):

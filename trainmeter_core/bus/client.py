@@ -101,19 +101,6 @@ class Producer:
             self._ctx, self._sock = ctx, sock
         return self._sock
 
-    def header(self) -> dict[str, object]:
-        """The header fields this producer stamps on a record (the same values ``stamp`` sets), for a record built
-        from them rather than stamped (an agent's block)."""
-        header: dict[str, object] = {
-            "v": records.SCHEMA_VERSION,
-            "source": self.source,
-            "host": HOSTNAME,
-            "pid": self.pid,
-        }
-        if self.rank is not None:
-            header["rank"] = self.rank
-        return header
-
     def stamp(self, record: records.Record, now_t: float, now_wall: float) -> None:
         """Fill the header of ``record``: schema version, times (when unset), source, host, pid, rank."""
         record.v = records.SCHEMA_VERSION
@@ -134,10 +121,15 @@ class Producer:
         return self._send_frames([record], single=True)
 
     def send_many(self, batch: list[records.Record]) -> bool:
-        """Send records as one batch message; a dropped batch counts every record in it."""
+        """Send records as one batch message; a dropped batch counts every record in it (a block counts as the rows
+        it stands for, ``records.Block.rows``). Records stamped already keep their times; a block, whose own ``t`` and
+        ``wall`` are unset, gets the two clocks read now."""
         if not batch:
             return True
         return self._send_frames(batch, single=False)
+
+    def _count(self, batch: list[records.Record]) -> int:
+        return sum(record.rows if type(record) is records.Block else 1 for record in batch)
 
     def _send_frames(self, batch: list[records.Record], single: bool) -> bool:
         def frames() -> list[bytes]:
@@ -149,7 +141,7 @@ class Producer:
                 return [records.topic(batch[0].__struct_config__.tag), records.encode(batch[0])]
             return [BATCH_TOPIC, records.encode_many(batch)]
 
-        return self._send_message(frames, len(batch))
+        return self._send_message(frames, self._count(batch))
 
     def _send_message(self, frames: Callable[[], list[bytes]], count: int) -> bool:
         """Send the message ``frames()`` makes, under the lock, as ``count`` records: counted sent, or dropped when the

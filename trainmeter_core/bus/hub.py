@@ -80,6 +80,9 @@ class Hub:
         # node; on another node of a job, its own first rank, not a 0 for the rank 0 it never hosts).
         self._rank_steps: dict[int, list[int]] = {}
         self.dropped: dict[str, int] = {}
+        # Steps received from each producer of this node (source@host:pid), blocks' rows included: what the launcher
+        # compares with a killed process's own count on its step page (trainmeter_core/bus/step_page.py).
+        self.producer_steps: dict[str, int] = {}
         self.open_producers: set[str] = set()
         # Processes whose agent said hello (the launcher's silence watch asks).
         self.hello_pids: set[int] = set()
@@ -426,7 +429,12 @@ class Hub:
         self._note_dropped(key, data.get("dropped", 0))
         if remote:
             return  # another node's agents: its own launcher waits for them and watches their silence
-        if kind == "step":
+        if kind == "block":
+            order = data.get("order")
+            if isinstance(order, str):
+                self.producer_steps[key] = self.producer_steps.get(key, 0) + order.count("s")
+        elif kind == "step":
+            self.producer_steps[key] = self.producer_steps.get(key, 0) + 1
             rank = data.get("rank")
             rank = rank if isinstance(rank, int) else 0
             counts = self._rank_steps.get(rank)

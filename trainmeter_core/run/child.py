@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from trainmeter_core.bus import step_page
 from trainmeter_core.errors import CommandNotStartable
 
 #: The signals tm forwards to the child (once each; not under Slurm, which signals every process of the step).
@@ -73,7 +74,11 @@ def agent_boot_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "boot"
 
 
-def child_environment(endpoints: dict, run_dir: Path, agent: bool, tap: bool = True) -> dict[str, str]:
+def child_environment(
+    endpoints: dict, run_dir: Path, agent: bool, tap: bool = True, step_pages: Path | None = None
+) -> dict[str, str]:
+    """The command's environment: the run, the hub's endpoint, the agent's boot folder first on ``PYTHONPATH``, and the
+    folder where each agent keeps its step page (``trainmeter_core.bus.step_page``) when the launcher made one."""
     env = dict(os.environ)
     if not tap:
         env["TM_NO_TAP"] = "1"
@@ -82,6 +87,8 @@ def child_environment(endpoints: dict, run_dir: Path, agent: bool, tap: bool = T
     env["TM_LAUNCHER_PID"] = str(os.getpid())
     env["TM_AGENT_ENDPOINT"] = endpoints["in"]
     env["TM_AGENT"] = "1" if agent else "0"
+    if step_pages is not None:
+        env[step_page.PAGES_ENV] = str(step_pages)
     if agent:
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = str(agent_boot_dir()) + (os.pathsep + path if path else "")

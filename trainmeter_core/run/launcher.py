@@ -93,7 +93,11 @@ class Launch:
         self.after_seq, after_tick = self._open_run_dir()
         self.recorder = Recorder(self.run_dir, warn=say, first_segment=max(1, self.first_segment))
         self.recorder.start()
-        self.child = Child(argv, child_environment(self.endpoints, self.run_dir, opts.agent, opts.tap))
+        # Each agent's step page lies beside the sockets: tmpfs where they are, and removed with them.
+        self.step_pages = self.sockets.path / "pages"
+        self.step_pages.mkdir(exist_ok=True)
+        environment = child_environment(self.endpoints, self.run_dir, opts.agent, opts.tap, self.step_pages)
+        self.child = Child(argv, environment)
         self.hub = Hub(
             self.endpoints["in"],
             self.endpoints["out"],
@@ -301,7 +305,9 @@ class Launch:
                 steps=self.hub.steps,
                 source="launcher",
             ),
-            before_end=lambda open_producers: lost_windows(open_producers, self.say),
+            before_end=lambda open_producers: lost_windows(
+                open_producers, self.say, self.step_pages, self.hub.producer_steps
+            ),
         )
         self._finish_forwarding()
         snapshot = self._stop(tm_status)

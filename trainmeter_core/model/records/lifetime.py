@@ -11,8 +11,9 @@ import msgspec
 from trainmeter_core.model.records.header import Record
 
 #: Version of the agent <-> launcher protocol, carried in ``hello``.
-#: 2: the agent sends its records in windows (``model/agent_batch.py``), which the hub turns into records.
-PROTOCOL_VERSION = 2
+#: 2: the agent sends its records in windows, which the hub turns into records.
+#: 3: the agent sends its steady steps, losses, data waits and metrics as ``block`` records (``records/block.py``).
+PROTOCOL_VERSION = 3
 
 
 class PluginInfo(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -1,0 +1,173 @@
+"""The agent's outbox (trainmeter_agent/_outbox.py): the loop's rows leave as blocks, in order with the whole records
+queued between them, each window counted in the steps it held; what a reader expands from the blocks is what the agent
+would have sent record by record."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+
+from trainmeter_agent._outbox import Outbox
+from trainmeter_core.bus import step_page
+from trainmeter_core.model import records
+from trainmeter_core.model.records import block
+
+# The rows' times are on the monotonic clock, as the loop's are: the flush thread compares them with it.
+BASE_T = time.monotonic()
+
+
+def _step(outbox: Outbox, step: int, loss: float | None = 2.5, **changed) -> None:
+    t = BASE_T + step
+    fields = dict(tokens_source="input_ids", dp=1, loss_origin="backward")
+    fields.update(changed)
+    outbox.put_step(
+        step,
+        t,
+        0.1,
+        1,
+        None,
+        1,
+        8,
+        fields["tokens_source"],
+        fields["dp"],
+        loss,
+        t - 0.05,
+        fields["loss_origin"],
+    )
+
+
+def _collecting(window_s: float = 60.0, max_records: int = 100) -> tuple[Outbox, list[list]]:
+    sent: list[list] = []
+    outbox = Outbox(sent.append, window_s=window_s, max_records=max_records)
+    outbox.ready = True
+    return outbox, sent
+
+
+def _expanded(batch: list) -> list:
+    out = []
+    for record in batch:
+        if type(record) is records.Block:
+            block.validate(record)
+            out.extend(block.expand(record))
+        else:
+            out.append(record)
+    return out
+
+
+def test_a_whole_record_between_rows_cuts_the_block_and_keeps_the_order():
+    outbox, sent = _collecting()
+    _step(outbox, 1)
+    outbox.put_phase("data_wait", BASE_T + 1.0, BASE_T + 1.1, 1, "dataloader")
+    outbox.put(records.Notice(topic="t", message="between"), BASE_T + 1.2)
+    _step(outbox, 2, loss=None)  # no loss read at backward(): one record
+    outbox.put_metric(BASE_T + 2.5, {"lr": 0.1}, None, "emit")
+    outbox.flush()
+    (batch,) = sent
+    assert [records.kind_of(r) for r in batch] == ["block", "notice", "block"]
+    assert [(b.order, b.rows) for b in (batch[0], batch[2])] == [("sp", 3), ("sm", 2)]
+    kinds = [records.kind_of(r) for r in _expanded(batch)]
+    assert kinds == ["metric", "step", "phase", "notice", "step", "metric"]
+    metrics = [r for r in _expanded(batch) if records.kind_of(r) == "metric"]
+    assert [(m.values, m.step, m.origin) for m in metrics] == [
+        ({"train_loss": 2.5}, 1, "backward"),
+        ({"lr": 0.1}, None, "emit"),
+    ]
+
+
+def test_what_a_block_says_once_for_its_steps_starts_another_block_when_it_changes():
+    outbox, sent = _collecting()
+    _step(outbox, 1)
+    _step(outbox, 2)
+    _step(outbox, 3, dp=2)
+    _step(outbox, 4, tokens_source="attention_mask")
+    outbox.flush()
+    (batch,) = sent
+    assert [(b.step, b.dp, b.tokens_source) for b in batch] == [
+        ([1, 2], 1, "input_ids"),
+        ([3], 2, "input_ids"),
+        ([4], 1, "attention_mask"),
+    ]
+    steps = [r for r in _expanded(batch) if records.kind_of(r) == "step"]
+    # tokens_global = tokens * dp: 8 * 1, 8 * 1, 8 * 2, 8 * 1
+    assert [s.tokens_global for s in steps] == [8, 8, 16, 8]
+
+
+def test_a_nan_loss_is_kept_and_an_absent_one_is_no_record():
+    outbox, sent = _collecting()
+    _step(outbox, 1, loss=math.nan)
+    _step(outbox, 2, loss=None)
+    _step(outbox, 3, loss=math.inf)
+    outbox.flush()
+    (only,) = sent[0]
+    assert only.rows == 5  # three steps, two losses
+    losses = [r.values["train_loss"] for r in _expanded([only]) if records.kind_of(r) == "metric"]
+    assert math.isnan(losses[0]) and losses[1] == math.inf
+
+
+def test_a_window_leaves_at_its_row_count_and_each_holds_its_own():
+    outbox, sent = _collecting(max_records=3)
+    for step in range(1, 8):
+        _step(outbox, step)
+    outbox.flush()
+    assert [[s for b in batch for s in b.step] for batch in sent] == [[1, 2, 3], [4, 5, 6], [7]]
+    assert outbox.windows == 3
+
+
+def test_a_window_leaves_when_its_time_is_up_at_the_next_row():
+    outbox, sent = _collecting(window_s=0.5)
+    _step(outbox, 1)  # opens the window
+    _step(outbox, 2)  # 1 s after it opened, over 0.5 s
+    assert [[s for b in batch for s in b.step] for batch in sent] == [[1, 2]]
+
+
+def test_a_larger_window_asked_for_later_gets_columns_to_hold_it():
+    outbox, sent = _collecting(max_records=2)
+    outbox.max_records = 5
+    for step in range(1, 6):
+        _step(outbox, step)
+    outbox.flush()
+    assert [[s for b in batch for s in b.step] for batch in sent] == [[1, 2], [3, 4, 5]]
+
+
+def test_the_columns_keep_no_metric_values_once_they_left():
+    outbox, sent = _collecting()
+    values = {"lr": 0.5}
+    outbox.put_metric(BASE_T, values, 1, "emit")
+    outbox.flush()
+    assert all(v is None for v in outbox._metric_values)
+    assert sent[0][0].metric_values == [values]
+
+
+def test_the_step_page_counts_the_steps_queued_and_those_handed_to_a_message(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_page.PAGES_ENV, str(tmp_path))
+    outbox, sent = _collecting(max_records=4)
+    _step(outbox, 1)  # before the page is mapped: carried over when it is
+    outbox.open_page(outbox.max_records)
+    for step in range(2, 7):
+        _step(outbox, step)
+    outbox.put(records.Step(step=7), BASE_T + 7.5, steps=1)
+    page = step_page.read_page(tmp_path, os.getpid())
+    # 7 steps counted; one window of 4 left (steps 1-4), steps 5, 6 and 7 wait in the open one.
+    assert page == {"counted": 7, "handed": 4, "windows": 1, "window_records": 4}
+    outbox.flush()
+    assert step_page.read_page(tmp_path, os.getpid())["handed"] == 7
+
+
+def test_a_page_that_is_not_the_agents_is_not_read(tmp_path):
+    (tmp_path / "12.page").write_bytes(b"\0" * step_page.SIZE_B)
+    assert step_page.read_page(tmp_path, 12) is None
+    assert step_page.read_page(tmp_path, 13) is None
+
+
+@pytest.mark.parametrize("queued", [0, 1])
+def test_the_flush_thread_sends_a_window_the_loop_left_open(queued):
+    outbox, sent = _collecting(window_s=0.01)
+    for step in range(1, 1 + queued):
+        outbox.put_step(step, time.monotonic(), 0.1, 1, None, 1, 8, "input_ids", 1, None, None, "backward")
+    deadline = time.monotonic() + 30
+    while len(sent) < queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sent) == queued
