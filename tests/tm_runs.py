@@ -18,14 +18,14 @@ def run_tm(args: list[str], env: dict[str, str], timeout: float = 120, **kw) -> 
     return subprocess.run([TM, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def log_records(run_dir: Path) -> list[dict]:
+def log_records(run_dir: Path, blocks: bool = False) -> list[dict]:
     """Every line of a run's log as plain JSON (the raw form a user would grep), each block's line as the records it
-    stands for (``expand_blocks``)."""
+    stands for (``expand_blocks``), or as it is with ``blocks``."""
     out = []
     for seg in sorted(run_dir.glob("events-*.jsonl")):
         for line in seg.read_text().splitlines():
             out.append(json.loads(line))
-    return expand_blocks(out)
+    return out if blocks else expand_blocks(out)
 
 
 def expand_blocks(logged: list[dict]) -> list[dict]:
@@ -39,8 +39,7 @@ def expand_blocks(logged: list[dict]) -> list[dict]:
         if data.get("kind") != "block":
             out.append(data)
             continue
-        # Every row, whatever its number: a hub that numbers a block as one record leaves its first rows' below 1.
-        for row in block.expand(records.from_log_line(json.dumps(data)), after_seq=-(2**62)):
+        for row in block.expand(records.from_log_line(json.dumps(data))):
             out.append(json.loads(records.to_log_line(records.to_builtins(row))))
     return out
 

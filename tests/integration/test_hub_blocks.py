@@ -75,7 +75,7 @@ def test_a_block_is_numbered_as_its_rows_logged_as_one_line_and_published_alone_
     assert got and got[0].seq == first + 29 and got[0].step == block.step
     assert (counts["step"], counts["phase"], counts["metric"]) == (10, 10, 10)
     assert "block" not in counts  # counted as the records it stands for
-    log = log_records(tmp_path)
+    log = log_records(tmp_path, blocks=True)
     (line,) = [r for r in log if r["kind"] == "block"]
     assert line["seq"] == first + 29 and list(line)[-1] == "seq"
     assert [r["seq"] for r in log if r["kind"] == "notice"][:2] == [first - 1, first + 30]
@@ -93,7 +93,7 @@ def test_the_bus_stats_count_a_blocks_rows_and_its_producers_drop_count(short_di
         assert hub.steps == 150 and hub.skipped_steps == 0
         assert hub.received == hub.published == 450  # 3 rows a step
         assert hub.dropped == {"agent@h:7": 5}  # the last block's header is the producer's latest word
-    log = [r for r in log_records(tmp_path) if r["kind"] == "block"]
+    log = [r for r in log_records(tmp_path, blocks=True) if r["kind"] == "block"]
     assert [r["seq"] for r in log] == [300, 450]
 
 
@@ -161,7 +161,7 @@ def test_a_node_forwards_a_block_as_it_is_and_the_job_hub_logs_and_counts_it(tmp
             assert node.forwarder.head == 2
             # A node's steps are its own launcher's to count, never the job's.
             assert hub.steps == 0
-    log = log_records(tmp_path / "hub")
+    log = log_records(tmp_path / "hub", blocks=True)
     (line,) = [r for r in log if r["kind"] == "block"]
     assert line["host"] == NODE and line["step"] == list(range(1, 21)) and line["rows"] == 60
     notice = next(r for r in log if r["kind"] == "notice" and r.get("host") == NODE)
@@ -177,7 +177,7 @@ def test_a_node_may_not_forward_a_block_of_another_hosts_rows(tmp_path, short_di
                 push.send_multipart([b"block", records.encode(steady_block(1, 5, host="elsewhere"))])
                 push.send_multipart([b"block", records.encode(steady_block(1, 5, host=NODE))])
             wait_for(lambda: hub.kinds.get("step") == 5 and hub.malformed == 1, what="both blocks")
-    assert [r["host"] for r in log_records(tmp_path / "hub") if r["kind"] == "block"] == [NODE]
+    assert [r["host"] for r in log_records(tmp_path / "hub", blocks=True) if r["kind"] == "block"] == [NODE]
 
 
 def test_a_block_of_a_newer_writer_is_kept_verbatim_and_one_with_a_nan_loss_logged_as_text(
@@ -192,7 +192,7 @@ def test_a_block_of_a_newer_writer_is_kept_verbatim_and_one_with_a_nan_loss_logg
         push.send_multipart([bus.BATCH_TOPIC, records.encode_many([nan, _note(1)])])
         wait_for(lambda: hub.kinds.get("notice"), what="both blocks")
         assert (hub.unknown, hub.malformed, hub.kinds["step"]) == (1, 0, 4)
-    first, second = [r for r in log_records(tmp_path) if r["kind"] == "block"]
+    first, second = [r for r in log_records(tmp_path, blocks=True) if r["kind"] == "block"]
     assert first["grad_norm"] == [0.5, 0.25] and list(first)[-1] == "seq" and first["seq"] == 6
     assert second["loss"][1] == "NaN" and second["seq"] == 12
 
@@ -226,7 +226,7 @@ def test_garbage_blocks_from_a_node_are_each_counted_malformed_and_its_good_bloc
             sock.close()
     finally:
         ctx.destroy(linger=0)
-    (line,) = [r for r in log_records(tmp_path / "hub") if r["kind"] == "block"]
+    (line,) = [r for r in log_records(tmp_path / "hub", blocks=True) if r["kind"] == "block"]
     assert line["step"] == [1, 2, 3] and line["host"] == NODE
 
 
@@ -245,7 +245,7 @@ def test_blocks_past_the_resend_buffers_bytes_are_told_as_a_gap_and_the_newest_a
         with job_hub(short_dir, tmp_path / "hub", keys, endpoint=endpoint) as hub:
             wait_for(lambda: node.forwarder.pending() == 0, what="the two blocks held acknowledged")
             assert hub.kinds.get("step") == 200
-    log = log_records(tmp_path / "hub")
+    log = log_records(tmp_path / "hub", blocks=True)
     (gap,) = [r for r in log if r["kind"] == "node" and r["event"] == "gap"]
     assert gap["lost"] == 3 and gap["through"] == 0  # counted in forwarded records: three blocks
     assert [r["step"][0] for r in log if r["kind"] == "block"] == [301, 401]
