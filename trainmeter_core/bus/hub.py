@@ -429,11 +429,7 @@ class Hub:
         self._note_dropped(key, data.get("dropped", 0))
         if remote:
             return  # another node's agents: its own launcher waits for them and watches their silence
-        if kind == "block":
-            order = data.get("order")
-            if isinstance(order, str):
-                self.producer_steps[key] = self.producer_steps.get(key, 0) + order.count("s")
-        elif kind == "step":
+        if kind == "step":
             self.producer_steps[key] = self.producer_steps.get(key, 0) + 1
             rank = data.get("rank")
             rank = rank if isinstance(rank, int) else 0
@@ -468,9 +464,11 @@ class Hub:
         for kind, count in (("step", steps), ("phase", phases), ("metric", metrics)):
             if count:
                 kinds[kind] = kinds.get(kind, 0) + count
-        self._note_dropped(f"{block.source}@{block.host}:{block.pid}", block.dropped)
+        key = f"{block.source}@{block.host}:{block.pid}"
+        self._note_dropped(key, block.dropped)
         if remote or not steps:
             return  # another node's agents: its own launcher counts their steps
+        self.producer_steps[key] = self.producer_steps.get(key, 0) + steps
         counts = self._rank_steps.setdefault(block.rank if block.rank is not None else 0, [0, 0])
         counts[0] += steps  # a block's steps are steady: none of them skipped
 
