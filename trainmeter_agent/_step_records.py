@@ -102,9 +102,8 @@ class StepRecords:
                     loss_value = sum(loss._entries)
                     loss._calls = 0  # LossProbe.reset_iteration: why and copies are already None and False
                     loss._entries.clear()  # nobody else holds it: nothing is pending
-                    loss_t = (
-                        time.monotonic()
-                    )  # the row stands for two records: the loss metric, then the step
+                    # The row stands for two records: the loss metric, then the step.
+                    loss_t = time.monotonic()
                 else:
                     self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
             except Exception as exc:
