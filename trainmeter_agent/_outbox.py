@@ -46,6 +46,17 @@ _pack_step, _STEP_B = STEP_ROW.pack_into, STEP_ROW.size
 _pack_phase, _PHASE_B = PHASE_ROW.pack_into, PHASE_ROW.size
 
 
+def _sleeps(window_s: float) -> tuple[float, ...]:
+    """The flush thread's sleeps: a window (an hour at most: a window of no deadline is looked at hourly), then each
+    twice the one before, up to QUIET_MAX_S."""
+    sleep_s = min(window_s, 3600.0)
+    sleeps = [sleep_s]
+    while sleep_s < QUIET_MAX_S:
+        sleep_s = min(2 * sleep_s, QUIET_MAX_S)
+        sleeps.append(sleep_s)
+    return tuple(sleeps)
+
+
 def _columns_of(row: struct.Struct, packed: bytearray, count: int, fields: int) -> list[list]:
     """The first ``count`` packed rows as one list per field."""
     if not count:
@@ -355,29 +366,31 @@ class Outbox:
             self._due.set()
 
     def _run(self) -> None:
-        """Sleep until the open window is due, plus a grace of one window, or longer while the loop closes its windows
-        itself (QUIET_MAX_S); send a window the loop left open; sleep without a deadline once nothing is queued."""
-        # It keeps no clock reading or count of the loop's in a variable while it sleeps (a flag says the loop
-        # flushed): tests/e2e/test_agent_steady_alloc.py sees what is alive, and so would see those change.
-        sleep_s = self.window_s
+        """Sleep a window, or longer while the loop closes its windows itself (doubling up to QUIET_MAX_S); send a
+        window the loop left open once it is due; sleep without a deadline once nothing is queued."""
+        # It sleeps only for durations made once, before its first sleep, and keeps no clock reading or count of the
+        # loop's while it sleeps (a flag says the loop flushed): tests/e2e/test_agent_steady_alloc.py sees what is
+        # alive, and would see a number the thread made in a wake-up held through its next sleep.
+        sleeps = _sleeps(self.window_s)
+        last = len(sleeps) - 1
+        level = 0
         while True:
             self._loop_flushed = False
-            wait_s = self._opened_t + self.window_s + sleep_s - time.monotonic()
-            if wait_s > 0:
-                time.sleep(min(wait_s, 3600.0))  # a window of no deadline (inf) is looked at hourly
+            time.sleep(sleeps[level])
             with self._lock:
                 if self._loop_flushed and self._queued:
                     # The loop closed the window itself and opened another: it is busy, look again later.
-                    sleep_s = min(2 * sleep_s, QUIET_MAX_S)
+                    if level < last:
+                        level += 1
                     continue
-                sleep_s = self.window_s
+                level = 0
                 if self._queued and self.ready and time.monotonic() - self._opened_t >= self.window_s:
                     try:
                         self._flush()
                     except Exception:
                         pass  # the send path says its own errors; the thread stays
                 if self._queued:
-                    continue  # not due yet, or not ready: look again at its deadline
+                    continue  # not due yet, or not ready: look again a window later
                 self._idle = True
                 self._due.clear()
             self._due.wait()

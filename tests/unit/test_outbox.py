@@ -15,8 +15,16 @@ from trainmeter_core.bus import step_page
 from trainmeter_core.model import records
 from trainmeter_core.model.records import block
 
-# The rows' times are on the monotonic clock, as the loop's are: the flush thread compares them with it.
+# The rows' times are on the monotonic clock, as the loop's are: the flush thread compares them with it. Taken anew
+# for each test (``_now``): a time taken at import is a minute old when a busy worker runs the test, and the thread
+# would then find every window of 60 s due and send it in the middle of the test.
 BASE_T = time.monotonic()
+
+
+@pytest.fixture(autouse=True)
+def _now():
+    global BASE_T
+    BASE_T = time.monotonic()
 
 
 def _step(outbox: Outbox, step: int, loss: float | None = 2.5, **changed) -> None:

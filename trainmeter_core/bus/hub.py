@@ -87,9 +87,8 @@ class Hub:
         # Processes whose agent said hello (the launcher's silence watch asks).
         self.hello_pids: set[int] = set()
         self.last_snapshot: dict[str, Any] | None = None
-        self.profiler_dirs: list[
-            str
-        ] = []  # where the agent saw torch.profiler write traces (imported at the end)
+        # Where the agent saw torch.profiler write traces (imported at the end)
+        self.profiler_dirs: list[str] = []
         self.ticks = after_tick
         self._inbox: deque[records.Record] = deque()
         self._finish: records.RunEnd | None = None
