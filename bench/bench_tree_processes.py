@@ -1,0 +1,117 @@
+"""Which of tm's processes spends the "other processes" CPU of ``bench_tree.py``: the tight loop under ``tm --no-web``
+for ``--short`` and ``--long`` steps; after its last step the loop waits ``--drain`` seconds (for tm's processes to
+take what it sent), then reads ``/proc`` for the launcher (its parent) and every process under it. Per process, the
+slope between the two runs' CPU times per step, the median of ``--rounds`` rounds. The kernel counts CPU in clock ticks
+(10 ms), so a figure is good to about 10 ms / (long - short) steps (1.7 µs at the defaults).
+
+With ``--idle``: what tm's whole tree spends per second of a run that makes no step (``python -c "time.sleep(T)"``
+under ``tm --no-web`` for 1 and 4 s, every process counted through a subreaper, ``treecpu.py``): the part of the
+per-step slope that grows with the run's time rather than its steps (ticks, snapshots, samplers).
+
+usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle]
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from bench_tree import LOOP, REPO
+from treecpu import become_subreaper, run_tree
+
+# After the loop: the CPU of the launcher and of every process under it, by a short name, as JSON on one line.
+READ_TREE = """
+import os, time
+time.sleep(float(os.environ["DRAIN_S"]))
+launcher, tick = os.getppid(), os.sysconf("SC_CLK_TCK")
+procs = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        cmd = open(f"/proc/{pid}/cmdline").read().split("\\0")
+    except OSError:
+        continue
+    fields = stat.rsplit(")", 1)[1].split()
+    procs[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, " ".join(cmd[1:3])[:60])
+def under_launcher(pid):
+    while pid > 1:
+        if pid == launcher:
+            return True
+        pid = procs.get(pid, (0,))[0]
+    return False
+cpu = {}
+for pid, (parent, seconds, name) in procs.items():
+    if pid == launcher or (pid != os.getpid() and under_launcher(pid)):
+        name = "launcher (hub, recorder)" if pid == launcher else name
+        cpu[name] = cpu.get(name, 0.0) + seconds
+print("TREE " + json.dumps(cpu))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--short", type=int, default=2000)
+    parser.add_argument("--long", type=int, default=8000)
+    parser.add_argument("--drain", type=float, default=1.5)
+    parser.add_argument(
+        "--idle", action="store_true", help="tm's whole tree per second of a run with no step"
+    )
+    args = parser.parse_args()
+    runs = tempfile.mkdtemp(prefix="tm-bench-procs-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TM_") and k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", TM_RUNS_DIR=runs, PYTHONPATH=REPO, DRAIN_S=str(args.drain))
+    tm = os.path.join(os.path.dirname(sys.executable), "tm")
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(
+        f"load average {load}; reproduce: {sys.executable} bench/bench_tree_processes.py --rounds {args.rounds} "
+        f"--short {args.short} --long {args.long} --drain {args.drain}{' --idle' if args.idle else ''}"
+    )
+    if args.idle:
+        idle(tm, env, args.rounds)
+        return
+    seen: dict[int, list[dict]] = {args.short: [], args.long: []}
+    for _ in range(args.rounds):
+        for steps in (args.short, args.long):
+            argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", LOOP + READ_TREE, str(steps)]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("TREE ")]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+            seen[steps].append(json.loads(lines[0][5:]))
+    names = sorted(set().union(*(run.keys() for runs_ in seen.values() for run in runs_)))
+    print(f"CPU per step of tm's processes by the slope between {args.short:,} and {args.long:,} steps:")
+    for name in names:
+        slopes = [
+            (long_run.get(name, 0.0) - short_run.get(name, 0.0)) / (args.long - args.short) * 1e6
+            for short_run, long_run in zip(seen[args.short], seen[args.long], strict=True)
+        ]
+        rounds = ", ".join(f"{s:.1f}" for s in slopes)
+        print(f"  {statistics.median(slopes):6.1f} µs per step (rounds {rounds})  {name}")
+
+
+def idle(tm: str, env: dict, rounds: int) -> None:
+    """tm's whole tree, CPU per second of a run whose command only sleeps: the slope between 1 s and 4 s."""
+    become_subreaper()
+    slopes = []
+    for _ in range(rounds):
+        cpu = {}
+        for seconds in (1.0, 4.0):
+            argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", f"import time; time.sleep({seconds})"]
+            cpu[seconds] = run_tree(argv, env).cpu_s
+        slopes.append((cpu[4.0] - cpu[1.0]) / 3.0)
+    rounds_ms = ", ".join(f"{s * 1000:.1f}" for s in slopes)
+    print(
+        f"tm's whole tree, a run with no step: {statistics.median(slopes) * 1000:.1f} ms of CPU a second (rounds {rounds_ms})"
+    )
+
+
+if __name__ == "__main__":
+    main()
