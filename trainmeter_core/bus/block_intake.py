@@ -45,11 +45,3 @@ def check(block: records.Block) -> None:
     records.block.validate(block)
     if block.rows < 1:
         raise records.MalformedRecord("block: no rows")
-
-
-def row_counts(block: records.Block) -> tuple[int, int, int]:
-    """The steps, phases and metrics a checked block stands for, from its letters (``records.block.counts`` without
-    a look at each loss: ``check`` made sure every row that is no letter is the loss read before a step)."""
-    order = block.order
-    steps, phases = order.count(records.block.STEP), order.count(records.block.PHASE)
-    return steps, phases, block.rows - steps - phases

@@ -458,11 +458,11 @@ class Hub:
 
     def _observe_block(self, block: records.Block, remote: bool) -> None:
         """A block's counts, as its rows would have made them one by one; from its letters, never row by row."""
-        kinds = self.kinds
-        steps, phases, metrics = block_intake.row_counts(block)
-        for kind, count in (("step", steps), ("phase", phases), ("metric", metrics)):
+        kinds, per_kind = self.kinds, records.block.counts(block)
+        for kind, count in per_kind.items():
             if count:
                 kinds[kind] = kinds.get(kind, 0) + count
+        steps = per_kind["step"]
         key = f"{block.source}@{block.host}:{block.pid}"
         self._note_dropped(key, block.dropped)
         if remote or not steps:

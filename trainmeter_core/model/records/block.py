@@ -123,10 +123,11 @@ def validate(block: Block) -> None:
 
 
 def counts(block: Block) -> dict[str, int]:
-    """The records of each kind the block stands for (a hub's per-kind counts)."""
+    """The records of each kind a block that ``validate`` passed stands for (a hub's per-kind counts), from its letters
+    and ``rows`` alone: every row that is no letter is the loss metric read before a step."""
     order = block.order
-    losses = sum(1 for value in block.loss if value is not None)
-    return {"step": order.count(STEP), "phase": order.count(PHASE), "metric": order.count(METRIC) + losses}
+    steps, phases = order.count(STEP), order.count(PHASE)
+    return {"step": steps, "phase": phases, "metric": block.rows - steps - phases}
 
 
 def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_seq: int = 0) -> list[Record]:
