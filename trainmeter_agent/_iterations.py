@@ -92,8 +92,10 @@ class IterationDetector:
         self.iteration = 0
         self.counted = 0  # iterations counted in this process
         self.pre_calls = 0  # optimizer.step entries ever: GradScaler's wrapper compares it around its call
-        # id(optimizer) -> (a weakref to it, a weakref to its first gradient, that gradient's version)
-        self._marks: dict[int, tuple[object, object, int]] = {}
+        # id(optimizer) -> [a weakref to it, a weakref to its first gradient, that gradient's version]: a list, which the
+        # steady lane writes in place (a tuple per step would be an object per step, and tracemalloc's count of them
+        # at a line would depend on whether each came from the free list: tests/e2e/test_agent_steady_alloc.py)
+        self._marks: dict[int, list] = {}
         self._members: set[int] = set()  # optimizers that stepped in the current iteration
         self._closure_steps: set[int] = set()  # optimizers inside a step(closure) call
         self._calls = 0  # optimizer.step calls (skipped ones included) in the current iteration
@@ -146,7 +148,9 @@ class IterationDetector:
                         return None
                     if self._postless:
                         # No post-hook (_lane_postless): its mark, written here, as it would find it after the step.
-                        self._marks[key] = (mark[0], mark[1] if same else weakref.ref(grad), version)
+                        if not same:
+                            mark[1] = weakref.ref(grad)
+                        mark[2] = version
                     else:
                         self._seen_grad, self._seen_version = id(grad), version
                     # A new iteration: what _count does for an optimizer alone in the iteration that ends, which is
@@ -206,11 +210,9 @@ class IterationDetector:
                 grad = params[0].grad if params else None
                 mark = self._marks.get(key)
                 if grad is not None and mark is not None and mark[0]() is optimizer:
-                    grad_ref = mark[1]
-                    if grad_ref() is not grad:
-                        grad_ref = weakref.ref(grad)
-                    version = grad._version
-                    self._marks[key] = (mark[0], grad_ref, version)
+                    if mark[1]() is not grad:
+                        mark[1] = weakref.ref(grad)
+                    version = mark[2] = grad._version
                     # What this step's pre-hook saw (0 if it went another way), compared once.
                     seen, self._seen_grad = self._seen_grad, 0
                     if id(grad) == seen and version == self._seen_version:
@@ -232,10 +234,11 @@ class IterationDetector:
                 mark = self._marks.get(key)
                 if mark is not None and mark[0]() is optimizer:
                     # The same gradient object (zero_grad(set_to_none=False)) keeps its weakref: only its version moves.
-                    grad_ref = mark[1] if mark[1]() is grad else weakref.ref(grad)
-                    self._marks[key] = (mark[0], grad_ref, grad._version)
+                    if mark[1]() is not grad:
+                        mark[1] = weakref.ref(grad)
+                    mark[2] = grad._version
                 else:
-                    self._marks[key] = (weakref.ref(optimizer), weakref.ref(grad), grad._version)
+                    self._marks[key] = [weakref.ref(optimizer), weakref.ref(grad), grad._version]
         except Exception as exc:
             self.agent.stop_probe("steps", exc)
         self._agent_s += perf_counter() - started

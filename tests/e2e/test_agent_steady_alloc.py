@@ -5,7 +5,15 @@ What this proves: no object allocated by a line of ``trainmeter_agent/*`` during
 their end beyond what was alive at their start: no list that grows, no record or tuple kept per step, no cache filling
 up. Flushes are left on and counted (about one window every 50 ms, or every 1000 rows): a window's blocks are
 allocated and freed within its flush, and the test checks some windows did leave; a flush just before each snapshot
-empties the window, so that what waits in it is not counted at one snapshot and not the other. What it does not prove: that an
+empties the window, so that what waits in it is not counted at one snapshot and not the other.
+
+Which line tracemalloc names for an object depends on where its memory was first taken: a float or a tuple taken from
+CPython's free list keeps the line of whoever made the object that list held. So what an iteration replaces (its start
+time, a count) would be named by chance at one snapshot and not at the other. Both snapshots are therefore taken after
+the same sequence: a flush, a full collection (which empties the free lists), then AGENT_US_EVERY iterations (each
+state an iteration replaces, the agent's timed ones included, made again from empty free lists, so the same way
+before both snapshots), and a flush. The measured iterations are a multiple of the overhead fact's period (256), so
+both sequences fall at the same place of every period the agent keeps. What it does not prove: that an
 iteration allocates nothing at all. A float or int made and dropped within an iteration (a clock read, a step number
 replacing the last) is freed before the next snapshot and cancels out; their cost is time, which bench/bench_agent.py
 measures. Nor does it see allocations made by torch or by the producer's own module on the agent's behalf.
@@ -26,7 +34,7 @@ import gc, json, sys, time, tracemalloc
 import torch
 torch.set_num_threads(1)
 torch.manual_seed(0)
-WARM, MEASURED = 200, 10_000
+WARM, MEASURED = 200, 10_240  # 40 periods of the overhead fact (256 steps)
 ids = torch.randint(16, (100_000, 8))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
 model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
@@ -52,17 +60,24 @@ warm_until = time.monotonic() + 3.0
 while time.monotonic() < warm_until:
     iterate(batches, 10)
 agent_files = [tracemalloc.Filter(True, "*/trainmeter_agent/*")]
-# Both snapshots after a flush at the end of an iteration: the window's rows and records (an overhead fact) that wait
-# for their flush would otherwise be counted at one snapshot and not the other. A full collection empties the free
-# lists of floats, lists and tuples, whose parked objects tracemalloc still counts where they were first made.
-agent.outbox.flush()
-gc.collect()
-before = tracemalloc.take_snapshot().filter_traces(agent_files)
+
+
+def settle():
+    # Both snapshots after the same sequence (the docstring): the window's rows and records (an overhead fact) that
+    # wait for their flush would otherwise be counted at one snapshot and not the other, and what an iteration
+    # replaces is made again after the free lists of floats, lists and tuples were emptied.
+    agent.outbox.flush()
+    gc.collect()
+    iterate(batches, 16)  # AGENT_US_EVERY
+    agent.outbox.flush()
+    gc.collect()
+    return tracemalloc.take_snapshot().filter_traces(agent_files)
+
+
+before = settle()
 windows = agent.outbox.windows
-iterate(batches, MEASURED)
-agent.outbox.flush()
-gc.collect()
-after = tracemalloc.take_snapshot().filter_traces(agent_files)
+iterate(batches, MEASURED - 16)
+after = settle()
 windows = agent.outbox.windows - windows
 tracemalloc.stop()
 grown = [
