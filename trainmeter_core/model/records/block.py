@@ -107,7 +107,8 @@ def validate(block: Block) -> None:
                 raise MalformedRecord(f"block: {name} has {length} entries for {count} rows")
     if steps and (block.tokens_source is None or block.dp is None):
         raise MalformedRecord("block: steps without tokens_source or dp")
-    losses = sum(1 for value in block.loss if value is not None)
+    loss, loss_t = block.loss, block.loss_t
+    losses = len(loss) - loss.count(None)
     if block.rows != len(order) + losses:
         raise MalformedRecord(f"block: rows says {block.rows}, its columns hold {len(order) + losses}")
     if not _finite(block.t) or not _finite(block.wall):
@@ -117,7 +118,12 @@ def validate(block: Block) -> None:
         # A sum is NaN or infinite when one of its terms is (a finite sum that overflows is looked at term by term).
         if column and not math.isfinite(sum(column)) and not all(math.isfinite(x) for x in column):
             raise MalformedRecord(f"block: {name} holds a time that is not a finite number")
-    for value, at in zip(block.loss, block.loss_t, strict=True):
+    if losses == len(loss) and None not in loss_t:
+        # Every step has its loss and its time (a steady loop's blocks): their times looked at as the columns' above.
+        if loss_t and not math.isfinite(sum(loss_t)) and not all(math.isfinite(at) for at in loss_t):
+            raise MalformedRecord("block: a loss without its finite time, or a time without its loss")
+        return
+    for value, at in zip(loss, loss_t, strict=True):
         if (value is None) != (at is None) or (at is not None and not math.isfinite(at)):
             raise MalformedRecord("block: a loss without its finite time, or a time without its loss")
 
