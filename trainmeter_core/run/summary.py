@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainmeter_core.model import passport, records
+from trainmeter_core.model import paid_time, passport, records
 from trainmeter_core.run.stderr_lines import Say
 from trainmeter_core.runlog import rundir
 
@@ -231,6 +231,8 @@ def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None
         parts.append(_attempt_words(summary))
     if snapshot is not None:
         parts.extend(headline(snapshot))
+        # Energy where the run's GPUs gave it; money once a price reaches the end of a run (paid_time.Price).
+        parts.extend(paid_time.end_words(snapshot, price=None))
     drops = summary["bus"]["dropped_total"]
     parts.append(f"{drops} records dropped" if drops else "nothing dropped")
     parts.append(f"see it again: {view_command(run_dir)}")
