@@ -32,8 +32,9 @@ SLURM_VARIABLES = {
 DOWNWARD_API = {"pod": "POD_NAME", "namespace": "POD_NAMESPACE", "pod_uid": "POD_UID"}
 
 # A pod's folder in a kubelet cgroup path, in both drivers' shapes: cgroupfs writes ``/kubepods/burstable/pod<uid>/``,
-# systemd ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with _ for ->.slice/``.
-_POD_FOLDER = re.compile(
+# systemd ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with _ for ->.slice/``. Compiled at
+# its first use (re caches it), inside a pod only: every run's start imports this module.
+_POD_FOLDER = (
     r"[/-]pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)"
 )
 
@@ -76,7 +77,7 @@ def pod_uid_in_cgroups(text: str) -> str | None:
         path = line.split(":", 2)[-1]
         if "kubepods" not in path:
             continue
-        found = _POD_FOLDER.search(path)
+        found = re.search(_POD_FOLDER, path)
         if found is not None:
             return found.group(1).replace("_", "-")
     return None
