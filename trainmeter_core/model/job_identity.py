@@ -2,7 +2,7 @@
 and uid, made from the environment and the texts of two files the caller read (the process's cgroup list and the
 service account's namespace file). Each id it cannot tell is absent with the reason, never guessed.
 
-Pure: no I/O. ``run/identity.read_job_identity`` reads the files; docs/paid-time.md says what comes from where.
+Pure: no I/O. ``run/identity.read_job_identity`` reads the files; docs/job-identity.md says what comes from where.
 """
 
 from __future__ import annotations

@@ -407,7 +407,7 @@ def test_a_real_prometheus_stores_the_slurm_and_kubernetes_ids_as_labels_of_the_
             "pod": "trainer-0",
             "pod_uid": "0c3b5e2a-1b2c-4d5e-8f90-123456789abc",
         }  # fmt: skip
-        # the join docs/paid-time.md documents: a number of the run by its Slurm job
+        # the join docs/job-identity.md documents: a number of the run by its Slurm job
         joined = wait_for(
             lambda: prometheus.query(
                 "trainmeter_steps_total * on(job, node) group_left(slurm_job_id) trainmeter_run_info"

@@ -38,7 +38,7 @@ class JobPlace(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class JobIdentity(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Who the scheduler says the run is: Slurm's job, step and array ids, and the Kubernetes pod, its namespace and
-    uid, each as read without root (``run/identity.read_job_identity``; docs/paid-time.md says from where). An id
+    uid, each as read without root (``run/identity.read_job_identity``; docs/job-identity.md says from where). An id
     that could not be read is in ``absent`` with the reason; ``sources`` names where each id was read."""
 
     slurm_job_id: str | None = None
