@@ -143,6 +143,8 @@ def _attempt_entry(meta: dict, attempt: int, resume_reason: str | None = None) -
     """One attempt of a resumed run as ``meta.json`` lists it."""
     entry = {k: meta.get(k) for k in ("start_wall", "command", "cwd", "host", "child_pid", "launcher_pid")}
     entry["tm_version"] = meta.get("tm_version")
+    if meta.get("job_identity") is not None:  # a requeued job resumes under another Slurm job or pod
+        entry["job_identity"] = meta["job_identity"]
     return {"attempt": attempt, **entry, **({"resume_reason": resume_reason} if resume_reason else {})}
 
 
