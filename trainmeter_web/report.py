@@ -114,6 +114,21 @@ def passport_doc(dashboard: DashboardState) -> dict[str, Any]:
     }
 
 
+def with_paid_time(passport: dict[str, Any], dashboard: DashboardState) -> dict[str, Any]:
+    """The passport with where the run's paid GPU time went (``model/paid_time``, as ``tm runs RUN`` says it) as its
+    last section: the report's page and its static view both show the passport. The GPU samples are the log's."""
+    from trainmeter_core.model import paid_time
+    from trainmeter_core.runlog.gpu_usage import gpu_usage
+
+    if dashboard.snapshot is None or "markdown" not in passport:
+        return passport
+    usage = gpu_usage(dashboard.run_dir) if dashboard.run_dir is not None else None
+    figures = paid_time.paid_time(
+        dashboard.snapshot, usage, price=None
+    )  # the hook for a price given to tm report
+    return {**passport, "markdown": f"{passport['markdown'].rstrip()}\n\n{paid_time.markdown(figures)}"}
+
+
 def report_data(
     dashboard: DashboardState, written_wall: float, points: int = REPORT_POINTS
 ) -> dict[str, Any]:
@@ -133,7 +148,7 @@ def report_data(
         "points": points,
         "doc": doc,
         "run": run,
-        "passport": passport_doc(dashboard),
+        "passport": with_paid_time(passport_doc(dashboard), dashboard),
         "series": series,
     }
 

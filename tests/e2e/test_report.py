@@ -165,7 +165,10 @@ def test_the_report_carries_the_live_pages_first_document_the_run_and_a_passport
     assert data["series"]["train_loss"]["x"]["step"] == [1, 2, 3, 4, 5]  # a bare `loss` is the train loss
     assert data["series"]["train_loss"]["v"] == [1, 0.5, 0.333333, 0.25, 0.2]
     (run_dir / "passport.md").write_text("# the run's own passport\n")
-    assert report_data(model, WALL0)["passport"] == {"markdown": "# the run's own passport\n"}
+    # the run's own passport, then where its paid time went (model/paid_time), as tm runs RUN says it
+    markdown = report_data(model, WALL0)["passport"]["markdown"]
+    assert markdown.startswith("# the run's own passport\n\n## Paid time\n")
+    assert "- Money: n/a (no price per GPU-hour given" in markdown
 
 
 # ----------------------------------------------------------------------------------------------------------------------

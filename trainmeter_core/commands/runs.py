@@ -1,5 +1,6 @@
-"""``tm runs``: the runs under the runs directory, newest first, one line each; a resumed run once, with its
-attempts."""
+"""``tm runs``: the runs under the runs directory, newest first, one line each (a resumed run once, with its attempts;
+the scheduler's ids where it ran under one); ``tm runs RUN``: one run's job identity and where its paid GPU time went,
+as Slurm's ``seff`` sums up a job."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ from trainmeter_core.commands.usage import parser_for
 def cmd_runs(argv: list[str]) -> int:
     from trainmeter_core.runlog import rundir
 
-    parser = parser_for("runs", "The runs under the runs directory, newest first.")
+    parser = parser_for("runs", "The runs under the runs directory, newest first; one run's paid time.")
+    parser.add_argument(
+        "run",
+        nargs="?",
+        help="a run directory, a run name or its unique prefix: its job and paid time, as seff",
+    )
     parser.add_argument("--runs-dir")
     args = parser.parse_args(argv)
+    if args.run is not None:
+        return one_run(args.run, args.runs_dir)
     base = rundir.runs_dir(args.runs_dir)
     out = Output()
     runs = rundir.list_runs(base)
@@ -35,8 +43,46 @@ def cmd_runs(argv: list[str]) -> int:
         attempts = f"  {info.attempts} attempts" if info.attempts > 1 else ""
         out.line(
             f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps"
-            f"{attempts}"
+            f"{attempts}{identity_words(info.job_identity)}"
         )
+    return 0
+
+
+def identity_words(ids: dict | None) -> str:
+    """What a ``tm runs`` line ends with for a run under a scheduler: ``  slurm 4242.0 (array 4240_7)  pod ml/x``."""
+    from trainmeter_core.model import job_identity
+
+    words = job_identity.short_words(ids)
+    return f"  {words}" if words else ""
+
+
+def one_run(ref: str, runs_dir: str | None) -> int:
+    """``tm runs RUN``: the run's state, its job identity and its paid time (``model/paid_time``), one figure a line,
+    each unknown one with its reason. The numbers are a replay's final snapshot and the log's GPU samples."""
+    import sys
+
+    from trainmeter_core.model import job_identity, paid_time
+    from trainmeter_core.runlog import replay, rundir
+    from trainmeter_core.runlog.gpu_usage import gpu_usage
+
+    run_dir = rundir.resolve_run(ref, rundir.runs_dir(runs_dir) if runs_dir else None)
+    info = rundir.run_info(run_dir)
+    stats: dict = {}
+    snapshot = replay.final_snapshot(run_dir, stats)
+    skipped = replay.skipped_line(stats)
+    if skipped:
+        print(f"tm: {skipped}", file=sys.stderr)
+    out = Output()
+    out.line(f"Run: {info.name}")
+    out.line(f"State: {info.state}")
+    for line in job_identity.lines(info.job_identity):
+        out.line(line if info.job_identity is not None else f"Job identity: {line}")
+    if snapshot is None:
+        out.line("Paid time: n/a (the run has no record the engine can use)")
+        return 0
+    # The price is a view's: the hook (paid_time.Price) is here, for the flag that gives one.
+    for line in paid_time.lines(paid_time.paid_time(snapshot, gpu_usage(run_dir), price=None)):
+        out.line(line)
     return 0
 
 

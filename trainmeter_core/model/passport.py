@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmeter_core.model import records
+from trainmeter_core.model import job_identity, records
 
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
 #: The counters a passport gives over the training window: key, words, unit as written.
@@ -187,6 +187,8 @@ def passport_data(snapshot: records.Snapshot, meta: dict) -> dict[str, Any]:
         },
         "final_losses": series,
         "profile": _profile(snapshot),
+        # The scheduler's ids (Slurm, Kubernetes) as the run's start read them; absent from a run recorded before.
+        **({"job_identity": meta["job_identity"]} if meta.get("job_identity") is not None else {}),
         **({"attempts": [records.to_builtins(a) for a in snapshot.attempts]} if snapshot.attempts else {}),
     }
     # Schema 1's names of the two FLOP counts, kept until 0.2.0 (docs/api.md, "Old spellings", has the table).
@@ -308,6 +310,9 @@ def passport_markdown(data: dict[str, Any]) -> str:
     lines.append(
         f"- ranks: {data['hardware']['ranks']}; devices: {', '.join(map(str, data['hardware']['devices'])) or 'n/a'}"
     )
+    if data.get("job_identity") is not None:
+        lines += ["", "## Job", ""]
+        lines += [f"- {line}" for line in job_identity.lines(data["job_identity"])]
     if data.get("profile"):
         lines += ["", "## Profile", ""]
         for entry in data["profile"]:

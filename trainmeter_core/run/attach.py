@@ -22,7 +22,7 @@ from trainmeter_core.model import records
 from trainmeter_core.model.redaction import redact_argv, redact_env
 from trainmeter_core.run.child import lower_own_priority
 from trainmeter_core.run.component_start import plan_placements
-from trainmeter_core.run.identity import describe_run, open_run
+from trainmeter_core.run.identity import describe_run, open_run, read_job_identity
 from trainmeter_core.run.stderr_lines import Say
 from trainmeter_core.run.summary import view_command, write_summary
 from trainmeter_core.runlog.recorder import Recorder
@@ -183,6 +183,10 @@ def _announce(
             source="attach",
             agent=False,
             attached=True,
+            # The program's own ids: its environment and its cgroups, which are readable wherever its environ is.
+            job_identity=read_job_identity(
+                read_environ(target.pid) or {}, cgroup_file=f"/proc/{target.pid}/cgroup"
+            ),
         )
     )
     return plugins, " ".join(redacted)

@@ -71,6 +71,7 @@ def describe_run(
     slurm: bool = False,
     attached: bool = False,
     job: records.JobPlace | None = None,
+    job_identity: records.JobIdentity | None = None,
     attempt: int = 1,
     resume_reason: str | None = None,
 ) -> records.RunStart:
@@ -101,6 +102,7 @@ def describe_run(
         "env": env,
         "plugins": [records.to_builtins(info) for info in plugins],
         **({"job": msgspec.to_builtins(job)} if job is not None else {}),
+        **({"job_identity": msgspec.to_builtins(job_identity)} if job_identity is not None else {}),
     }
     if attempt > 1:
         previous = rundir.read_json(run_dir / "meta.json") or {}
@@ -129,6 +131,7 @@ def describe_run(
         slurm=slurm,
         plugins=list(plugins),
         job=job,
+        job_identity=job_identity,
         source=source,
         attempt=attempt,
         resume_reason=resume_reason,
@@ -140,6 +143,8 @@ def _attempt_entry(meta: dict, attempt: int, resume_reason: str | None = None) -
     """One attempt of a resumed run as ``meta.json`` lists it."""
     entry = {k: meta.get(k) for k in ("start_wall", "command", "cwd", "host", "child_pid", "launcher_pid")}
     entry["tm_version"] = meta.get("tm_version")
+    if meta.get("job_identity") is not None:  # a requeued job resumes under another Slurm job or pod
+        entry["job_identity"] = meta["job_identity"]
     return {"attempt": attempt, **entry, **({"resume_reason": resume_reason} if resume_reason else {})}
 
 
@@ -159,6 +164,51 @@ def note_child_pid(run_dir: Path, pid: int) -> None:
     if meta.get("attempts"):
         meta["attempts"][-1]["child_pid"] = pid
     write_meta(run_dir, meta)
+
+
+#: Where tests (and a user who knows better) point tm at other copies of the two files the job's identity reads.
+CGROUP_FILE_VARIABLE = "TM_CGROUP_FILE"
+NAMESPACE_FILE_VARIABLE = "TM_K8S_NAMESPACE_FILE"
+
+
+def read_job_identity(
+    environ: dict[str, str] | None = None,
+    cgroup_file: str | None = None,
+    namespace_file: str | None = None,
+) -> records.JobIdentity:
+    """The scheduler's ids of this run (``model/job_identity``), read without root from ``environ``, the process's
+    cgroup list and the service account's namespace file. A file's path is the argument, else its variable
+    (``TM_CGROUP_FILE``, ``TM_K8S_NAMESPACE_FILE``), else the real one; ``tm attach`` passes the program's own."""
+    from trainmeter_core.model import job_identity
+
+    env = os.environ if environ is None else environ
+    cgroup_path = cgroup_file or env.get(CGROUP_FILE_VARIABLE) or job_identity.CGROUP_FILE
+    namespace_path = namespace_file or env.get(NAMESPACE_FILE_VARIABLE) or job_identity.NAMESPACE_FILE
+    in_a_pod = job_identity.in_a_pod(env)
+    # Outside a pod neither file can say anything: the launcher's start reads nothing it would throw away.
+    cgroup_text, cgroup_why = _read_text(cgroup_path) if in_a_pod else (None, None)
+    namespace_text, namespace_why = (
+        _read_text(namespace_path) if in_a_pod and not env.get("POD_NAMESPACE") else (None, None)
+    )
+    return job_identity.job_identity(
+        env,
+        hostname=socket.gethostname(),
+        namespace_text=namespace_text,
+        namespace_why=namespace_why,
+        cgroup_text=cgroup_text,
+        cgroup_why=cgroup_why,
+        namespace_file=namespace_path,
+        cgroup_file=cgroup_path,
+    )
+
+
+def _read_text(path: str) -> tuple[str | None, str | None]:
+    """A small file's text, or None and why it cannot be read (``is not readable (No such file or directory)``)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(65536), None
+    except OSError as exc:
+        return None, f"is not readable ({exc.strerror or type(exc).__name__})"
 
 
 def selected_env(secret_names: list[str]) -> dict[str, str]:

@@ -34,6 +34,7 @@ from trainmeter_core.run.identity import (
     measured_peak_facts,
     note_child_pid,
     open_run,
+    read_job_identity,
     selected_env,
     write_agent_plugins,
 )
@@ -189,6 +190,7 @@ class Launch:
             agent=self.opts.agent,
             slurm=self.slurm,
             job=self.plan.place if self.plan is not None else None,
+            job_identity=read_job_identity(),
             attempt=self.attempt,
             resume_reason=self.target.reason if self.target is not None else None,
         )

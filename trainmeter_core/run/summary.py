@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainmeter_core.model import passport, records
+from trainmeter_core.model import paid_time, passport, records
 from trainmeter_core.run.stderr_lines import Say
 from trainmeter_core.runlog import rundir
 
@@ -188,11 +188,11 @@ def view_command(run_dir: Path, environ: dict | None = None, argv0: str | None =
     return f"{tm} view {shlex.quote(str(shown))}"
 
 
-def headline(snapshot: records.Snapshot) -> list[str]:
+def headline(snapshot: records.Snapshot, price: paid_time.Price | None = None) -> list[str]:
     """The run's headline numbers, each a phrase of the summary line: tokens, FLOPs spent (with the conventions it
     covers, and those it could not compute with what each lacks), MFU over the training window against its named peak,
-    the latest train and validation losses. None before the first step; a number tm cannot compute says why
-    (``n/a (...)``) or is left out. ``tm report`` shows the same phrases to a reader without scripts."""
+    the latest train and validation losses, the energy (and the money, given a price). None before the first step; a
+    number tm cannot compute says why (``n/a (...)``) or is left out. ``tm report`` shows the same phrases to a reader without scripts."""
     if not snapshot.steps:
         return []
     parts = []
@@ -219,6 +219,8 @@ def headline(snapshot: records.Snapshot) -> list[str]:
     parts.extend(
         f"{k} {p.value:.4g}" for k, p in sorted(snapshot.series.items()) if k in ("train_loss", "val_loss")
     )
+    # Energy where the run's GPUs gave it; money once a price reaches the end of a run (the hook: paid_time.Price).
+    parts.extend(paid_time.end_words(snapshot, price))
     return parts
 
 

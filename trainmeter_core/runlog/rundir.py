@@ -124,6 +124,7 @@ class RunInfo:
     steps: int | None
     exit_status: int | None
     attempts: int = 1  # a resumed run's starts (meta.json lists them)
+    job_identity: dict | None = None  # the scheduler's ids (Slurm, Kubernetes) meta.json holds
 
 
 def read_json(path: Path) -> dict | None:
@@ -140,8 +141,9 @@ def run_info(run_dir: Path) -> RunInfo:
     meta = read_json(run_dir / "meta.json") or {}
     start = meta.get("start_wall")
     attempts = len(meta.get("attempts") or ()) or 1
+    ids = meta.get("job_identity") if isinstance(meta.get("job_identity"), dict) else None
     if is_live(run_dir):
-        return RunInfo(run_dir, run_dir.name, "running", start, None, None, None, attempts)
+        return RunInfo(run_dir, run_dir.name, "running", start, None, None, None, attempts, ids)
     summary = read_json(run_dir / "summary.json")
     if summary is not None and summary.get("state") == "finished":
         status = summary.get("exit_status")
@@ -154,8 +156,9 @@ def run_info(run_dir: Path) -> RunInfo:
             summary.get("steps"),
             status,
             attempts,
+            ids,
         )
-    return RunInfo(run_dir, run_dir.name, "lost", start, None, None, None, attempts)
+    return RunInfo(run_dir, run_dir.name, "lost", start, None, None, None, attempts, ids)
 
 
 def list_runs(base: Path) -> list[Path]:

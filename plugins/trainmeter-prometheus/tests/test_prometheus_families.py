@@ -3,8 +3,12 @@ its two ends; an absent number absent (never 0); GPUs per device; alerts until t
 
 from __future__ import annotations
 
-from prometheus_testing import WHO, key, openmetrics, samples, snapshot, text
-from trainmeter_prometheus.identity import identity
+import threading
+
+from prometheus_client.exposition import generate_latest
+from prometheus_testing import ABOUT, WHO, key, openmetrics, samples, snapshot, text
+from trainmeter_prometheus.exporter import RunCollector, registry_for
+from trainmeter_prometheus.identity import identity, scheduler_labels
 from trainmeter_prometheus.state import ExporterState
 
 from trainmeter_core.api import records
@@ -268,6 +272,35 @@ def test_job_and_node_come_from_the_run_s_identity():
             "exporter_version": "0.1.0",
         }
     ]
+
+
+def test_the_slurm_and_kubernetes_ids_the_run_read_are_labels_of_run_info_and_an_absent_one_is_no_label():
+    meta = {
+        "run_id": "20261201T000000Z-n1-train",
+        "job_identity": {
+            "slurm_job_id": "4242",
+            "slurm_step_id": "0",
+            "pod": "trainer-0",
+            "namespace": "ml-team",
+            "absent": {
+                "slurm_array_job_id": "not a job array: no SLURM_ARRAY_JOB_ID in the environment",
+                "pod_uid": "no kubepods pod folder in /proc/self/cgroup: set POD_UID from the downward API",
+            },
+        },
+    }
+    labels = scheduler_labels(meta)
+    assert labels == {
+        "slurm_job_id": "4242",
+        "slurm_step_id": "0",
+        "pod": "trainer-0",
+        "namespace": "ml-team",
+    }
+    assert scheduler_labels({"run_id": "x"}) == {}  # a run recorded before tm read the ids
+    collector = RunCollector(state_with(snapshot()), threading.Lock(), WHO, {**ABOUT, **labels}, lambda: 0.0)
+    got = samples(generate_latest(registry_for(collector)).decode())
+    (info,) = [dict(labels) for (n, labels) in got if n == "trainmeter_run_info"]
+    assert {k: info.get(k) for k in labels} == labels
+    assert "pod_uid" not in info and "slurm_array_job_id" not in info
 
 
 def test_the_run_state_is_one_hot_and_before_the_first_snapshot_only_the_run_is_described():

@@ -59,6 +59,17 @@ for i in range(1, 21):
     emit(step=i, tokens=256)
     time.sleep(0.1)
 """
+# Steps until the test touches the stop file (or 120 s pass), with no torch.
+STOP_LOOP = """
+import sys, time
+from pathlib import Path
+from trainmeter_agent import emit
+stop, deadline, step = Path(sys.argv[1]), time.monotonic() + 120, 0
+while not stop.exists() and time.monotonic() < deadline:
+    step += 1
+    emit(step=step, tokens=256)
+    time.sleep(0.05)
+"""
 # Declared so that MFU is known on a CPU: the shape gives titan's FLOPs per token (6(N-E) + 12·L·d·T), the peak is
 # declared for the CPU device the model's parameters live on.
 DECLARED = [
@@ -335,3 +346,81 @@ def test_a_port_already_taken_is_one_line_and_the_run_goes_on(tmp_path, site):
     (notice,) = [r for r in records if r["kind"] == "notice" and r["topic"] == "prometheus"]
     assert notice["level"] == "error" and notice["message"] == line.removeprefix("tm: ")
     assert not [r for r in records if r["kind"] == "component" and r["event"] == "crashed"]
+
+
+@pytest.mark.heavy
+@pytest.mark.xdist_group("heavy")
+def test_a_real_prometheus_stores_the_slurm_and_kubernetes_ids_as_labels_of_the_run_info(tmp_path, site):
+    """A run in a test's Slurm step of an array job, in a test's pod: the variables Slurm and the kubelet set, a
+    cgroup file of cgroup v2's systemd shape and a namespace file (tm told where they are by its two variables)."""
+    binary, _promtool = require_prometheus()
+    loop, stop = tmp_path / "loop.py", tmp_path / "stop"
+    loop.write_text(STOP_LOOP)
+    cgroup, namespace = tmp_path / "cgroup", tmp_path / "namespace"
+    cgroup.write_text(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0c3b5e2a_1b2c_4d5e_8f90_123456789abc"
+        ".slice/cri-containerd-4f7e.scope\n"
+    )
+    namespace.write_text("ml-team")
+    env = tm_env(
+        tmp_path,
+        site,
+        SLURM_JOB_ID="4242",
+        SLURM_STEP_ID="3",
+        SLURM_ARRAY_JOB_ID="4240",
+        SLURM_ARRAY_TASK_ID="2",
+        KUBERNETES_SERVICE_HOST="10.96.0.1",
+        HOSTNAME="trainer-0",
+        TM_CGROUP_FILE=str(cgroup),
+        TM_K8S_NAMESPACE_FILE=str(namespace),
+    )
+    for name in ("POD_NAME", "POD_NAMESPACE", "POD_UID", "SLURM_JOBID", "SLURM_STEPID"):
+        env.pop(name, None)  # the test's own ids only, whatever runs the test
+    tm = subprocess.Popen(
+        [TM, "--prometheus-port", "0", str(loop), str(stop)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    prometheus = None
+    try:
+        err = Lines(tm.stderr)
+        run_id = err.wait(r"^tm: run (\S+) in (.+)$").group(1)
+        url = err.wait(r"^tm: prometheus: /metrics at (http://127\.0\.0\.1:\d+/metrics)$").group(1)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        prometheus = Prometheus(tmp_path / "prometheus", f"127.0.0.1:{port}", binary)
+        found = wait_for(
+            lambda: prometheus.query("trainmeter_run_info")["result"],
+            60,
+            "the run's info stored by prometheus",
+        )
+        ((labels, value),) = [(r["metric"], r["value"][1]) for r in found]
+        assert value == "1" and labels["job"] == run_id
+        assert {k: labels.get(k) for k in ("slurm_job_id", "slurm_step_id", "slurm_array_job_id",
+                                           "slurm_array_task_id", "namespace", "pod", "pod_uid")} == {
+            "slurm_job_id": "4242",
+            "slurm_step_id": "3",
+            "slurm_array_job_id": "4240",
+            "slurm_array_task_id": "2",
+            "namespace": "ml-team",
+            "pod": "trainer-0",
+            "pod_uid": "0c3b5e2a-1b2c-4d5e-8f90-123456789abc",
+        }  # fmt: skip
+        # the join docs/job-identity.md documents: a number of the run by its Slurm job
+        joined = wait_for(
+            lambda: prometheus.query(
+                "trainmeter_steps_total * on(job, node) group_left(slurm_job_id) trainmeter_run_info"
+            )["result"],
+            60,
+            "the steps joined with the run's Slurm job",
+        )
+        assert [r["metric"]["slurm_job_id"] for r in joined] == ["4242"]
+    finally:
+        stop.touch()
+        try:
+            tm.wait(120)
+        finally:
+            if prometheus is not None:
+                prometheus.stop()
+    assert tm.returncode == 0

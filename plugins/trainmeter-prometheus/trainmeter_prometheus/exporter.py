@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from trainmeter_core.api import ComponentContext, Notice, Sink
 from trainmeter_prometheus import settings as settings_mod
 from trainmeter_prometheus.families import families
-from trainmeter_prometheus.identity import Identity, identity
+from trainmeter_prometheus.identity import Identity, identity, scheduler_labels
 from trainmeter_prometheus.state import KINDS, ExporterState
 
 #: The run directory's alert file (written by tm's own file sink; the run log holds the same lines).
@@ -87,6 +87,7 @@ class PrometheusExporter(Sink):
             "run_id": str(meta.get("run_id") or ""),
             "run_name": str(meta.get("name") or ""),
             "tm_version": str(meta.get("tm_version") or ""),
+            **scheduler_labels(meta),  # Slurm's and the Kubernetes pod's ids, where the run read them
         }
         with lock:  # the subscription is already open: an alert both here and on the bus counts once
             restore_alerts(state, ctx.run_dir)

@@ -154,10 +154,13 @@ def families(
     state: ExporterState, who: Identity, now_s: float, about: Mapping[str, str] | None = None
 ) -> Iterator[Metric]:
     """Every family with its samples, in a stable order; families with no sample are left out. ``about`` describes
-    the run (``run_id``, ``run_name``, ``tm_version``) for ``trainmeter_run_info``."""
+    the run (``run_id``, ``run_name``, ``tm_version``, and the scheduler's ids: ``identity.scheduler_labels``) for
+    ``trainmeter_run_info``."""
     run = [who.job, who.node]
     info = InfoMetricFamily(
-        "trainmeter_run", "The run: its id, name, tm's version, the exporter's.", labels=RUN
+        "trainmeter_run",
+        "The run: its id, name, tm's version, the exporter's; the Slurm and Kubernetes ids it read.",
+        labels=RUN,
     )
     info.add_metric(run, {**{k: v for k, v in (about or {}).items() if v}, "exporter_version": __version__})
     yield info

@@ -38,3 +38,25 @@ def identity(meta: Mapping[str, Any]) -> Identity:
         return Identity(job=str(place["id"]), node=node)
     job = str(meta.get("run_id") or meta.get("name") or "")
     return Identity(job=job, node=node)
+
+
+#: The scheduler's ids a run keeps in ``meta.json`` (``job_identity``) and the ``trainmeter_run_info`` label each
+#: becomes. ``namespace`` and ``pod`` are the names kube-state-metrics and cAdvisor use, so a join needs no renaming.
+SCHEDULER_LABELS = {
+    "slurm_job_id": "slurm_job_id",
+    "slurm_step_id": "slurm_step_id",
+    "slurm_array_job_id": "slurm_array_job_id",
+    "slurm_array_task_id": "slurm_array_task_id",
+    "namespace": "namespace",
+    "pod": "pod",
+    "pod_uid": "pod_uid",
+}
+
+
+def scheduler_labels(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The Slurm and Kubernetes ids of the run as labels of ``trainmeter_run_info``: only those the run could read
+    (an absent id is no label, never an empty one; ``tm runs RUN`` says why it is absent)."""
+    ids = meta.get("job_identity")
+    if not isinstance(ids, Mapping):
+        return {}
+    return {label: str(ids[field]) for field, label in SCHEDULER_LABELS.items() if ids.get(field)}

@@ -36,6 +36,22 @@ class JobPlace(msgspec.Struct, kw_only=True, omit_defaults=True):
     found_by: str  # "torchrun flags", "environment", "slurm", "--job"
 
 
+class JobIdentity(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who the scheduler says the run is: Slurm's job, step and array ids, and the Kubernetes pod, its namespace and
+    uid, each as read without root (``run/identity.read_job_identity``; docs/job-identity.md says from where). An id
+    that could not be read is in ``absent`` with the reason; ``sources`` names where each id was read."""
+
+    slurm_job_id: str | None = None
+    slurm_step_id: str | None = None
+    slurm_array_job_id: str | None = None
+    slurm_array_task_id: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    pod_uid: str | None = None
+    sources: dict[str, str] = {}  # field -> the variable or file it was read from
+    absent: dict[str, str] = {}  # field -> why it is unknown
+
+
 class RunStart(Record, tag="run.start", kw_only=True):
     """Written first by the launcher, once the hub is bound and the child started. ``job`` is set on every node of a
     job of several nodes; on the job hub's node (rank 0) the run holds the whole job."""
@@ -54,6 +70,9 @@ class RunStart(Record, tag="run.start", kw_only=True):
     slurm: bool = False
     plugins: list[PluginInfo] = []
     job: JobPlace | None = None
+    job_identity: JobIdentity | None = (
+        None  # the scheduler's ids (Slurm, Kubernetes), read when the run started
+    )
     # 1 for a run's first start; a resumed run (``tm --resume``) counts its attempts on in the same log
     attempt: int = 1
     resume_reason: str | None = (
