@@ -374,6 +374,15 @@ def _energy(where: str, log: str, expected: dict[str, Any], new: dict[str, Any])
         assert energy["absent"] == "no two energy counter readings from vm/gpu0 yet", where
     for key in ENERGY_KEYS:
         _carry(expected, new, key)
+    # The idle-GPU alert's input: the latest GPU-Util of each GPU the run holds (the H200's one GPU), the number the
+    # ladder's util_gpu shows while the run lives; a CPU run holds none.
+    held = [key for key in metrics if key.startswith("held_util_gpu.")]
+    assert held == ([] if log in CPU_LOGS else ["held_util_gpu.vm/gpu0"]), where
+    for key in held:
+        assert 0.0 <= metrics[key]["value"] <= 1.0, where
+        if not new.get("final"):
+            assert metrics[key]["value"] == metrics["util_gpu"]["value"], where
+        _carry(expected, new, key)
 
 
 def _series_origin(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
