@@ -65,6 +65,39 @@ def test_a_gpu_watched_for_the_hardware_view_only_is_never_the_runs():
     assert only_watched.metrics["energy_j"].absent.startswith("no GPU is known to be the run's")
 
 
+def test_a_gpu_the_ranks_reported_is_the_runs_even_while_the_sampler_only_watches_it():
+    uuid = "GPU-run"
+    gpu_fact = {"index": 0, "uuid": uuid, "name": "NVIDIA H100 80GB HBM3", "spec_id": "h100-sxm"}
+    facts = [
+        records.Fact(
+            name="gpu",
+            value=gpu_fact,
+            provenance="detected",
+            origin="sampler:nvml",
+            host="n1",
+            device="n1/gpu0",
+        ),
+        records.Fact(
+            name="device",
+            value={"type": "cuda", "index": 0, "uuid": uuid},
+            provenance="detected",
+            origin="agent",
+            host="n1",
+            rank=0,
+        ),
+    ]
+    # The selection waits for the run's processes (a container whose NVML lists none): every row is for_run False.
+    snap = last(
+        Engine(),
+        *facts,
+        *[row(0, t, 300.0 * t, for_run=False) for t in (1.0, 2.0, 3.0)],
+        *[row(1, t, 100.0 * t, for_run=False) for t in (1.0, 2.0, 3.0)],
+    )
+    assert snap.metrics["energy_j"].value == pytest.approx(600.0)  # gpu0, the rank's: 300 J/s × 2 s
+    assert set(snap.explain["energy_j"].inputs) == {"n1/gpu0"}
+    assert "held_util_gpu.n1/gpu0" in snap.metrics and "held_util_gpu.n1/gpu1" not in snap.metrics
+
+
 def test_an_interval_where_the_counter_goes_back_is_dropped_and_counted():
     # rises of 300 J, then a driver reload (back to 50 J), then 300 J again: 600 J, one interval dropped
     counters = [(1.0, 1000.0), (2.0, 1300.0), (3.0, 50.0), (4.0, 350.0)]

@@ -38,16 +38,16 @@ def take_energy(
     previous_t: float | None,
 ) -> None:
     """One sample into its GPU's energy: the counter's rise since its previous reading and power × the time since the
-    previous sample, both only for a sample of the run's GPU and never across a resumed run's gap."""
+    previous sample, never across a resumed run's gap. Whether the GPU is the run's is decided when the energy is
+    shown (``energy``): a GPU the run ends up on was paid for from the run's start."""
     if record.mig_parent_uuid is not None:
         gpu.mig_parent_uuid = record.mig_parent_uuid
-    if record.for_run:
-        gpu.for_run = True
-        if record.other_pids:
-            gpu.other_pids = sorted(set(gpu.other_pids) | set(record.other_pids))
-        if "other_pids" in record.absent:
-            gpu.others_unknown = record.absent["other_pids"]
-    if record.for_run and power_w is not None and previous_t is not None and record.t > previous_t:
+    gpu.for_run = gpu.for_run or record.for_run
+    if record.other_pids:
+        gpu.other_pids = sorted(set(gpu.other_pids) | set(record.other_pids))
+    if "other_pids" in record.absent:
+        gpu.others_unknown = record.absent["other_pids"]
+    if power_w is not None and previous_t is not None and record.t > previous_t:
         gpu.energy_j += power_w * (record.t - previous_t)
         gpu.power_samples += 1
     counter_j = record.energy_j
@@ -56,7 +56,7 @@ def take_energy(
         return
     gpu.counter_absent = None
     since_t = attempts.previous_reading(state, gpu.counter_t)  # the run's down time is not the run's energy
-    if record.for_run and gpu.counter_j is not None and since_t is not None and record.t > since_t:
+    if gpu.counter_j is not None and since_t is not None and record.t > since_t:
         rise_j = counter_j - gpu.counter_j
         if rise_j < 0:
             gpu.counter_dropped += 1
@@ -68,7 +68,9 @@ def take_energy(
 
 def energy(snap: SnapshotBuilder, latest: list[GpuState], why: str | None) -> None:
     """``energy_j`` and what follows from it: ``energy_kwh``, ``energy_j_per_token``, ``energy_j_per_step``."""
-    held = [gpu for gpu in latest if gpu.for_run]
+    # The run's GPUs: those its ranks reported, else those the sampler's selection said are the run's.
+    claimed = not snap.derived.rig.absent
+    held = [gpu for gpu in latest if claimed or gpu.for_run]
     reason = why or (None if held else (NOT_THE_RUNS if latest else "no GPU sample yet"))
     total_j = 0.0
     inputs: dict[str, records.ExplainInput] = {}

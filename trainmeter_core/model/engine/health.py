@@ -227,16 +227,16 @@ def put_gpu_health(snap: SnapshotBuilder, key: str, gpu: GpuState) -> None:
 
 
 def put_held_util(snap: SnapshotBuilder) -> None:
-    """``held_util_gpu.<key>``: the latest GPU-Util of each GPU the run holds (the sampler's selection, narrowed to the
-    GPUs its ranks reported where they did), for the ``gpu_idle`` rule. A GPU watched only for the hardware view, or
-    no longer sampled, has none."""
+    """``held_util_gpu.<key>``: the latest GPU-Util of each GPU the run holds (those its ranks reported, else those the
+    sampler's selection said are the run's), for the ``gpu_idle`` rule. A GPU watched only for the hardware view has
+    none; one no longer sampled is absent with the reason."""
     state = snap.state
     rig = snap.derived.rig
     ranks_gpus = None if rig.absent else {str(d.gpu_key) for d in rig.gpus}
     now = state.now_t
     formula = "the latest GPU-Util of a GPU the run holds"
     for key, gpu in sorted(state.gpus.items()):
-        if not gpu.for_run or (ranks_gpus is not None and key not in ranks_gpus):
+        if (key not in ranks_gpus) if ranks_gpus is not None else not gpu.for_run:
             continue
         if now is not None and gpu.t is not None and now - gpu.t > _STALE_GPU_S:
             why = f"no sample from {key} for {now - gpu.t:.0f} s: it is no longer watched"
