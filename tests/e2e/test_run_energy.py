@@ -12,6 +12,9 @@ import textwrap
 import pytest
 from tm_runs import TM, log_records
 
+from trainmeter_sources.gpu.sampler import HOST_PIDS
+from trainmeter_sources.gpu.selection import in_container
+
 # The child waits until its own run's log holds this many sample.gpu rows: a few seconds of samples, then it exits.
 WAIT_FOR_ROWS = textwrap.dedent(
     """
@@ -113,3 +116,46 @@ def test_two_runs_on_different_gpus_of_one_node_each_get_their_own_gpus_energy(t
     # Neither run's figure is the node's: a at 300 W and b at 120 W + 200 W, each over its own seconds.
     a_seconds = a_rows[0][-1]["t"] - a_rows[0][0]["t"]
     assert a_energy["value"] == pytest.approx(300 * a_seconds, rel=0.02)
+
+
+@pytest.mark.xdist_group("heavy")
+def test_a_reload_mid_run_is_dropped_and_counted_and_a_gpu_another_process_uses_has_no_energy(
+    tm_env, tmp_path
+):
+    script = tmp_path / "nvml.json"
+    # gpu0's driver reloads 1.5 s in; on gpu1 NVML lists pid 4242, which is no process of the run's.
+    script.write_text(
+        json.dumps(
+            {
+                "0": {"power_w": 250, "energy_reset_after_s": 1.5},
+                "1": {"power_w": 250, "processes": [[4242, 1 << 30]]},
+            }
+        )
+    )
+    env = dict(tm_env, TM_FAKE_GPUS="2xH100", TM_FAKE_GPUS_SCRIPT=str(script), TM_GPU_INTERVAL_S="0.2")
+    for name, visible in (("reload", "0"), ("shared", "1")):
+        process = start(env, f"energy-{name}", visible, 12)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+    runs = {p.name.rsplit("-", 1)[-1]: p for p in (tmp_path / "runs").iterdir() if p.is_dir()}
+    reloaded = json.loads((runs["reload"] / "summary.json").read_text())["snapshot"]
+    rows = [r for r in log_records(runs["reload"]) if r["kind"] == "sample.gpu"]
+    backwards = sum(1 for a, b in zip(rows, rows[1:], strict=False) if b["energy_j"] < a["energy_j"])
+    assert backwards == 1
+    energy = reloaded["metrics"]["energy_j"]
+    assert energy["label"] == "energy counter, 1 interval dropped (counter went backwards)"
+    assert energy["value"] == pytest.approx(rises(rows), rel=1e-9)  # every rise, the fall left out
+    assert reloaded["explain"]["energy_j"]["inputs"]["dropped_intervals"]["value"] == 1
+    shared = json.loads((runs["shared"] / "summary.json").read_text())["snapshot"]
+    rows = [r for r in log_records(runs["shared"]) if r["kind"] == "sample.gpu"]
+    host = rows[0]["host"]
+    if in_container():
+        # Here NVML's pids are the host's and none of them is the run's: tm cannot tell, gives the energy and says so.
+        assert all(r["absent"]["other_pids"] == HOST_PIDS and not r.get("other_pids") for r in rows)
+        assert shared["explain"]["energy_j"]["note"] == f"{host}/gpu1: {HOST_PIDS}"
+        assert shared["metrics"]["energy_j"]["value"] == pytest.approx(rises(rows), rel=1e-9)
+        return
+    assert all(r["other_pids"] == [4242] for r in rows)
+    reason = f"another process also uses {host}/gpu1 (pid 4242): its energy counter counts both"
+    for key in ("energy_j", "energy_kwh", "energy_j_per_token", "energy_j_per_step"):
+        assert shared["metrics"][key]["absent"] == reason
