@@ -108,6 +108,22 @@ def test_an_interval_where_the_counter_goes_back_is_dropped_and_counted():
     assert snap.explain["energy_j"].inputs["dropped_intervals"].value == 1
 
 
+def start(t: float, attempt: int) -> records.RunStart:
+    return records.RunStart(
+        t=t, run_id="r1", name="train", run_dir="/runs/r1", command=["python", "train.py"], cwd="/w",
+        tm_version="0.1.0", python="3.11", platform="linux", attempt=attempt, host="n1", wall=1e9 + t,
+    )  # fmt: skip
+
+
+def test_a_resumed_runs_down_time_is_not_its_energy():
+    # attempt 1 reads 300 J/s from t=1 to 3; the run is down until 30, when attempt 2 reads on at 300 J/s; the GPU
+    # went on drawing meanwhile (the counter rose 9000 J), which is no energy of the run's
+    logged = [start(0.5, 1), *[row(0, t, 300.0 * t) for t in (1.0, 2.0, 3.0)]]
+    logged += [start(30.0, 2), *[row(0, t, 300.0 * t) for t in (31.0, 32.0)]]
+    snap = last(Engine(), *logged)
+    assert snap.metrics["energy_j"].value == pytest.approx(900.0)  # 300 × 2 s + 300 × 1 s
+
+
 def test_a_gpu_without_the_counter_gives_the_integral_of_its_power_labelled():
     snap = last(
         Engine(),
