@@ -188,7 +188,9 @@ def test_a_note_says_when_tm_could_not_tell_whether_another_process_uses_the_gpu
         r.absent = dict(unknown)
     snap = last(Engine(), *rows)
     assert snap.metrics["energy_j"].value == pytest.approx(100.0)
-    assert snap.explain["energy_j"].note == f"n1/gpu0: {HOST_PIDS}"
+    assert snap.explain["energy_j"].note == (
+        f"n1/gpu0: tm could not tell whether another process uses it ({HOST_PIDS})"
+    )
 
 
 # -- the sampler: which processes on a GPU are not the run's -----------------------------------------------------------

@@ -42,11 +42,10 @@ INTERVAL_ENV = "TM_GPU_INTERVAL_S"
 # Where a run's own environment decides which GPUs it sees; read from the training process when tm can.
 _RUN_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 _PROBE_OTHERS_EVERY = 5  # samples between looks at GPUs the run has not used yet
-# Why a row's other_pids is absent: the run's energy on such a GPU carries this as a note, not as its absence.
-NO_RUN_PIDS = "tm does not know the run's processes, so it cannot tell whether another process uses this GPU"
-HOST_PIDS = (
-    "inside a container NVML lists the host's pids, so tm cannot tell whether another process uses this GPU"
-)
+# Why a row's other_pids is absent (tm cannot tell whether another process uses the GPU): the run's energy on such a
+# GPU carries it in a note, not as its absence.
+NO_RUN_PIDS = "tm does not know the run's processes"
+HOST_PIDS = "inside a container NVML lists the host's pids"
 
 
 def plugin_adapters(plugins: Any) -> dict[str, type[PlatformAdapter]]:

@@ -97,7 +97,7 @@ def energy(snap: SnapshotBuilder, latest: list[GpuState], why: str | None) -> No
             reason = _no_reading(key, gpu)
             break
         if gpu.others_unknown is not None:
-            notes.append(f"{key}: {gpu.others_unknown}")
+            notes.append(f"{key}: tm could not tell whether another process uses it ({gpu.others_unknown})")
     if reason is not None:
         for key, formula, unit in (
             ("energy_j", FORMULA, "J"),
