@@ -280,3 +280,26 @@ def test_through_the_sampler_each_gpu_gives_its_own_counter_and_a_reload_is_drop
         "energy counter; ∫ sampled power on n1/gpu2 (no counter), 1 interval dropped (counter went backwards)"
     )
     session.close()
+
+
+def test_through_the_sampler_a_mig_slice_has_no_energy(clock):
+    machine = nvml.install(nvml.FakeMachine("1xH100"))
+    machine.apply_script({"0": {"mig": [66, 66], "power_w": 400}})
+    mig_uuid = machine.gpus[0].mig_devices[0].uuid
+    session = GpuSession.open({"TM_FAKE_GPUS": "1xH100", "CUDA_VISIBLE_DEVICES": mig_uuid}, host="n1")
+    logged: list[records.Record] = []
+    for _ in range(3):
+        rows = session.sample(clock.now_s - 1000.0)
+        mark_other_processes(rows, {10}, container=False, for_run=session.selection.for_run)
+        for one in rows:
+            one.host = "n1"
+        logged += rows
+        clock.now_s += 1
+    # NVML answers Not Supported for the slice's counter; the slice's energy is absent, never its parent's 400 W.
+    assert logged[0].absent["energy_j"] == NOT_ON_THIS_DEVICE
+    snap = last(Engine(), *logged)
+    assert snap.metrics["energy_j"].absent == (
+        f"n1/gpu0 is a MIG slice: NVML's energy counter and power are the whole GPU's ({machine.gpus[0].uuid}), "
+        "shared with its other slices"
+    )
+    session.close()
