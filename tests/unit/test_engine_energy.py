@@ -1,7 +1,8 @@
 """The run's energy (``engine/energy.py``): NVML's total energy counter, its rises between samples on the run's GPUs
 only; the integral of sampled power, labelled, where a GPU has no counter; an interval where the counter goes back
 dropped and counted; absent on a MIG slice, on a GPU another process uses, on a CPU run; kWh, J per token and J per
-step. Also the sampler's side of it (which processes on a GPU are not the run's) and the fake NVML driving it."""
+step. Also the sampler's side of it (which processes on a GPU are not the run's), and the fake NVML's rows through the
+sampler into the engine (the fake's counter itself: ``test_fake_pynvml.py``)."""
 
 from __future__ import annotations
 
@@ -217,36 +218,7 @@ def test_inside_a_container_whose_nvml_shows_host_pids_the_sampler_says_it_canno
     assert unknown[0].absent["other_pids"] == NO_RUN_PIDS and not unknown[0].for_run
 
 
-# -- the fake NVML: the counter as the real library gives it -----------------------------------------------------------
-
-
-def test_the_fake_counter_is_millijoules_and_goes_back_when_the_driver_reloads(clock):
-    machine = nvml.install(nvml.FakeMachine("2xH100"))
-    machine.apply_script({"1": {"energy_reset_after_s": 5}})
-    nvml.nvmlInit()
-    zero, one = (nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
-    machine.gpus[0].set(power_w=300.0)
-    clock.now_s += 4
-    assert nvml.nvmlDeviceGetTotalEnergyConsumption(zero) == 1_200_000  # 300 W × 4 s = 1200 J, in mJ
-    assert nvml.nvmlDeviceGetTotalEnergyConsumption(one) == 280_000  # 70 W idle × 4 s
-    clock.now_s += 2
-    assert nvml.nvmlDeviceGetTotalEnergyConsumption(one) == 0  # the scripted reload at 5 s: it starts over
-    machine.gpus[0].reset_energy()
-    assert nvml.nvmlDeviceGetTotalEnergyConsumption(zero) == 0
-    clock.now_s += 1
-    assert nvml.nvmlDeviceGetTotalEnergyConsumption(zero) == 300_000
-
-
-def test_the_fake_answers_not_supported_without_the_counter_and_on_a_mig_device(clock):
-    machine = nvml.install(nvml.FakeMachine("2xH100"))
-    machine.apply_script({"0": {"fail": {"nvmlDeviceGetTotalEnergyConsumption": "not_supported"}}})
-    machine.gpus[1].enable_mig([66, 66])
-    nvml.nvmlInit()
-    with pytest.raises(nvml.NVMLError_NotSupported):
-        nvml.nvmlDeviceGetTotalEnergyConsumption(nvml.nvmlDeviceGetHandleByIndex(0))
-    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(1), 0)
-    with pytest.raises(nvml.NVMLError_NotSupported):
-        nvml.nvmlDeviceGetTotalEnergyConsumption(mig)
+# -- through the sampler and the fake NVML ----------------------------------------------------------------------
 
 
 def test_through_the_sampler_each_gpu_gives_its_own_counter_and_a_reload_is_dropped(clock):
