@@ -13,6 +13,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from run_energy import show_energy
+
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 
@@ -26,9 +28,12 @@ def main() -> int:
     loop = json.loads(args.loop_json.read_text())
     t0, t1 = loop["t0"] + 1.0, loop["t1"]  # the first second's window may start before the loop did
     rows: list[records.SampleGpu] = []
+    every_row: list[records.SampleGpu] = []  # the energy lines read the whole loop, its first second included
     facts: dict[int, dict] = {}
     notices: list[str] = []
     for record in read_log(args.run_dir, kinds={"sample.gpu", "fact", "notice"}):
+        if isinstance(record, records.SampleGpu):
+            every_row.append(record)
         if isinstance(record, records.SampleGpu) and t0 <= record.t <= t1:
             rows.append(record)
         elif isinstance(record, records.Fact) and record.name == "gpu" and isinstance(record.value, dict):
@@ -150,6 +155,9 @@ def main() -> int:
     engine_ofu = ((snapshot.get("metrics") or {}).get("ofu") or {}).get("value")
     if engine_ofu is not None:
         print(f"  tm's own OFU at the end of the run: {engine_ofu:.3g}")
+    energy_failed = show_energy(loop, every_row, busiest, snapshot, args.cpu)
+    if energy_failed:
+        failed.append(energy_failed)
     if failed:
         print(f"matmul loop: FAIL: {', '.join(failed)}")
         return 1

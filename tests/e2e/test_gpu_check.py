@@ -111,6 +111,13 @@ def test_gpu_check_passes_where_python3_is_a_venv_holding_torch(tmp_path, wheels
     assert "agent: can join" in report
     for line in ("FLOPs/token, titan", "tokens/s, steps 10-80", "MFU (titan), tm's arithmetic"):
         assert any(row.strip().startswith(line) and "PASS" in row for row in report.splitlines()), line
+    # Part 1's energy: the run's from NVML's counter, and over the loop tm's counter rows beside NVML's own delta
+    # (the loop read the fake's counter itself; one steady idle power on both sides).
+    assert "  energy of the run (tm): " in report and "(energy counter), whole run" in report
+    assert "  energy over the loop, tm's rows:" in report and "  energy over the loop, NVML's own:" in report
+    assert any(
+        line.startswith("  tm / NVML mean power: ") and "agree" in line for line in report.splitlines()
+    )
     assert "80 equal" in report and "GPT loop: PASS" in report
     assert report.rstrip().splitlines()[-1].startswith("gpu-check: PASS")
     assert not list(torch_venv.rglob("trainmeter_core"))

@@ -13,6 +13,7 @@ from trainmeter_core.model.alerts import (
     Died,
     DiskFull,
     GpuEcc,
+    GpuIdle,
     GpuLost,
     GpuThrottle,
     GpuXid,
@@ -63,7 +64,7 @@ def feed(alerts: Alerter, snapshots) -> list[tuple[float, str, str | None]]:
 
 def test_every_builtin_rule_has_a_unique_name_a_severity_and_numeric_defaults():
     names = [cls.name for cls in BUILTIN_RULES]
-    assert len(set(names)) == len(names) == 13
+    assert len(set(names)) == len(names) == 14
     for cls in BUILTIN_RULES:
         assert cls.severity in ("info", "warning", "critical")
         assert all(isinstance(v, float) for v in rule_config(cls(), None).values())
@@ -395,6 +396,31 @@ def test_an_absent_throttle_reading_trips_nothing():
     assert alerter(GpuThrottle(), fire_after_s=0).observe(snap(0, **lost)) == []
 
 
+def test_gpu_idle_fires_on_a_held_gpu_idle_for_its_duration_and_not_on_a_busy_one():
+    alerts = alerter(GpuIdle(), fire_after_s=3, clear_after_s=2)
+    # gpu0 idle (2% < 5%) from t=0, gpu1 busy throughout; gpu0 goes to work at t=6
+    held = [{"held_util_gpu__n1/gpu0": 0.02, "held_util_gpu__n1/gpu1": 0.97} for _ in range(6)]
+    held += [{"held_util_gpu__n1/gpu0": 0.9, "held_util_gpu__n1/gpu1": 0.97} for _ in range(4)]
+    sequence = [snap(t, child_alive=1.0, **metrics) for t, metrics in enumerate(held)]
+    assert feed(alerts, sequence) == [(3.0, "fired", "n1/gpu0"), (8.0, "cleared", "n1/gpu0")]
+    (alert,) = alerter(GpuIdle(), fire_after_s=0).observe(snap(0, child_alive=1.0, **held[0]))
+    assert alert.message == (
+        "n1/gpu0 sits idle while the run holds it: GPU-Util 2%, below 5% (paid time with nothing to show)"
+    )
+    assert alert.numbers == {"util_gpu": 0.02, "max_util": 0.05}
+
+
+def test_gpu_idle_follows_its_threshold_and_says_nothing_once_the_run_is_gone():
+    half = {"held_util_gpu__n1/gpu0": 0.4}
+    assert alerter(GpuIdle(), fire_after_s=0).observe(snap(0, child_alive=1.0, **half)) == []
+    (alert,) = alerter(GpuIdle(), fire_after_s=0, max_util=0.5).observe(snap(0, child_alive=1.0, **half))
+    assert alert.subject == "n1/gpu0"
+    gone = {"held_util_gpu__n1/gpu0": 0.0}
+    assert alerter(GpuIdle(), fire_after_s=0).observe(snap(0, child_alive=0.0, **gone)) == []
+    absent = {"held_util_gpu__n1/gpu0": mv(None, absent="GPU lost")}
+    assert alerter(GpuIdle(), fire_after_s=0).observe(snap(0, child_alive=1.0, **absent)) == []
+
+
 def test_gpu_xid_fires_on_a_new_event_and_clears_after_a_quiet_while():
     alerts = alerter(GpuXid(), clear_after_s=3)
     none = {"gpu_xid__n1/gpu0": 0.0, "gpu_xid_last__n1/gpu0": mv(None, absent="no Xid event so far")}
@@ -453,7 +479,8 @@ def test_is_stepping_needs_a_live_process_and_a_recent_step():
 def test_check_tm_toml_names_a_bad_builtin_table_and_a_table_that_names_no_rule_loaded():
     document = {"alerts": {"hung": {"floor_s": -5}, "hungg": {"floor_s": 1}, "disk_full": {"min_free": 0.1}}}
     builtin = (
-        "died, disk_full, gpu_ecc, gpu_lost, gpu_throttle, gpu_xid, host_memory, hung, loss_nan, loss_spike, "
+        "died, disk_full, gpu_ecc, gpu_idle, gpu_lost, gpu_throttle, gpu_xid, host_memory, hung, loss_nan, "
+        "loss_spike, "
         "node_lost, "
     )
     assert check_tm_toml(document, "/w/tm.toml") == [

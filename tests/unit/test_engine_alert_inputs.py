@@ -1,13 +1,18 @@
 """What the engine puts in each snapshot for the alert rules: time since the last step and the median step time, the
 training process alive or not, the latest eval or checkpoint span, NaN losses and the tick's largest loss, GPU health
-per GPU, free space and memory, and the run's exit. All from records, never from a clock."""
+per GPU, the GPU-Util of the GPUs the run holds (the idle-GPU alert's input), free space and memory, and the run's
+exit. All from records, never from a clock."""
 
 from __future__ import annotations
 
 import math
 
 from trainmeter_core.model import records
+from trainmeter_core.model.alerts import GpuIdle
+from trainmeter_core.model.alerts.episodes import Alerter, rule_config
 from trainmeter_core.model.engine import STEP_WINDOW, Engine
+from trainmeter_sources.gpu import fake_pynvml
+from trainmeter_sources.gpu.sampler import GpuSession, mark_other_processes
 
 
 def feed(engine: Engine, *logged) -> list[records.Snapshot]:
@@ -284,3 +289,31 @@ def test_a_gpu_no_longer_sampled_has_its_health_absent_rather_than_frozen():
         == "no sample from n1/gpu3 for 31 s: it is no longer watched"
     )
     assert stale.metrics["gpu_lost.n1/gpu3"].value is None
+
+
+def test_the_idle_gpu_alert_fires_on_a_fake_idle_gpu_the_run_holds_and_not_on_a_busy_one(clock):
+    machine = fake_pynvml.install(fake_pynvml.FakeMachine("3xH100"))
+    machine.apply_script(
+        {"1": {"gpu_busy": 0.95}, "2": {"gpu_busy": 0.0}}
+    )  # gpu0 idle, gpu1 busy, gpu2 not held
+    session = GpuSession.open({"TM_FAKE_GPUS": "3xH100", "CUDA_VISIBLE_DEVICES": "0,1"}, host="n1")
+    engine = Engine()
+    rule = GpuIdle()
+    alerts = Alerter([rule], {rule.name: rule_config(rule, {"fire_after_s": 3})})
+    fired = []
+    for n in range(1, 7):
+        rows = session.sample(float(n))
+        mark_other_processes(rows, {10}, container=False, for_run=True)
+        # gpu2 only as the hardware view sees it: watched, never the run's
+        watched = records.SampleGpu(index=2, util_gpu=0.0, for_run=False, t=float(n))
+        for one in (*rows, watched):
+            one.host = "n1"
+        for snapshot in feed(engine, *rows, watched, tick(n, float(n))):
+            fired += [(a.t, a.state, a.subject) for a in alerts.observe(snapshot)]
+        clock.now_s += 1
+    assert (
+        value(snapshot, "held_util_gpu.n1/gpu0") == 0.0 and value(snapshot, "held_util_gpu.n1/gpu1") == 0.95
+    )
+    assert "held_util_gpu.n1/gpu2" not in snapshot.metrics
+    assert fired == [(4.0, "fired", "n1/gpu0")]  # idle from t=1, for fire_after_s = 3 s
+    session.close()

@@ -186,6 +186,33 @@ def test_energy_grows_with_power_times_time(clock):
     assert nvml.nvmlDeviceGetTotalEnergyConsumption(handle) - before_mj == 1_100_000
 
 
+def test_the_fake_counter_is_millijoules_and_goes_back_when_the_driver_reloads(clock):
+    machine = start("2xH100")
+    machine.apply_script({"1": {"energy_reset_after_s": 5}})
+    zero, one = (nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+    machine.gpus[0].set(power_w=300.0)
+    clock.now_s += 4
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(zero) == 1_200_000  # 300 W × 4 s = 1200 J, in mJ
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(one) == 280_000  # 70 W idle × 4 s
+    clock.now_s += 2
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(one) == 0  # the scripted reload at 5 s: it starts over
+    machine.gpus[0].reset_energy()
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(zero) == 0
+    clock.now_s += 1
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(zero) == 300_000
+
+
+def test_the_fake_answers_not_supported_without_the_counter_and_on_a_mig_device(clock):
+    machine = start("2xH100")
+    machine.apply_script({"0": {"fail": {"nvmlDeviceGetTotalEnergyConsumption": "not_supported"}}})
+    machine.gpus[1].enable_mig([66, 66])
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetTotalEnergyConsumption(nvml.nvmlDeviceGetHandleByIndex(0))
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(1), 0)
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetTotalEnergyConsumption(mig)
+
+
 def test_gpm_recovers_a_scripted_tensor_activity_as_percent(clock):
     machine = start("1xH100")
     machine.gpus[0].set(tensor_active=0.42, hmma_tensor_active=0.40, sm_active=0.9, dram_active=0.55)

@@ -25,6 +25,7 @@ from tm_runs import REPO
 
 from trainmeter_core.model import records
 from trainmeter_core.runlog import replay
+from trainmeter_core.runlog.reader import read_log
 
 BEFORE = REPO / "tests" / "fixtures" / "replay-before-layers"
 LOGS = {
@@ -106,6 +107,15 @@ NONFINITE_STEP_FORMULA = "the step of the first NaN or infinite train_loss since
 # 11. Every log (issue 41, point 12): each series point names the origin of the metric record its value came from (the
 #    Prometheus exporter labels the losses with it); the point is otherwise the same.
 ORIGINS = {"emit", "backward", "wandb", "tensorboard", "mlflow"}
+# 12. Issue 44, every log: the run's energy comes from NVML's total energy counter (Σ of its rises between samples),
+#     the integral of sampled power only where a GPU has no counter; kWh, J per token and J per step are new keys.
+#     On the H200 the counter is read in every row: the energy is the counter's rise from the first row to the last
+#     one the snapshot saw, and at the end within 1% of the integral it replaces.
+ENERGY_KEYS = ("energy_j", "energy_kwh", "energy_j_per_token", "energy_j_per_step")
+ENERGY_FORMULA = (
+    "Σ over the run's GPUs of the rises of NVML's total energy counter between the GPU's samples "
+    "(∫ sampled power dt on a GPU without the counter)"
+)
 
 
 def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
@@ -133,6 +143,7 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     _nonfinite_step(where, expected, new)
     _one_convention(where, expected, new)
     _series_origin(where, expected, new)
+    _energy(where, log, expected, new)
     assert set(metrics) == set(expected["metrics"]), where
     assert set(explain) == set(expected["explain"]), where
 
@@ -329,6 +340,49 @@ def _one_convention(where: str, expected: dict[str, Any], new: dict[str, Any]) -
     assert {k: v for k, v in spent_old.items() if k != "note"} == spent_new, where
     for key in ("flop_per_token", "spent_flop"):
         expected["explain"][key] = new["explain"][key]
+
+
+def _counter_rows(log: str) -> list[records.SampleGpu]:
+    return [r for r in read_log(LOGS[log], kinds={"sample.gpu"}) if isinstance(r, records.SampleGpu)]
+
+
+def _energy(where: str, log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
+    metrics, explain = new["metrics"], new["explain"]
+    energy = metrics["energy_j"]
+    assert explain["energy_j"]["formula"] == ENERGY_FORMULA, where
+    if log in CPU_LOGS:
+        # absent as before (the node's lack of a GPU, or a CPU run), and what follows from it for the same reason
+        assert energy == expected["metrics"]["energy_j"], where
+        assert all(metrics[key]["absent"] == energy["absent"] for key in ENERGY_KEYS), where
+    elif "value" in energy:
+        assert energy["label"] == "energy counter", where
+        seen = [r for r in _counter_rows(log) if r.seq is not None and r.seq <= new["through_seq"]]
+        assert energy["value"] == pytest.approx(seen[-1].energy_j - seen[0].energy_j, rel=1e-9), where
+        assert metrics["energy_kwh"]["value"] == pytest.approx(energy["value"] / 3.6e6, rel=1e-12), where
+        if new.get("steps"):
+            per_step = metrics["energy_j_per_step"]["value"]
+            assert per_step == pytest.approx(energy["value"] / new["steps"], rel=1e-12), where
+        else:
+            assert metrics["energy_j_per_step"]["absent"] == "no training step yet", where
+        if new.get("tokens"):
+            per_token = metrics["energy_j_per_token"]["value"]
+            assert per_token == pytest.approx(energy["value"] / new["tokens"], rel=1e-12), where
+        if new.get("final"):
+            integral = expected["metrics"]["energy_j"]["value"]
+            assert energy["value"] == pytest.approx(integral, rel=0.01), where
+    else:
+        assert energy["absent"] == "no two energy counter readings from vm/gpu0 yet", where
+    for key in ENERGY_KEYS:
+        _carry(expected, new, key)
+    # The idle-GPU alert's input: the latest GPU-Util of each GPU the run holds (the H200's one GPU), the number the
+    # ladder's util_gpu shows while the run lives; a CPU run holds none.
+    held = [key for key in metrics if key.startswith("held_util_gpu.")]
+    assert held == ([] if log in CPU_LOGS else ["held_util_gpu.vm/gpu0"]), where
+    for key in held:
+        assert 0.0 <= metrics[key]["value"] <= 1.0, where
+        if not new.get("final"):
+            assert metrics[key]["value"] == metrics["util_gpu"]["value"], where
+        _carry(expected, new, key)
 
 
 def _series_origin(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ IDENTITY_FIELDS = (
     "spec_id",
     "mig_parent_uuid",
     "sm_count",
+    "for_run",
 )
 _HEADER_FIELDS = frozenset(Record.__struct_fields__)
 #: Every field a sampler measures: each one is in a row as a value or in ``absent`` with its reason.

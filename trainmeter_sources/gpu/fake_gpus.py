@@ -190,6 +190,11 @@ class FakeGpu:
             memory_clock_mhz=float(model.memory_max_mhz),
         )
         self.counters = {name: 0.0 for name in INTEGRATED}
+        # The energy counter restarts from zero when the driver reloads or the GPU resets: what it had is subtracted.
+        self.energy_restart_j = 0.0
+        self.energy_reset_after_s: float | None = (
+            None  # a scripted reload, this long after the machine was built
+        )
         self.last_advance_s = now_s()
         self.handle_struct = machine.register(self, struct_c_nvmlDevice_t)
 
@@ -218,6 +223,21 @@ class FakeGpu:
                         f"unknown reading {name!r}; accepted: {', '.join(sorted(self.readings))}"
                     )
                 self.readings[name] = float(value)
+
+    def reset_energy(self) -> None:
+        """The driver reloads (or the GPU resets): the total energy counter starts again from zero, so it goes back."""
+        with lock:
+            self.advance()
+            self.energy_restart_j = self.counters["power_w"]
+
+    def energy_mj(self) -> int:
+        """nvmlDeviceGetTotalEnergyConsumption: millijoules since the driver (re)loaded, an unsigned integer."""
+        with lock:
+            due = self.energy_reset_after_s
+            if due is not None and now_s() - self.machine.start_s >= due:
+                self.energy_reset_after_s = None
+                self.reset_energy()
+            return int((self.counters["power_w"] - self.energy_restart_j) * 1000)
 
     def throttle(self, reason: str) -> None:
         """Switches a clock event reason on ('power_cap', 'thermal', ...) or off ('none')."""
@@ -281,6 +301,8 @@ class FakeGpu:
                 self.gpm = value
             elif key == "lost_after_s":
                 self.lost_after_s = float(value)
+            elif key == "energy_reset_after_s":
+                self.energy_reset_after_s = float(value)
             elif key == "fail" and isinstance(value, dict):
                 for call, error in value.items():
                     if call not in SCRIPTABLE_CALLS:
@@ -303,6 +325,7 @@ class FakeGpu:
                 accepted = [
                     "gpm",
                     "lost_after_s",
+                    "energy_reset_after_s",
                     "fail",
                     "throttle",
                     "throttle_until_s",

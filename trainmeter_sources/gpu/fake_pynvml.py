@@ -626,7 +626,7 @@ def nvmlDeviceGetPowerManagementLimit(gpu):
 
 @_device_call()
 def nvmlDeviceGetTotalEnergyConsumption(gpu):
-    return int(gpu.counters["power_w"] * 1000)  # millijoules since the machine was built
+    return gpu.energy_mj()  # millijoules since the machine was built or its scripted driver reload
 
 
 def _temperature_c(gpu, sensor):
@@ -700,7 +700,7 @@ def nvmlDeviceGetFieldValues(gpu, fieldIds):
             else:
                 value.nvmlReturn = NVML_ERROR_INVALID_ARGUMENT
         elif value.fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
-            value.value.ullVal = int(gpu.counters["power_w"] * 1000)
+            value.value.ullVal = gpu.energy_mj()
         elif value.fieldId == NVML_FI_DEV_POWER_INSTANT:
             value.valueType, value.value.uiVal = (
                 NVML_VALUE_TYPE_UNSIGNED_INT,

@@ -42,6 +42,10 @@ INTERVAL_ENV = "TM_GPU_INTERVAL_S"
 # Where a run's own environment decides which GPUs it sees; read from the training process when tm can.
 _RUN_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 _PROBE_OTHERS_EVERY = 5  # samples between looks at GPUs the run has not used yet
+# Why a row's other_pids is absent (tm cannot tell whether another process uses the GPU): the run's energy on such a
+# GPU carries it in a note, not as its absence.
+NO_RUN_PIDS = "tm does not know the run's processes"
+HOST_PIDS = "inside a container NVML lists the host's pids"
 
 
 def plugin_adapters(plugins: Any) -> dict[str, type[PlatformAdapter]]:
@@ -222,6 +226,27 @@ class GpuSession:
             sampler.close()
 
 
+def mark_other_processes(
+    rows: Sequence[records.SampleGpu], run_pids: set[int] | None, container: bool, for_run: bool
+) -> None:
+    """Each row's ``other_pids``: the processes NVML lists on the GPU that are not the run's (its energy counter counts
+    theirs too), or why tm cannot tell; and ``for_run``, whether the selection says these are the run's GPUs."""
+    listed = {process.pid for row in rows for process in row.processes}
+    why = None
+    if not run_pids:
+        why = NO_RUN_PIDS
+    elif container and listed and not listed & run_pids:
+        why = HOST_PIDS  # the pids are the host's: none can be matched to the run's
+    for row in rows:
+        row.for_run = for_run
+        if "processes" in row.absent:
+            row.absent["other_pids"] = row.absent["processes"]
+        elif why is not None and row.processes:
+            row.absent["other_pids"] = why
+        else:
+            row.other_pids = sorted(p.pid for p in row.processes if p.pid not in (run_pids or ()))
+
+
 def selection_environ(child_pid: int | None) -> dict[str, str]:
     """tm's environment, with the GPU variables as the training process really has them (``tm attach`` watches a
     process that tm did not start)."""
@@ -294,6 +319,7 @@ class GpuSampler(Component):
                 )
                 ctx.publish(records.Notice(level="info", topic="gpu.profiler", message=message))
             rows = session.sample(now_t, PROFILER_ATTACHED if profiler else None)
+            mark_other_processes(rows, run_pids, container, session.selection.for_run)
             for row in rows:
                 ctx.publish(row)
             note = session.follow_processes(rows, run_pids, container)

@@ -64,7 +64,11 @@ RUN_GAUGES = {
         "(max - min) / median of the per-rank step-time EMAs.",
         "",
     ),
-    "energy_j": ("trainmeter_energy_joules", "Energy of the run's GPUs: sampled power over time.", "joules"),
+    "energy_j": (
+        "trainmeter_energy_joules",
+        "Energy of the run's GPUs: NVML's energy counter (sampled power over time where a GPU has none).",
+        "joules",
+    ),
     "host_cpu_cores": ("trainmeter_host_cpu_cores", "CPU cores busy in the run's process tree.", ""),
     "host_rss_b": ("trainmeter_host_rss_bytes", "Resident memory of the run's process tree.", "bytes"),
     "child_alive": ("trainmeter_training_alive", "1 while the training process lives, 0 after.", ""),

@@ -13,6 +13,7 @@ from typing import Any
 from trainmeter_core.model.alerts.machine import (
     DiskFull,
     GpuEcc,
+    GpuIdle,
     GpuLost,
     GpuThrottle,
     GpuXid,
@@ -33,6 +34,7 @@ BUILTIN_RULES = (
     GpuXid,
     GpuEcc,
     GpuLost,
+    GpuIdle,
     DiskFull,
     HostMemory,
     NodeLost,
@@ -44,6 +46,7 @@ __all__ = [
     "Died",
     "DiskFull",
     "GpuEcc",
+    "GpuIdle",
     "GpuLost",
     "GpuThrottle",
     "GpuXid",

@@ -1,5 +1,5 @@
-"""Alert rules about the machine: GPU throttling, Xid and uncorrectable ECC errors, a GPU off the bus, a disk or the
-host memory nearly full.
+"""Alert rules about the machine: GPU throttling, Xid and uncorrectable ECC errors, a GPU off the bus, paid GPUs the run
+holds sitting idle, a disk or the host memory nearly full.
 
 Pure functions of a rule's state and one snapshot: no clock, no I/O. One subject per GPU (``<host>/gpu<index>``) or per
 filesystem role (``run``, ``checkpoints``, ``shm``). A reading the sampler could not take is absent and trips nothing.
@@ -131,6 +131,33 @@ class GpuLost(Rule):
                 verdict.active.append(Condition(message, {"lost": 1.0}, key))
             elif lost is not None:
                 verdict.normal.append(Condition(f"{key} answers again", {"lost": 0.0}, key))
+        return verdict
+
+
+class GpuIdle(Rule):
+    """A GPU the run holds sits idle while the training process lives: its GPU-Util below ``max_util`` for
+    ``fire_after_s`` (paid GPU time with nothing to show). One subject per GPU; clears once it works again or the run
+    ends. GPUs watched only for the hardware view are not the run's and never trip it."""
+
+    name = "gpu_idle"
+    severity = "warning"
+    defaults = {"max_util": 0.05, "fire_after_s": 600.0, "clear_after_s": 60.0}
+
+    def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
+        verdict = Verdict()
+        alive = metric(snapshot, "child_alive") == 1.0
+        for key, util in sorted(_per_gpu(snapshot, "held_util_gpu").items()):
+            if util is None:
+                continue
+            numbers = {"util_gpu": util, "max_util": state.config["max_util"]}
+            if alive and util < state.config["max_util"]:
+                message = (
+                    f"{key} sits idle while the run holds it: GPU-Util {util:.0%}, below "
+                    f"{state.config['max_util']:.0%} (paid time with nothing to show)"
+                )
+                verdict.active.append(Condition(message, numbers, key))
+            else:
+                verdict.normal.append(Condition(f"{key} works again: GPU-Util {util:.0%}", numbers, key))
         return verdict
 
 

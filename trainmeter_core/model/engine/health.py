@@ -105,6 +105,7 @@ def alert_inputs(snap: SnapshotBuilder) -> None:
         )
     for key, gpu in sorted(state.gpus.items()):
         put_gpu_health(snap, key, gpu)
+    put_held_util(snap)
     put_space(snap)
     formula = "run.end's exit code and signal"
     if not state.finished:
@@ -223,6 +224,28 @@ def put_gpu_health(snap: SnapshotBuilder, key: str, gpu: GpuState) -> None:
         snap.put(f"gpu_ecc_uncorrected.{key}", formula, value=float(gpu.ecc_uncorrected))
     formula = f"1 while the sampler's row reads '{GPU_LOST}' (NVML: the GPU fell off the bus), else 0"
     snap.put(f"gpu_lost.{key}", formula, value=1.0 if gpu.lost else 0.0)
+
+
+def put_held_util(snap: SnapshotBuilder) -> None:
+    """``held_util_gpu.<key>``: the latest GPU-Util of each GPU the run holds (those its ranks reported, else those the
+    sampler's selection said are the run's), for the ``gpu_idle`` rule. A GPU watched only for the hardware view has
+    none; one no longer sampled is absent with the reason."""
+    state = snap.state
+    rig = snap.derived.rig
+    ranks_gpus = None if rig.absent else {str(d.gpu_key) for d in rig.gpus}
+    now = state.now_t
+    formula = "the latest GPU-Util of a GPU the run holds"
+    for key, gpu in sorted(state.gpus.items()):
+        if (key not in ranks_gpus) if ranks_gpus is not None else not gpu.for_run:
+            continue
+        if now is not None and gpu.t is not None and now - gpu.t > _STALE_GPU_S:
+            why = f"no sample from {key} for {now - gpu.t:.0f} s: it is no longer watched"
+            snap.put(f"held_util_gpu.{key}", formula, absent=why, label=_LATEST)
+        elif gpu.util_gpu is None:
+            why = gpu.absent.get("util_gpu") or f"util_gpu not reported by {key}"
+            snap.put(f"held_util_gpu.{key}", formula, absent=why, label=_LATEST)
+        else:
+            snap.put(f"held_util_gpu.{key}", formula, value=gpu.util_gpu, label=_LATEST, window_end_t=gpu.t)
 
 
 def put_space(snap: SnapshotBuilder) -> None:

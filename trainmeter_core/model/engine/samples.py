@@ -1,4 +1,4 @@
-"""The samplers' records into the engine's state: a GPU's latest readings, energy, OFU and health, and every counter
+"""The samplers' records into the engine's state: a GPU's latest readings, energy (``energy``), OFU and health, and every counter
 over the training window (a GPU's and the host's). Pure: no I/O, no clock; the engine calls these in hub order."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from trainmeter_core.model import formulas, records
-from trainmeter_core.model.engine import attempts, training_window
+from trainmeter_core.model.engine import attempts, energy, training_window
 from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, EngineState, GpuState
 from trainmeter_core.model.platform_adapters import GPU_LOST
 from trainmeter_core.model.rig import RigDevice, ofu_clock
@@ -51,9 +51,7 @@ def take_gpu_sample(
         values.append(value)
     util_gpu, sm_active, tensor_active, dram_active, power_w, clock_sm_mhz = values
     previous_t = attempts.previous_reading(state, gpu.t)  # no sample spans a resume's gap
-    if power_w is not None and previous_t is not None and record.t > previous_t:
-        gpu.energy_j += power_w * (record.t - previous_t)
-        gpu.power_samples += 1
+    energy.take_energy(state, gpu, record, power_w, previous_t)
     clock_max = record.clock_sm_max_mhz
     if clock_max is not None and not 0.0 < clock_max <= 1e5:
         clock_max = None  # out of range: no basis for OFU

@@ -53,8 +53,25 @@ class GpuState(msgspec.Struct, kw_only=True):
     gpm_start_t: float | None = None
     util_start_t: float | None = None
     absent: dict[str, str] = {}
-    energy_j: float = 0.0
+    energy_j: float = (
+        0.0  # ∫ sampled power dt over the samples that were the run's: the fallback without a counter
+    )
     power_samples: int = 0
+    # NVML's total energy counter (J since the driver loaded): the latest reading and its t, Σ of its rises over the
+    # run's intervals, how many intervals counted, and how many were dropped because it went backwards (a driver
+    # reload, a GPU reset); the sampler's reason when the latest reading is missing.
+    counter_j: float | None = None
+    counter_t: float | None = None
+    counter_energy_j: float = 0.0
+    counter_intervals: int = 0
+    counter_dropped: int = 0
+    counter_absent: str | None = None
+    # Who else the counter counts: a MIG slice's parent GPU, every pid seen on it outside the run, or why tm could not
+    # tell; and whether a sample said it is the run's GPU (not only watched for the hardware view).
+    mig_parent_uuid: str | None = None
+    other_pids: list[int] = []
+    others_unknown: str | None = None
+    for_run: bool = False
     ofu_s: float = 0.0  # Σ OFU × GPM window, for observed FLOPs
     ofu_samples: int = 0
     ofu_missed: int = 0  # samples whose OFU could not be computed (no GPM, no clock basis)

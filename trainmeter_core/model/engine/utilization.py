@@ -1,11 +1,13 @@
 """Utilization, a metric family: MFU (EMA and training-window average), and what pairs it with the counters (the
-MFU-OFU gap, observed FLOPs, arithmetic intensity); and energy. The counters themselves are ``counters``. Pure."""
+MFU-OFU gap, observed FLOPs, arithmetic intensity); energy is its own family (``energy``), put here once the counters
+chose the run's GPUs. The counters themselves are ``counters``. Pure."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from trainmeter_core.model import formulas, records
+from trainmeter_core.model.engine import energy
 from trainmeter_core.model.engine.builder import EI, NO_TOKENS, SnapshotBuilder, join_notes
 from trainmeter_core.model.engine.state import (
     GpuState,
@@ -103,7 +105,7 @@ def after_counters(snap: SnapshotBuilder, keys: list[str], why: str | None, late
     gap(snap)
     observed(snap, keys, why)
     intensity(snap)
-    energy(snap, latest, why)
+    energy.energy(snap, latest, why)
 
 
 def gap(snap: SnapshotBuilder) -> None:
@@ -230,22 +232,6 @@ def intensity(snap: SnapshotBuilder) -> None:
             label=label,
             inputs=inputs,
         )
-
-
-def energy(snap: SnapshotBuilder, latest: list[GpuState], why: str | None) -> None:
-    formula = "Σ over the run's GPUs of ∫ power dt over their samples"
-    reason = why
-    total = 0.0
-    for gpu in latest:
-        if not gpu.power_samples:
-            reason = (
-                reason or gpu.absent.get("power_w") or f"no two power readings from {gpu.host}/gpu{gpu.index}"
-            )
-        total += gpu.energy_j
-    if reason is None and latest:
-        snap.put("energy_j", formula, value=total, unit="J")
-    else:
-        snap.put("energy_j", formula, absent=reason or "no GPU sample yet", unit="J")
 
 
 def _peak_inputs(rig: Rig) -> dict[str, records.ExplainInput]:

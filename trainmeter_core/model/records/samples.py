@@ -52,6 +52,10 @@ class SampleGpu(Record, tag="sample.gpu", kw_only=True):
     ecc_uncorrected: int | None = None
     xid: list[int] = []  # Xid events seen since the previous sample
     processes: list[GpuProcess] = []
+    # The pids of ``processes`` outside the run's process tree (the run's energy is absent on a GPU another process
+    # uses); absent with the reason where tm cannot tell (inside a container NVML lists the host's pids).
+    other_pids: list[int] = []
+    for_run: bool = True  # False while the sampler watches every GPU for the hardware view only
     # GPM (Hopper and newer), each a 0..1 rate over the window [gpm_window_start_t, t]
     sm_active: float | None = None
     sm_occupancy: float | None = None
