@@ -346,3 +346,60 @@ def words(doc: Mapping[str, Any]) -> str:
         parts.insert(0, f"money n/a ({figures['spent'].get('absent')})")
     scope = f" for {doc['scope']}" if doc.get("scope") else ""
     return " · ".join([*parts, doc["price"]["words"] + scope])
+
+
+#: The figures ``tm compare`` sets side by side, with their titles.
+_COMPARED = (
+    ("spent", "money spent"),
+    ("per_1m_tokens", "money per 1M tokens"),
+    ("lost", "money lost to badput"),
+    ("plan", "money planned"),
+)
+
+
+def comparison_rows(snapshots: list[records.Snapshot], price: Price | None) -> list[dict[str, Any]]:
+    """Money's rows of ``tm compare`` (the headline's shape: values, reasons, difference and ratio against the first
+    run), each run's snapshot at one price: the figures, then each badput part of any run's time split."""
+    if price is None:
+        return []
+    docs = [overlay(s, price) for s in snapshots]
+    wanted: list[tuple[str, str, Any]] = [
+        (f"money.{key}", title, lambda d, key=key: d["figures"][key]) for key, title in _COMPARED
+    ]
+    parts: dict[str, None] = {}
+    for doc in docs:
+        # A part no run spent a second in is no row (a run without eval has no money lost to it).
+        parts.update(
+            {p: None for p, e in doc["split"].items() if not e["productive"] and e["inputs"]["seconds"]}
+        )
+    missing = {"absent": "not in this run's time split"}
+    wanted += [
+        (
+            f"money.lost.{part}",
+            f"money lost to {part_title(part)}",
+            lambda d, part=part: d["split"].get(part, missing),
+        )
+        for part in parts
+    ]
+    rows = []
+    for key, title, read in wanted:
+        found = [read(doc) for doc in docs]
+        values = [f.get("value") for f in found]
+        if key == "money.plan" and all(v is None for v in values):
+            continue  # no run declared a plan: no row of n/a
+        base = values[0]
+        rows.append(
+            {
+                "key": key,
+                "title": title,
+                "unit": price.currency,
+                "values": values,
+                "absent": [
+                    None if v is not None else f.get("absent") for v, f in zip(values, found, strict=True)
+                ],
+                "difference": [None]
+                + [v - base if v is not None and base is not None else None for v in values[1:]],
+                "ratio": [None] + [v / base if v is not None and base else None for v in values[1:]],
+            }
+        )
+    return rows
