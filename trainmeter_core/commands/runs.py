@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import time
 
+from trainmeter_core.commands.price_options import add_price_arguments, price_from
 from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
+from trainmeter_core.model import money
 
 
 def cmd_runs(argv: list[str]) -> int:
@@ -15,13 +17,16 @@ def cmd_runs(argv: list[str]) -> int:
 
     parser = parser_for("runs", "The runs under the runs directory, newest first.")
     parser.add_argument("--runs-dir")
+    add_price_arguments(parser)
     args = parser.parse_args(argv)
+    price = price_from(args)
     base = rundir.runs_dir(args.runs_dir)
     out = Output()
     runs = rundir.list_runs(base)
     if not runs:
         out.line(f"no runs under {base}{where_it_looked(args.runs_dir)}")
         return 0
+    absent: dict[str, list[str]] = {}  # why a run has no money: the runs it holds for
     for path in runs:
         info = rundir.run_info(path)
         steps = info.steps
@@ -33,11 +38,41 @@ def cmd_runs(argv: list[str]) -> int:
             end = info.end_wall or (time.time() if info.state == "running" else last_wall(path))
             duration = _duration(end - info.start_wall) if end else "?"
         attempts = f"  {info.attempts} attempts" if info.attempts > 1 else ""
+        cost = ""
+        if price is not None:
+            cost, why = money_cell(path, info.state, price)
+            if why:
+                absent.setdefault(why, []).append(info.name)
+            cost = f" {cost:>14}"
         out.line(
             f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps"
-            f"{attempts}"
+            f"{cost}{attempts}"
         )
+    if price is not None:
+        out.line(f"money: spent so far at {price.words()}")
+        for why, names in absent.items():
+            out.line(f"  n/a ({len(names)} run{'s' if len(names) > 1 else ''}): {why}")
     return 0
+
+
+def money_cell(run_dir, state: str, price: money.Price) -> tuple[str, str | None]:
+    """A run's money spent at ``price``: a finished run's from its summary's final snapshot, a live or lost one's from
+    its engine's last checkpointed snapshot; the text and, where it is n/a, why."""
+    from trainmeter_core.runlog import rundir
+
+    if state.startswith("finished"):
+        doc = money.overlay_of_summary(rundir.read_json(run_dir / "summary.json") or {}, price)
+    else:
+        from trainmeter_core.runlog.checkpoint import load_history
+
+        found = load_history(run_dir)
+        if found is None or found.snapshot is None:
+            return "n/a", "no snapshot yet (the engine checkpoints a live run's now and then)"
+        doc = money.overlay(found.snapshot, price)
+    spent = doc.get("figures", {}).get("spent", doc)
+    if "value" in spent:
+        return money.money_text(spent["value"], price.currency), None
+    return "n/a", spent.get("absent", money.NO_PRICE)
 
 
 def where_it_looked(flag: str | None, environ: dict | None = None) -> str:
