@@ -317,7 +317,7 @@ def _money(snapshot: Snapshot, run: list[str], price: money.Price | None) -> Ite
     if price is None:
         return
     doc = money.overlay(snapshot, price)
-    labels = [*run, "currency", "price_source"]
+    labels = [*RUN, "currency", "price_source"]
     values = [*run, price.currency, price.source]
     rate = GaugeMetricFamily(
         "trainmeter_money_price_per_gpu_hour", "The price per GPU-hour money here is at.", labels=labels
