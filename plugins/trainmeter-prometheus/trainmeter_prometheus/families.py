@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from trainmeter_core.api import MetricValue, SampleGpu, Snapshot, is_loss, money
 from trainmeter_prometheus import __version__
 from trainmeter_prometheus.identity import Identity
+from trainmeter_prometheus.money_families import money_families
 from trainmeter_prometheus.state import ExporterState
 
 RUN = ["job", "node"]
@@ -173,7 +174,7 @@ def families(
         yield from _flops(snapshot, run)
         yield from _ranks(snapshot, who)
         yield from _gpu_health(snapshot, who)
-        yield from _money(snapshot, run, price)
+        yield from money_families(snapshot, RUN, run, price)
     yield from _gpus(state.fresh_gpus(now_s, GPU_MAX_AGE_S), who)
     yield from _alerts(state, run)
     yield from _overhead(state, who, run)
@@ -299,46 +300,6 @@ def _flops(snapshot: Snapshot, run: list[str]) -> Iterator[Metric]:
         if value is not None and value.value is not None:
             each.add_metric([*run, convention], value.value)
     out.append(each)
-    yield from _kept(out)
-
-
-# money figure (model/money.py) -> (family name, help)
-MONEY_GAUGES = {
-    "spent": ("trainmeter_money_spent", "Money spent so far: GPU-hours so far x the price per GPU-hour."),
-    "per_1m_tokens": ("trainmeter_money_per_million_tokens", "Money spent x 1,000,000 / tokens seen."),
-    "to_finish": ("trainmeter_money_to_finish", "Cost to finish: ETA x GPUs x the price per GPU-hour."),
-    "projected": ("trainmeter_money_projected", "Money spent + the cost to finish."),
-    "plan": ("trainmeter_money_plan", "The declared plan's hours (--plan-hours) x GPUs x the price."),
-}
-
-
-def _money(snapshot: Snapshot, run: list[str], price: money.Price | None) -> Iterator[Metric]:
-    """Money at the price given (labelled with its currency and source), never without one: no price, no family."""
-    if price is None:
-        return
-    doc = money.overlay(snapshot, price)
-    labels = [*RUN, "currency", "price_source"]
-    values = [*run, price.currency, price.source]
-    rate = GaugeMetricFamily(
-        "trainmeter_money_price_per_gpu_hour", "The price per GPU-hour money here is at.", labels=labels
-    )
-    rate.add_metric(values, price.per_gpu_hour)
-    out: list[Metric] = [rate]
-    for key, (name, help_text) in MONEY_GAUGES.items():
-        family = GaugeMetricFamily(name, help_text, labels=labels)
-        figure = doc["figures"][key]
-        if "value" in figure:
-            family.add_metric(values, figure["value"])
-        out.append(family)
-    lost = GaugeMetricFamily(
-        "trainmeter_money_lost",
-        "Money lost to each badput part of the time split: its seconds x GPUs x the price / 3600.",
-        labels=[*labels, "part"],
-    )
-    for part, entry in doc["split"].items():
-        if not entry["productive"] and "value" in entry:
-            lost.add_metric([*values, part], entry["value"])
-    out.append(lost)
     yield from _kept(out)
 
 
