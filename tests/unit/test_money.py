@@ -230,3 +230,30 @@ def test_compare_rows_set_each_runs_money_against_the_first():
 def test_amounts_read_as_money():
     assert money.money_text(1234.5, "USD") == "1,234.50 USD"
     assert money.money_text(0.0123456, "EUR") == "0.0123 EUR"
+
+
+def test_a_jobs_head_node_prices_the_gpus_of_every_node():
+    from test_engine import H100_URL
+    from test_engine_nodes import AHEAD_S, Job, snapshots
+
+    job = Job()
+    job.records = [r for r in job.records if not (isinstance(r, records.Fact) and r.name == "device")]
+    for rank, host in enumerate(("node0", "node1", "node2")):
+        own_t = 101.0 + AHEAD_S.get(host, 0.0)  # each node's records on its own clock
+        gpu = {"index": 0, "uuid": f"GPU-{host}", "name": "NVIDIA H100 80GB HBM3", "spec_id": "h100-sxm",
+               "dense_bf16_flop_per_s": 989.4e12, "peak_source": H100_URL}  # fmt: skip
+        job.add(records.Fact(t=own_t, host=host, name="gpu", value=gpu, provenance="detected",
+                             origin="sampler:nvml", device=f"{host}/gpu0"))  # fmt: skip
+        job.add(records.Fact(t=own_t, host=host, rank=rank, name="device", provenance="detected",
+                             origin="agent:model", value={"type": "cuda", "index": 0, "uuid": f"GPU-{host}"}))  # fmt: skip
+    for step in range(1, 4):
+        for rank, host in enumerate(("node0", "node1", "node2")):
+            job.step(host, rank, step, 110.0 + step)
+    job.tick(1, 136.0)
+    for seq, record in enumerate(job.records, 1):
+        record.seq = seq
+    (snap,) = snapshots(job.records)
+    doc = money.overlay(snap, PRICE)
+    # 36 s × 3 GPUs (one on each node) / 3600 = 0.03 GPU-h, × 7.3193
+    assert doc["figures"]["spent"]["value"] == pytest.approx(0.03 * 7.3193)
+    assert doc["scope"] == "the job's 3 GPUs over 3 nodes"
