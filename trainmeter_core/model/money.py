@@ -35,7 +35,12 @@ _CURRENCY_ACCEPTED = "give a three-letter currency code such as USD or EUR"
 
 
 class PriceError(ValueError):
-    """A price or currency that cannot be used: one line naming where it was given and what is accepted."""
+    """A price or currency that cannot be used: one line naming where it was given and what is accepted.
+    ``unquoted`` says the same without the value given, for a line that may be recorded (a notice on the bus)."""
+
+    def __init__(self, message: str, unquoted: str | None = None) -> None:
+        super().__init__(message)
+        self.unquoted = unquoted or message
 
 
 @dataclass(frozen=True)
@@ -75,14 +80,14 @@ def parse_price(raw: object, label: str) -> float:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
         shown = raw if not isinstance(raw, str) or len(raw) <= 40 else raw[:37] + "..."
-        raise PriceError(f"{label} {shown!r}: {_PRICE_ACCEPTED}")
+        raise PriceError(f"{label} {shown!r}: {_PRICE_ACCEPTED}", f"{label}: {_PRICE_ACCEPTED}")
     return value
 
 
 def parse_currency(raw: object, label: str) -> str:
     code = raw.strip().upper() if isinstance(raw, str) else ""
     if not _CURRENCY_RE.fullmatch(code):
-        raise PriceError(f"{label} {raw!r}: {_CURRENCY_ACCEPTED}")
+        raise PriceError(f"{label} {raw!r}: {_CURRENCY_ACCEPTED}", f"{label}: {_CURRENCY_ACCEPTED}")
     return code
 
 

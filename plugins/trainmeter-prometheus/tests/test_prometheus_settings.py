@@ -134,6 +134,10 @@ def test_the_runs_price_keeps_the_source_tm_resolved():
     )
 
 
-def test_a_bad_price_is_one_line_naming_the_variable():
-    with pytest.raises(settings.SettingsError, match="TM_PROMETHEUS_PRICE_PER_GPU_HOUR 'free'"):
-        settings.from_env({"TM_PROMETHEUS_PORT": "9464", "TM_PROMETHEUS_PRICE_PER_GPU_HOUR": "free"})
+def test_a_bad_price_is_one_line_naming_the_variable_but_not_the_digits_the_run_log_would_keep():
+    with pytest.raises(settings.SettingsError) as caught:
+        settings.from_env({"TM_PROMETHEUS_PORT": "9464", "TM_PROMETHEUS_PRICE_PER_GPU_HOUR": "7.3193x"})
+    assert (
+        str(caught.value)
+        == "TM_PROMETHEUS_PRICE_PER_GPU_HOUR: give a positive number per GPU-hour such as 2.49"
+    )

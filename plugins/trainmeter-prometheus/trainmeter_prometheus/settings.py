@@ -81,4 +81,5 @@ def price_from_env(env: Mapping[str, str]) -> money.Price | None:
             return money.Price(own.per_gpu_hour, own.currency, source, own.currency_given)
         return money.from_environ(env)
     except money.PriceError as exc:
-        raise SettingsError(str(exc)) from None
+        # The exporter says a bad setting in a notice, which the run log keeps: never a price's digits there.
+        raise SettingsError(exc.unquoted) from None
