@@ -70,9 +70,11 @@ What only you know (flags, or the same keys in tm.toml next to the script; 20B, 
   --params --embedding-params --layers --d-model --seq-len --dp --plan-mfu --plan-hours
   --peak-tflops X --peak-source TEXT
 
-Money, a view (never stored; also for view, report, compare and runs):
-  --price-per-gpu-hour PRICE  a price per GPU-hour such as 2.49 (else TM_PRICE_PER_GPU_HOUR, else tm.toml
-                       price_per_gpu_hour); --price-currency CODE its currency (default USD) (docs/metrics.md#money)
+Money, a view (never stored; the same options for view, report, compare and runs; docs/metrics.md#money):
+  --price-per-gpu-hour PRICE
+                       a price per GPU-hour such as 2.49 (else TM_PRICE_PER_GPU_HOUR, else tm.toml's price_per_gpu_hour)
+  --price-currency CODE
+                       the price's currency (default USD)
 {plugin_options}"""
 
 
