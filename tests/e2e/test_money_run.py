@@ -167,3 +167,30 @@ def test_a_price_from_every_source_shows_in_every_view_and_nowhere_in_the_run_di
     # Nothing of it in the run directory: log, meta.json, summary.json, passport, alerts, checkpoint, anything.
     found = [where for path in sorted(run.rglob("*")) if path.is_file() and (where := holds_price(path))]
     assert found == []
+
+
+def test_tm_view_serves_a_finished_runs_dashboard_with_money_at_the_viewers_price(tm_env, tmp_path):
+    env = {k: v for k, v in tm_env.items() if "PRICE" not in k}
+    run = Path(__file__).parents[1] / "fixtures" / "real" / "h200-nanogpt-kill"
+    view = subprocess.Popen(
+        [TM, "view", str(run), "--port", "0", "--price-per-gpu-hour", PRICE, "--price-currency", "EUR"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = Lines(view.stderr).wait(r"^tm: dashboard (http://localhost:\d+/)").group(1)
+        money = poll(lambda: money_of_state(url), 60, "money on the dashboard")
+        snapshot = json.loads(fetch(url + "api/snapshot"))
+        assert money["price"]["words"] == f"price {PRICE} EUR/GPU-h from --price-per-gpu-hour"
+        # the run's GPU-hours (1 H200 for its elapsed time) × the price
+        assert money["figures"]["spent"]["value"] == pytest.approx(
+            snapshot["metrics"]["gpu_hours"]["value"] * float(PRICE)
+        )
+        assert money["figures"]["to_finish"]["absent"] == "the run has ended"
+        assert "money" not in snapshot  # the snapshot itself never holds money
+    finally:
+        view.terminate()
+        view.wait(30)
