@@ -224,6 +224,10 @@ def test_compare_rows_set_each_runs_money_against_the_first():
     assert rows["money.lost.hang"]["absent"][0] == "not in this run's time split"
     assert "money.lost.eval" not in rows  # neither run spent a second in eval
     assert "money.plan" not in rows  # no run declared a plan
+    # both runs still run towards their token budget: the cost to finish, each its own ETA priced
+    assert rows["money.to_finish"]["values"] == [
+        pytest.approx(s.metrics["eta_s"].value / 3600 * 2 * 7.3193) for s in (first, second)
+    ]
     assert money.comparison_rows([first, second], None) == []
 
 

@@ -358,8 +358,12 @@ _COMPARED = (
     ("spent", "money spent"),
     ("per_1m_tokens", "money per 1M tokens"),
     ("lost", "money lost to badput"),
+    ("to_finish", "money to finish"),
+    ("projected", "money projected in all"),
     ("plan", "money planned"),
 )
+#: Rows left out where no run has a value (finished runs have nothing to finish; few runs declare a plan).
+_OPTIONAL_ROWS = frozenset({"money.to_finish", "money.projected", "money.plan"})
 
 
 def comparison_rows(snapshots: list[records.Snapshot], price: Price | None) -> list[dict[str, Any]]:
@@ -390,8 +394,8 @@ def comparison_rows(snapshots: list[records.Snapshot], price: Price | None) -> l
     for key, title, read in wanted:
         found = [read(doc) for doc in docs]
         values = [f.get("value") for f in found]
-        if key == "money.plan" and all(v is None for v in values):
-            continue  # no run declared a plan: no row of n/a
+        if key in _OPTIONAL_ROWS and all(v is None for v in values):
+            continue  # no row of n/a
         base = values[0]
         rows.append(
             {
