@@ -99,7 +99,9 @@ def price_of(raw_price: object, raw_currency: object, source: str, currency_labe
     return Price(value, parse_currency(raw_currency, currency_label), source)
 
 
-def from_environ(environ: Mapping[str, str], price_env: str = PRICE_ENV, currency_env: str = CURRENCY_ENV):
+def from_environ(
+    environ: Mapping[str, str], price_env: str = PRICE_ENV, currency_env: str = CURRENCY_ENV
+) -> Price | None:
     """The price an environment gives (``TM_PRICE_PER_GPU_HOUR``, its currency in ``TM_PRICE_CURRENCY``), named by its
     variable, or by ``TM_PRICE_FROM`` where the launcher handed on a price it resolved; None without one."""
     raw = environ.get(price_env, "").strip()
