@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from trainmeter_core.bus.client import subscribe
     from trainmeter_core.bus.component import ComponentContext, alerts_until_stopped
-    from trainmeter_core.model import records
+    from trainmeter_core.model import money, records
     from trainmeter_core.model.alerts.episodes import Condition, RuleState, Verdict, metric
     from trainmeter_core.model.catalog import is_loss
     from trainmeter_core.model.platform_adapters import (
@@ -100,6 +100,8 @@ __all__ = [
     # profiler importers
     "ProfileBuilder",
     "profiler_step_number",
+    # money, a view: a price per GPU-hour and what it makes of a snapshot (never stored; docs/metrics.md#money)
+    "money",
     # records (docs/bus.md documents every kind and field)
     "records",
     "Alert",
@@ -345,6 +347,12 @@ def _profiles_module():
     return builder
 
 
+def _money_module():
+    from trainmeter_core.model import money
+
+    return money
+
+
 def _records_module():
     from trainmeter_core.model import records
 
@@ -400,6 +408,8 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name == "records":
         value: Any = _records_module()
+    elif name == "money":
+        value = _money_module()
     elif name in _LAZY:
         value = getattr(_LAZY[name](), name)
     else:

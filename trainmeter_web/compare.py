@@ -22,6 +22,7 @@ from trainmeter_core import __version__
 from trainmeter_web.report import REPORT_POINTS, columns, write_file
 
 if TYPE_CHECKING:  # the command is registered on every `tm --help`: its module imports nothing heavy
+    from trainmeter_core.model import money
     from trainmeter_core.model.comparison import RunSide
     from trainmeter_core.model.history import HistoryPoint
     from trainmeter_web.dashboard_state import DashboardState
@@ -108,12 +109,15 @@ def run_series(
 
 
 def comparison_data(
-    dashboards: list[DashboardState], sides: list[RunSide], convention: str | None = None
+    dashboards: list[DashboardState],
+    sides: list[RunSide],
+    convention: str | None = None,
+    price: money.Price | None = None,
 ) -> dict[str, Any]:
-    """What the comparison page reads (``/api/compare``, or carried in the file)."""
+    """What the comparison page reads (``/api/compare``, or carried in the file); with a price, money's rows."""
     from trainmeter_core.model.comparison import compare
 
-    comparison = compare(sides, convention)
+    comparison = compare(sides, convention, price)
     chosen = comparison["convention"]["name"]
     runs = [
         {"label": entry["label"], **run_series(dashboard, side, chosen)}
@@ -174,9 +178,11 @@ class CompareCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from trainmeter_core.commands.compare import resolve_runs
+        from trainmeter_core.commands.price_options import price_from
 
+        price = price_from(args)
         dashboards, sides = open_runs(resolve_runs(args.runs, args.runs_dir))
-        html = compare_html(comparison_data(dashboards, sides, args.convention))
+        html = compare_html(comparison_data(dashboards, sides, args.convention, price))
         try:
             target = write_file(args.output, html)
         except OSError as exc:
@@ -194,6 +200,7 @@ def serve(
     port: int | None,
     stopping: threading.Event | None = None,
     convention: str | None = None,
+    price: money.Price | None = None,
 ) -> int:
     """``tm view A B ...``: the comparison served until Ctrl-C (or ``stopping``), as of the moment it started."""
     from trainmeter_core.model.comparison import label
@@ -202,7 +209,7 @@ def serve(
     from trainmeter_web.server import Server, listen, make_compare_app
 
     dashboards, sides = open_runs(paths)
-    body = encode(comparison_data(dashboards, sides, convention))
+    body = encode(comparison_data(dashboards, sides, convention, price))
     listening = listen(host, port, stopping)
     if listening is None:
         return 2

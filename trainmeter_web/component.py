@@ -38,7 +38,7 @@ class WebComponent(Component):
 
         # dup: the launcher's descriptor stays open for the next incarnation whatever this one does with its copy.
         sock = socket.socket(fileno=os.dup(int(fd)))
-        dashboard = DashboardState(ctx.run_dir, read_meta(ctx.run_dir))
+        dashboard = DashboardState(ctx.run_dir, read_meta(ctx.run_dir), price=_price())
         follower = Follower(
             dashboard,
             ctx.recv,
@@ -55,3 +55,15 @@ class WebComponent(Component):
             follower.run_live(server.notify)
         finally:
             server.stop()
+
+
+def _price():
+    """The price tm was given for this run (flag, environment or tm.toml, resolved by the launcher and handed to this
+    process alone), or None; a price the launcher let through is never refused here, but say so if it is."""
+    from trainmeter_core.model import money
+
+    try:
+        return money.from_environ(os.environ)
+    except money.PriceError as exc:
+        print(f"tm: dashboard shows no money: {exc}", file=sys.stderr)
+        return None

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from trainmeter_core.model import records
+from trainmeter_core.model import money, records
 from trainmeter_core.model.history import AXIS_ALIASES, X_AXES, History, HistoryPoint
 from trainmeter_core.model.history_sync import HistoryReplica
 
@@ -66,8 +66,12 @@ def series_group(name: str) -> dict[str, Any]:
 class DashboardState:
     """One run as the dashboard sees it. Thread-safe: one feeder, any number of readers, one lock."""
 
-    def __init__(self, run_dir: Path | None = None, meta: dict | None = None) -> None:
+    def __init__(
+        self, run_dir: Path | None = None, meta: dict | None = None, price: money.Price | None = None
+    ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        #: The price whoever looks gave (model/money.py): held here in memory only, never written anywhere.
+        self.price = price
         self.meta: dict[str, Any] = dict(meta or {})
         self.replica = HistoryReplica()
         self.lock = threading.RLock()
@@ -358,9 +362,21 @@ class DashboardState:
                 "catalog": self.catalog(points=False),
                 # Which probes reported a phase: the time split calls its first part "startup" until one was compiled.
                 "phases_seen": dict(snapshot.get("phases_seen", {})),
+                "money": self.money_doc(),
             }
             self._doc, self._doc_version = doc, self.version
             return doc
+
+    def set_price(self, price: money.Price | None) -> None:
+        """The price a viewer gave (``tm view --price-per-gpu-hour``): the money of every document from now on."""
+        with self.lock:
+            self.price = price
+            self.version += 1
+
+    def money_doc(self) -> dict[str, Any]:
+        """Money as the price makes it of the latest snapshot, or the reason there is none (``model/money.py``)."""
+        with self.lock:
+            return money.overlay(self.current_snapshot(), self.price)
 
     # ------------------------------------------------------------------------------------------------------------------
     # History

@@ -124,8 +124,8 @@ def with_paid_time(passport: dict[str, Any], dashboard: DashboardState) -> dict[
         return passport
     usage = gpu_usage(dashboard.run_dir) if dashboard.run_dir is not None else None
     figures = paid_time.paid_time(
-        dashboard.snapshot, usage, price=None
-    )  # the hook for a price given to tm report
+        dashboard.snapshot, usage, price=dashboard.price
+    )  # tm report's price, if given
     return {**passport, "markdown": f"{passport['markdown'].rstrip()}\n\n{paid_time.markdown(figures)}"}
 
 
@@ -195,6 +195,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where to write the HTML (default: RUN-report.html in the current directory; - for stdout)",
     )
     p.add_argument("--runs-dir", help="where runs are (default: TM_RUNS_DIR, else ./.trainmeter/runs)")
+    from trainmeter_core.commands.price_options import add_price_arguments
+
+    add_price_arguments(p)
 
 
 class ReportCommand:
@@ -211,12 +214,15 @@ class ReportCommand:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainmeter_core.commands.price_options import price_from
+    from trainmeter_core.errors import UsageError
     from trainmeter_core.runlog import rundir
     from trainmeter_web.follow import dashboard_now
 
     try:
         run_dir = rundir.resolve_run(args.run, rundir.runs_dir(args.runs_dir) if args.runs_dir else None)
-    except rundir.RunDirError as exc:
+        price = price_from(args)
+    except (rundir.RunDirError, UsageError) as exc:
         print(f"tm: {exc}", file=sys.stderr)
         return 2
     stats: dict = {}
@@ -226,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
     if dashboard.snapshot is None:
         print(f"tm: {run_dir.name} has no record the engine can use: nothing to report", file=sys.stderr)
         return 2
+    dashboard.set_price(price)  # the file carries the money it makes, never the run directory
     if stats.get("skipped"):
         reasons = ", ".join(f"{n} {r}" for r, n in sorted(stats["reasons"].items()))
         print(f"tm: skipped {stats['skipped']} unreadable lines of the log ({reasons})", file=sys.stderr)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from trainmeter_core.model import money
+
 if TYPE_CHECKING:
     from trainmeter_core.model import records
 
@@ -96,7 +98,8 @@ def static_view(snapshot: records.Snapshot | None, data: Mapping[str, Any]) -> s
         f'<div class="part-head"><div><h2>{html.escape(str(name))}</h2><p class="sub">The run\'s numbers as tm\'s '
         "engine computed them. The charts and the rest of the dashboard need this file opened with scripts "
         "allowed.</p></div></div>\n"
-        f'<div class="card"><p id="static-headline">{html.escape(" · ".join(words))}</p></div>\n'
+        f'<div class="card"><p id="static-headline">{html.escape(" · ".join(words))}</p>'
+        f'<p id="static-money">{html.escape(money.words(doc.get("money") or {}))}</p></div>\n'
         '<div class="part-head"><div><h2>Alerts</h2></div></div>\n'
         f'<div class="card" id="static-alerts">{alerts_html((doc.get("alerts") or {}).values(), run_over)}</div>\n'
         '<div class="part-head"><div><h2>Passport</h2></div></div>\n'

@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from trainmeter_core.model import records
+from trainmeter_core.model import money, records
 from trainmeter_core.runlog import rundir
 
 
@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host", default="127.0.0.1", help="the dashboard's address (non-loopback needs the token)"
     )
+    from trainmeter_core.commands.price_options import add_price_arguments
+
+    add_price_arguments(p)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,7 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainmeter_core.commands.price_options import price_from
+    from trainmeter_core.errors import UsageError
+
     refs = args.run if isinstance(args.run, list) else [args.run] if args.run else []
+    try:
+        price = price_from(args)
+    except UsageError as exc:
+        print(f"tm: {exc}", file=sys.stderr)
+        return 2
     if len(refs) > 1:
         from trainmeter_core.commands.compare import resolve_runs
         from trainmeter_core.errors import UsageError
@@ -68,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(
                     "tm view --json prints one run's snapshot: tm compare --json A B compares runs"
                 )
-            return compare.serve(resolve_runs(refs, args.runs_dir), args.host, args.port)
+            return compare.serve(resolve_runs(refs, args.runs_dir), args.host, args.port, price=price)
         except UsageError as exc:
             print(f"tm: {exc}", file=sys.stderr)
             return 2
@@ -81,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         return print_final_snapshot(run_dir)
-    return serve(run_dir, args.host, args.port)
+    return serve(run_dir, args.host, args.port, price=price)
 
 
 def print_final_snapshot(run_dir: Path) -> int:
@@ -101,9 +112,16 @@ def print_final_snapshot(run_dir: Path) -> int:
     return 0
 
 
-def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event | None = None) -> int:
+def serve(
+    run_dir: Path,
+    host: str,
+    port: int | None,
+    stopping: threading.Event | None = None,
+    price: money.Price | None = None,
+) -> int:
     """Serve the run's dashboard until Ctrl-C (or ``stopping``). A live run is followed like the web component does
-    (its engine's numbers); a finished one is replayed here, since no engine runs then: either way, one engine."""
+    (its engine's numbers); a finished one is replayed here, since no engine runs then: either way, one engine.
+    ``price`` (the viewer's) puts money on the page; it stays in this process's memory."""
     from trainmeter_web.follow import Following, finished_dashboard
     from trainmeter_web.guard import Guard
     from trainmeter_web.server import Server, listen
@@ -121,6 +139,7 @@ def serve(run_dir: Path, host: str, port: int | None, stopping: threading.Event 
         dashboard = following.dashboard
     else:
         dashboard = finished_dashboard(run_dir)
+    dashboard.set_price(price)
     server = Server(dashboard, bound.sock, Guard(bound.host, bound.token))
     server.start()
     for line in bound.startup_lines():

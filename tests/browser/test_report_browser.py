@@ -342,3 +342,33 @@ def test_a_report_read_without_scripts_shows_the_headline_numbers_the_alerts_and
     assert q.text_content("footer") == p.text_content("footer")
     assert q.locator('[href^="/"], [src^="/"], [href^="http"], [src^="http"]').count() == 0
     assert live.requests == [] and live.errors == [] and live.dialogs == []
+
+
+def test_a_report_given_a_price_shows_the_money_card_with_the_prices_source_and_one_without_says_why(
+    offline, tm_env, tmp_path
+):
+    env = {k: v for k, v in tm_env.items() if "PRICE" not in k}
+    priced, plain = tmp_path / "priced.html", tmp_path / "plain.html"
+    result = run_tm(
+        ["report", str(REAL / "h200-nanogpt-kill"), "-o", str(priced), "--price-per-gpu-hour", "7.3193"], env
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(
+        re.search(
+            r'<script type="application/json" id="tm-data">(.*?)</script>', priced.read_text(), re.S
+        ).group(1)
+    )
+    spent = data["doc"]["money"]["figures"]["spent"]["value"]
+    page = offline()
+    p = page.open(priced)
+    card = p.text_content("#money")
+    assert "price 7.3193 USD/GPU-h from --price-per-gpu-hour (no currency given: USD by default)" in card
+    # the engine's GPU-hours × the price, as the card rounds it (three significant digits below 1)
+    assert p.text_content("#money [data-explain='money.spent']") == f"{float(f'{spent:.3g}'):g} USD"
+    assert spent == pytest.approx(data["doc"]["snapshot"]["metrics"]["gpu_hours"]["value"] * 7.3193)
+    assert "startup compile" in p.text_content("#money-lost")  # the badput parts, priced
+    assert page.errors == [] and page.requests == []
+    report_of(REAL / "h200-nanogpt-kill", env, plain)
+    p = page.open(plain)
+    assert "n/a: no price given: --price-per-gpu-hour, TM_PRICE_PER_GPU_HOUR" in p.text_content("#money")
+    assert p.locator("#money [data-explain='money.spent']").count() == 0

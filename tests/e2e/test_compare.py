@@ -257,3 +257,28 @@ def test_runs_on_different_hardware_are_each_against_their_own_peak_with_a_note_
     # The week's FLOPs per token was declared (no shape): it cannot be put under titan, and says why.
     rows = {row["key"]: row for row in comparison["headline"]}
     assert rows["mfu_avg"]["values"][1] is None and "parameter count unknown" in rows["mfu_avg"]["absent"][1]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Money at a price the reader gives (model/money.py)
+
+
+def test_with_a_price_each_runs_money_is_its_gpu_hours_priced_against_the_first(tm_env):
+    env = {k: v for k, v in tm_env.items() if "PRICE" not in k}
+    runs = [str(REAL / "h200-nanogpt-eager"), str(REAL / "h200-nanogpt-kill")]
+    result = run_tm(
+        ["compare", "--json", *runs, "--price-per-gpu-hour", "7.3193", "--price-currency", "EUR"], env
+    )
+    assert result.returncode == 0, result.stderr
+    comparison = json.loads(result.stdout)
+    rows = {row["key"]: row for row in comparison["headline"]}
+    hours = rows["gpu_hours"]["values"]
+    # money spent = GPU-hours × 7.3193, run by run; its ratio is the GPU-hours' ratio
+    assert rows["money.spent"]["values"] == [pytest.approx(h * 7.3193) for h in hours]
+    assert rows["money.spent"]["unit"] == "EUR"
+    assert rows["money.spent"]["ratio"][1] == pytest.approx(hours[1] / hours[0])
+    assert "money.lost.startup_compile" in rows
+    assert "price 7.3193 EUR/GPU-h from --price-per-gpu-hour" in comparison["notes"]
+    plain = json.loads(run_tm(["compare", "--json", *runs], env).stdout)
+    assert not [row for row in plain["headline"] if row["key"].startswith("money")]
+    assert any(n.startswith("money n/a (no price given: --price-per-gpu-hour") for n in plain["notes"])

@@ -141,9 +141,10 @@ def test_importing_the_api_and_hookimpl_loads_nothing_heavy(tmp_path):
 
 
 def test_every_public_name_resolves_to_its_one_definition():
-    from trainmeter_core.model import records
+    from trainmeter_core.model import money, records
 
     assert api.records is records
+    assert api.money is money
     for name in api.__all__:
         value = getattr(api, name)
         if name in api._LAZY:
@@ -152,7 +153,7 @@ def test_every_public_name_resolves_to_its_one_definition():
             if hasattr(value, "__module__"):  # a class or a function: defined there, not imported there
                 inside = hasattr(home, "__path__") and value.__module__.startswith(home.__name__ + ".")
                 assert value.__module__ == home.__name__ or inside, name  # a package: in one of its modules
-        elif name not in ("records", "PROJECT", "hookimpl"):
+        elif name not in ("records", "money", "PROJECT", "hookimpl"):
             assert getattr(value, "_is_protocol", False) and value.__module__ == api.__name__, name
     assert set(api.__all__) <= set(dir(api))
     with pytest.raises(AttributeError, match="has no attribute 'Engine'"):

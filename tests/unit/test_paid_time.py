@@ -78,7 +78,9 @@ def test_used_gpu_hours_are_the_allocated_ones_times_the_run_s_mean_gpu_util_and
 def test_money_is_absent_without_a_price_and_is_gpu_hours_times_the_price_given_with_its_source():
     got = paid_time.paid_time(snapshot(), usage(sample(0, 0.9, 1), sample(1, 0.9, 1)))
     assert got["money"] == {"absent": paid_time.NO_PRICE}
-    priced = paid_time.paid_time(snapshot(), None, paid_time.Price(2.5, "--price-per-gpu-hour", "USD"))
+    priced = paid_time.paid_time(
+        snapshot(), None, paid_time.Price(per_gpu_hour=2.5, currency="USD", source="--price-per-gpu-hour")
+    )
     assert priced["money"]["value"] == 5.0  # 2 GPU-hours × 2.5
     assert "Money: 5.00 USD (2.5 per GPU-hour, from --price-per-gpu-hour)" in paid_time.lines(priced)
 
@@ -144,5 +146,7 @@ def test_the_end_of_a_run_keeps_one_summary_line_and_the_energy_joins_it(tmp_pat
     assert "\n" not in line and " · energy 7.2 MJ · " in line
     without = snapshot(energy_j=records.MetricValue(absent="no two power readings"))
     assert "energy" not in summary_line(tmp_path, summary, without)
-    words = paid_time.end_words(snapshot(), paid_time.Price(2.5, "TM_PRICE", "USD"))
+    words = paid_time.end_words(
+        snapshot(), paid_time.Price(per_gpu_hour=2.5, currency="USD", source="TM_PRICE")
+    )
     assert words == ["energy 7.2 MJ", "money 5.00 USD (price from TM_PRICE)"]

@@ -235,7 +235,7 @@ def test_the_live_document_is_built_once_per_version():
     assert model.live_doc() is doc
     feed(records.Tick(n=2, interval_s=1.0))
     assert model.live_doc() is not doc
-    assert set(doc) == {"snapshot", "status", "overhead", "alerts", "catalog", "phases_seen"}
+    assert set(doc) == {"snapshot", "status", "overhead", "alerts", "catalog", "phases_seen", "money"}
 
 
 def test_the_live_document_says_which_phases_the_probes_reported():
@@ -246,3 +246,26 @@ def test_the_live_document_says_which_phases_the_probes_reported():
     feed(records.Phase(phase="eval", start_t=5.0, end_t=5.5, probe="eval", t=5.5))
     feed(records.Tick(n=1, interval_s=1.0))
     assert model.live_doc()["phases_seen"] == {"compile": 1, "eval": 2}
+
+
+def test_without_a_price_the_dashboards_money_is_its_reason():
+    model = DashboardState()
+    assert model.live_doc()["money"] == {
+        "absent": "no price given: --price-per-gpu-hour, TM_PRICE_PER_GPU_HOUR or tm.toml price_per_gpu_hour"
+    }
+
+
+def test_a_price_given_to_the_dashboard_prices_its_latest_snapshot_and_moves_the_version():
+    from trainmeter_core.model import money
+
+    model = DashboardState()
+    gpu_hours = records.MetricValue(value=0.25, unit="h")
+    model.feed(
+        records.Snapshot(tick=3, through_seq=3, metrics={"gpu_hours": gpu_hours}, phases_s={"compute": 1.0})
+    )
+    before = model.version
+    model.set_price(money.Price(7.3193, "EUR", "--price-per-gpu-hour"))
+    assert model.version > before  # every page gets the money with its next patch
+    doc = model.live_doc()["money"]
+    assert doc["figures"]["spent"]["value"] == 0.25 * 7.3193
+    assert doc["price"]["words"] == "price 7.3193 EUR/GPU-h from --price-per-gpu-hour"

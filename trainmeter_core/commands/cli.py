@@ -69,6 +69,12 @@ What only you know (flags, or the same keys in tm.toml next to the script; 20B, 
   --budget-tokens --budget-steps --budget-flops --tokens-per-step --flops-per-token --convention NAME
   --params --embedding-params --layers --d-model --seq-len --dp --plan-mfu --plan-hours
   --peak-tflops X --peak-source TEXT
+
+Money, a view (never stored; the same options for view, report, compare and runs; docs/metrics.md#money):
+  --price-per-gpu-hour PRICE
+                       a price per GPU-hour such as 2.49 (else TM_PRICE_PER_GPU_HOUR, else tm.toml's price_per_gpu_hour)
+  --price-currency CODE
+                       the price's currency (default USD)
 {plugin_options}"""
 
 
@@ -142,6 +148,9 @@ def run_parser() -> argparse.ArgumentParser:
         help="a folder of profiler traces to import at the end of the run (torch.profiler's are found without it)",
     )
     add_declared_arguments(parser)
+    from trainmeter_core.commands.price_options import add_price_arguments
+
+    add_price_arguments(parser)
     return parser
 
 
@@ -183,6 +192,18 @@ def declared_inputs(args: argparse.Namespace, command: list[str], script_mode: b
     if problems:
         raise UsageError(problems[0])
     return declared
+
+
+def run_price(args: argparse.Namespace, command: list[str], script_mode: bool) -> dict[str, str]:
+    """The price a run was given (``--price-per-gpu-hour``, else the environment, else tm.toml next to the script),
+    as the variables that hand it to the components; none without one."""
+    from pathlib import Path
+
+    from trainmeter_core.commands.price_options import price_from
+    from trainmeter_core.model import money
+
+    folder = Path(command[0]).resolve().parent if script_mode else Path.cwd()
+    return money.handed_on(price_from(args, folder))
 
 
 def split_run_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str], bool]:
@@ -253,6 +274,8 @@ def run_options(argv: list[str]) -> RunOptions:
     plugin_env = {d: str(getattr(args, d)) for d in plugin_dests if getattr(args, d, None) is not None}
     if args.heartbeat:
         plugin_env["TM_HEARTBEAT_URL"] = args.heartbeat
+    # The price goes to the components alone (the dashboard, the exporter), which hold it in memory; never to the log.
+    plugin_env.update(run_price(args, command, script_mode))
     return RunOptions(
         command=command,
         script_mode=script_mode,

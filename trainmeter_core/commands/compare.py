@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmeter_core.commands.plugin_commands import plugin_command
+from trainmeter_core.commands.price_options import add_price_arguments, price_from
 from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
 from trainmeter_core.errors import UsageError
@@ -40,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "runs can be counted under)",
     )
     p.add_argument("--runs-dir", help="where runs are (default: TM_RUNS_DIR, else ./.trainmeter/runs)")
+    add_price_arguments(p)
 
 
 def resolve_runs(refs: list[str], runs_dir: str | None) -> list[Path]:
@@ -102,12 +104,13 @@ def cmd_compare(argv: list[str]) -> int:
     if command is not None:
         command.add_arguments(parser)  # the dashboard's -o FILE
     args = parser.parse_args(argv)
+    price = price_from(args)
     paths = resolve_runs(args.runs, args.runs_dir)
     if getattr(args, "output", None):
         return int(command.run(args) or 0)  # type: ignore[union-attr]
     from trainmeter_core.model.comparison import compare
 
-    comparison = compare(sides(paths), args.convention)
+    comparison = compare(sides(paths), args.convention, price)
     out = Output()
     if args.json:
         out.line(json.dumps(comparison, allow_nan=False, default=_no_nan))

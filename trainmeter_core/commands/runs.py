@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import time
 
+from trainmeter_core.commands.price_options import add_price_arguments, price_from
 from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
+from trainmeter_core.model import money
 
 
 def cmd_runs(argv: list[str]) -> int:
@@ -21,15 +23,18 @@ def cmd_runs(argv: list[str]) -> int:
         help="a run directory, a run name or its unique prefix: its job and paid time, as seff",
     )
     parser.add_argument("--runs-dir")
+    add_price_arguments(parser)
     args = parser.parse_args(argv)
+    price = price_from(args)
     if args.run is not None:
-        return one_run(args.run, args.runs_dir)
+        return one_run(args.run, args.runs_dir, price)
     base = rundir.runs_dir(args.runs_dir)
     out = Output()
     runs = rundir.list_runs(base)
     if not runs:
         out.line(f"no runs under {base}{where_it_looked(args.runs_dir)}")
         return 0
+    absent: dict[str, list[str]] = {}  # why a run has no money: the runs it holds for
     for path in runs:
         info = rundir.run_info(path)
         steps = info.steps
@@ -41,10 +46,20 @@ def cmd_runs(argv: list[str]) -> int:
             end = info.end_wall or (time.time() if info.state == "running" else last_wall(path))
             duration = _duration(end - info.start_wall) if end else "?"
         attempts = f"  {info.attempts} attempts" if info.attempts > 1 else ""
+        cost = ""
+        if price is not None:
+            cost, why = money_cell(path, info.state, price)
+            if why:
+                absent.setdefault(why, []).append(info.name)
+            cost = f" {cost:>14}"
         out.line(
             f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps"
             f"{attempts}{identity_words(info.job_identity)}"
         )
+    if price is not None:
+        out.line(f"money: spent so far at {price.words()}")
+        for why, names in absent.items():
+            out.line(f"  n/a ({len(names)} run{'s' if len(names) > 1 else ''}): {why}")
     return 0
 
 
@@ -56,7 +71,7 @@ def identity_words(ids: dict | None) -> str:
     return f"  {words}" if words else ""
 
 
-def one_run(ref: str, runs_dir: str | None) -> int:
+def one_run(ref: str, runs_dir: str | None, price: money.Price | None = None) -> int:
     """``tm runs RUN``: the run's state, its job identity and its paid time (``model/paid_time``), one figure a line,
     each unknown one with its reason. The numbers are a replay's final snapshot and the log's GPU samples."""
     import sys
@@ -80,10 +95,29 @@ def one_run(ref: str, runs_dir: str | None) -> int:
     if snapshot is None:
         out.line("Paid time: n/a (the run has no record the engine can use)")
         return 0
-    # The price is a view's: the hook (paid_time.Price) is here, for the flag that gives one.
-    for line in paid_time.lines(paid_time.paid_time(snapshot, gpu_usage(run_dir), price=None)):
+    for line in paid_time.lines(paid_time.paid_time(snapshot, gpu_usage(run_dir), price=price)):
         out.line(line)
     return 0
+
+
+def money_cell(run_dir, state: str, price: money.Price) -> tuple[str, str | None]:
+    """A run's money spent at ``price``: a finished run's from its summary's final snapshot, a live or lost one's from
+    its engine's last checkpointed snapshot; the text and, where it is n/a, why."""
+    from trainmeter_core.runlog import rundir
+
+    if state.startswith("finished"):
+        doc = money.overlay_of_summary(rundir.read_json(run_dir / "summary.json") or {}, price)
+    else:
+        from trainmeter_core.runlog.checkpoint import load_history
+
+        found = load_history(run_dir)
+        if found is None or found.snapshot is None:
+            return "n/a", "no snapshot yet (the engine checkpoints a live run's now and then)"
+        doc = money.overlay(found.snapshot, price)
+    spent = doc.get("figures", {}).get("spent", doc)
+    if "value" in spent:
+        return money.money_text(spent["value"], price.currency), None
+    return "n/a", spent.get("absent", money.NO_PRICE)
 
 
 def where_it_looked(flag: str | None, environ: dict | None = None) -> str:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import sys
 
 from trainmeter_core.commands.plugin_commands import plugin_command
+from trainmeter_core.commands.price_options import add_price_arguments, price_from
 from trainmeter_core.commands.stdout_lines import Output
 from trainmeter_core.commands.usage import parser_for
 from trainmeter_core.errors import UsageError
+from trainmeter_core.model import money
 
 DESCRIPTION = "A run in the dashboard, rebuilt from its log (or its final snapshot as JSON)."
 
@@ -31,6 +33,7 @@ def cmd_view(argv: list[str]) -> int:
         parser.add_argument(
             "--runs-dir", help="where runs are (default: TM_RUNS_DIR, else ./.trainmeter/runs)"
         )
+        add_price_arguments(parser)
     args = parser.parse_args(argv)
     if not args.json:
         if command is None:
@@ -39,10 +42,12 @@ def cmd_view(argv: list[str]) -> int:
     runs = args.run if isinstance(args.run, list) else [args.run] if args.run else []
     if len(runs) > 1:
         raise UsageError("tm view --json prints one run's snapshot: tm compare --json A B compares runs")
-    return print_final_snapshot(runs[0] if runs else None, args.runs_dir)
+    return print_final_snapshot(runs[0] if runs else None, args.runs_dir, price_from(args))
 
 
-def print_final_snapshot(run: str | None, runs_dir: str | None) -> int:
+def print_final_snapshot(run: str | None, runs_dir: str | None, price: money.Price | None = None) -> int:
+    """The run's final snapshot as one line of JSON; with a price, its money beside the snapshot's keys (``money``,
+    ``model/money.py``), which the snapshot itself never holds."""
     from trainmeter_core.model import records
     from trainmeter_core.runlog import replay, rundir
 
@@ -56,5 +61,8 @@ def print_final_snapshot(run: str | None, runs_dir: str | None) -> int:
         raise UsageError(f"{run_dir.name} has no records to replay")
     import msgspec
 
-    Output().line(msgspec.json.encode(records.to_builtins(snapshot)).decode())
+    doc = records.to_builtins(snapshot)
+    if price is not None:
+        doc["money"] = money.overlay(snapshot, price)
+    Output().line(msgspec.json.encode(doc).decode())
     return 0

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from trainmeter_core.model import formulas, records
+from trainmeter_core.model import formulas, money, records
 
 #: The named conventions a comparison can put every run under, in the order one is picked when none is asked for.
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
@@ -443,12 +443,16 @@ def notes(runs: list[RunSide], convention: dict[str, Any]) -> list[str]:
     return out
 
 
-def compare(runs: list[RunSide], convention: str | None = None) -> dict[str, Any]:
+def compare(
+    runs: list[RunSide], convention: str | None = None, price: money.Price | None = None
+) -> dict[str, Any]:
     """The comparison ``tm compare --json`` prints (docs/api.md): runs, differences first, the convention, the
-    headline numbers against the first run, and notes."""
+    headline numbers against the first run (with a price, money's rows after them: ``model/money.py``), and notes."""
     if len(runs) < 2:
         raise ValueError("a comparison needs at least two runs")
     chosen = choose_convention(runs, convention)
+    money_rows = money.comparison_rows([run.snapshot for run in runs], price)
+    money_note = [money.words(money.overlay(runs[0].snapshot, price)) if price is None else price.words()]
     return {
         "runs": [
             {
@@ -465,8 +469,8 @@ def compare(runs: list[RunSide], convention: str | None = None) -> dict[str, Any
         "baseline": label(0),
         "differences": differences(runs),
         "convention": chosen,
-        "headline": headline(runs, chosen["name"]),
-        "notes": notes(runs, chosen),
+        "headline": headline(runs, chosen["name"]) + money_rows,
+        "notes": notes(runs, chosen) + money_note,
     }
 
 

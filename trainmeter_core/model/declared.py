@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from trainmeter_core.model import money
 from trainmeter_core.model.flops import CONVENTIONS
 from trainmeter_core.model.quantities import QuantityError, parse_count, parse_fraction, parse_positive_float
 
@@ -208,6 +209,8 @@ def _declared_part_of_toml(document: Mapping[str, object], file_label: str) -> d
                     f"{file_label}: {key} is set both at the top level and under [{RUN_TABLE}]; keep one"
                 )
             found[key] = value
+    for key in money.TOML_KEYS:
+        found.pop(key, None)  # a price is the views' (model/money.py), never a declared fact of the run
     for key in found:
         if key not in _BY_KEY:
             raise DeclaredInputError(f"{file_label}: unknown key {key!r}{_did_you_mean(key)}")

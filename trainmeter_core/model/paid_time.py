@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmeter_core.model import passport, records
+from trainmeter_core.model import money, passport, records
 
 #: A GPU whose GPU-Util averaged below this over the run did nothing the run paid it for: an idle GPU.
 IDLE_UTIL = 0.05
@@ -51,17 +51,9 @@ class GpuUsage:
             use.mem_total_b = sample.mem_total_b
 
 
-@dataclass(frozen=True)
-class Price:
-    """The hook where money comes in: a price per GPU-hour and where it came from (a flag, ``tm.toml``, a variable),
-    given by the caller at view time. tm stores no price anywhere in a run."""
-
-    per_gpu_hour: float
-    source: str
-    currency: str = ""
-
-
-NO_PRICE = "no price per GPU-hour given: money is a view, priced by whoever looks"
+# The price is money.py's: given by whoever looks, never stored.
+Price = money.Price
+NO_PRICE = money.NO_PRICE
 
 
 def run_gpus(snapshot: records.Snapshot) -> list[str]:

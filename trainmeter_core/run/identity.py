@@ -17,7 +17,7 @@ import msgspec
 
 from trainmeter_core import __version__
 from trainmeter_core.errors import UsageError
-from trainmeter_core.model import records
+from trainmeter_core.model import money, records
 from trainmeter_core.model.redaction import redact_env
 from trainmeter_core.runlog import rundir
 
@@ -212,7 +212,12 @@ def _read_text(path: str) -> tuple[str | None, str | None]:
 
 
 def selected_env(secret_names: list[str]) -> dict[str, str]:
-    chosen = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    # A price is a view's, never the run's (SPEC invariant 9): its variables stay out of the run's description.
+    chosen = {
+        k: v
+        for k, v in os.environ.items()
+        if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and not money.is_price_variable(k)
+    }
     return redact_env(chosen, secret_names)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainmeter_core.bus.hub import Hub
 from trainmeter_core.errors import CommandNotStartable
-from trainmeter_core.model import records
+from trainmeter_core.model import money, records
 from trainmeter_core.model.redaction import redact_argv
 from trainmeter_core.run import resume as resuming
 from trainmeter_core.run.child import (
@@ -327,7 +327,9 @@ class Launch:
             attempt=self.attempt,
         )
         write_passport(self.run_dir, snapshot, self.say)
-        self.say(summary_line(self.run_dir, summary, snapshot), always=True)
+        # The price the run was given (handed to the components alone) prices the end's line: printed, never stored.
+        price = money.from_environ(self.opts.component_env)
+        self.say(summary_line(self.run_dir, summary, snapshot, price), always=True)
         self.lock.release()
         self.sockets.remove()
         return tm_status

@@ -219,12 +219,17 @@ def headline(snapshot: records.Snapshot, price: paid_time.Price | None = None) -
     parts.extend(
         f"{k} {p.value:.4g}" for k, p in sorted(snapshot.series.items()) if k in ("train_loss", "val_loss")
     )
-    # Energy where the run's GPUs gave it; money once a price reaches the end of a run (the hook: paid_time.Price).
+    # Energy where the run's GPUs gave it; money where the run was given a price (printed, never stored).
     parts.extend(paid_time.end_words(snapshot, price))
     return parts
 
 
-def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None = None) -> str:
+def summary_line(
+    run_dir: Path,
+    summary: dict,
+    snapshot: records.Snapshot | None = None,
+    price: paid_time.Price | None = None,
+) -> str:
     status = summary["exit_status"]
     parts = [f"finished in {summary['elapsed_s']:.1f} s", f"exit {status}", f"{summary['steps']} steps"]
     if summary["skipped_steps"]:
@@ -232,7 +237,7 @@ def summary_line(run_dir: Path, summary: dict, snapshot: records.Snapshot | None
     if summary.get("attempt", 1) > 1:
         parts.append(_attempt_words(summary))
     if snapshot is not None:
-        parts.extend(headline(snapshot))
+        parts.extend(headline(snapshot, price))
     drops = summary["bus"]["dropped_total"]
     parts.append(f"{drops} records dropped" if drops else "nothing dropped")
     parts.append(f"see it again: {view_command(run_dir)}")

@@ -228,6 +228,17 @@ export function explainRows(key) {
         : o.agent_absent || "n/a"),
       el("div", {}, finite(o.dropped_total) ? `${o.dropped_total} records dropped on the bus` : o.drops_absent || "")];
   }
+  if (key.startsWith("money.")) {
+    // Money's figures are the server's overlay (model/money.py), not the engine's: their formula and the price.
+    const doc = (state.doc && state.doc.money) || {};
+    const f = (doc.figures || {})[key.slice("money.".length)];
+    if (!f) return [el("div", {}, doc.absent || "n/a")];
+    return [el("div", { class: "t-title" }, key.slice("money.".length).replaceAll("_", " ")),
+      el("div", { class: "t-formula" }, f.formula),
+      ...Object.entries(f.inputs || {}).map(([name, value]) => el("div", {}, `${name} = ${value}`)),
+      f.absent ? el("div", { class: "t-absent" }, `n/a: ${f.absent}`) : null,
+      el("div", { class: "muted" }, doc.price.words)].filter(Boolean);
+  }
   if (key === "elapsed" || key === "steps") {
     return [el("div", { class: "t-title" }, key), el("div", {}, "from the engine's clock: the hub's ticks")];
   }

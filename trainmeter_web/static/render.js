@@ -7,6 +7,7 @@ import { remember } from "./prefs.js";
 import { renderAxisButtons, renderConnection, renderHeader, renderProgress, renderTiles, renderTraining } from "./parts.js";
 import { renderAlerts, renderEfficiency, renderGpus, renderNode } from "./panels.js";
 import { renderJob } from "./job.js";
+import { renderMoney } from "./money.js";
 import { renderProfile } from "./profile.js";
 import { setupTheme } from "./theme.js";
 
@@ -16,6 +17,7 @@ export function renderNow() {
   renderHeader();
   renderConnection();
   renderProgress();
+  renderMoney();
   renderTiles();
   renderAxisButtons();
   renderTraining();

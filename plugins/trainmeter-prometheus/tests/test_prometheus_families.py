@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_testing import ABOUT, WHO, key, openmetrics, samples, snapshot, text
 from trainmeter_prometheus.exporter import RunCollector, registry_for
 from trainmeter_prometheus.identity import identity, scheduler_labels
 from trainmeter_prometheus.state import ExporterState
 
-from trainmeter_core.api import records
+from trainmeter_core.api import money, records
 
 
 def state_with(snap: records.Snapshot) -> ExporterState:
@@ -336,3 +337,56 @@ def test_every_node_of_a_job_of_several_nodes_labels_its_series_with_the_one_job
         }
         who = identity(meta)
         assert (who.job, who.node) == ("gpt-rdzv", host)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Money at the price given (never stored): labelled with its currency and source, absent without a price
+
+
+def priced(price: money.Price | None) -> dict:
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from trainmeter_prometheus.exporter import RunCollector, registry_for
+
+    snap = snapshot(
+        gpu_hours=records.MetricValue(value=0.5, unit="h"),
+        eta_s=records.MetricValue(value=1800.0, unit="s"),
+    )
+    snap.explain["gpu_hours"] = records.Explain(
+        formula="elapsed × the run's GPUs / 3600", inputs={"n_devices": records.ExplainInput(value=4)}
+    )
+    snap.phases_s.update({"compute": 9.0, "checkpoint": 2.5, "startup_compile": 1.0})
+    collector = RunCollector(state_with(snap), threading.Lock(), WHO, {}, clock=lambda: 0.0, price=price)
+    exposition = generate_latest(registry_for(collector)).decode()
+    return {
+        (sample.name, frozenset((k, v) for k, v in sample.labels.items() if k != "job")): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+
+
+def test_money_is_on_metrics_at_the_price_given_with_its_currency_and_source():
+    got = priced(
+        money.Price(7.3193, "EUR", "TM_PROMETHEUS_PRICE_PER_GPU_HOUR (--prometheus-price-per-gpu-hour)")
+    )
+    labels = {
+        "currency": "EUR",
+        "price_source": "TM_PROMETHEUS_PRICE_PER_GPU_HOUR (--prometheus-price-per-gpu-hour)",
+    }
+    assert got[key("trainmeter_money_price_per_gpu_hour", **labels)] == 7.3193
+    # 0.5 GPU-h × 7.3193
+    assert got[key("trainmeter_money_spent", **labels)] == pytest.approx(3.65965)
+    # ETA 1800 s on 4 GPUs: 2 GPU-h × 7.3193, computed from the same snapshot
+    assert got[key("trainmeter_money_to_finish", **labels)] == pytest.approx(1800 / 3600 * 4 * 7.3193)
+    # each badput part: its seconds × 4 GPUs × the price / 3600; compute is productive, no sample
+    assert got[key("trainmeter_money_lost", part="checkpoint", **labels)] == pytest.approx(
+        2.5 * 4 * 7.3193 / 3600
+    )
+    assert key("trainmeter_money_lost", part="compute", **labels) not in got
+    assert not [
+        name for name, _ in got if name == "trainmeter_money_plan"
+    ]  # no plan declared: no sample, never 0
+
+
+def test_without_a_price_there_is_no_money_family():
+    assert not [name for name, _ in priced(None) if name.startswith("trainmeter_money")]

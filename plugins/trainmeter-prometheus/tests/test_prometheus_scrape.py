@@ -383,6 +383,40 @@ def test_a_real_prometheus_stores_the_slurm_and_kubernetes_ids_as_labels_of_the_
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+# A loop of emitted steps whose rank computes on the fake node's GPU 0 (as a torch loop on cuda:0 says), until the
+# stop file: a run with GPU-hours, so with money, and no torch.
+GPU_EMIT_LOOP = """
+import sys, time
+from pathlib import Path
+import trainmeter_agent
+from trainmeter_agent import emit
+stop = Path(sys.argv[1])
+deadline = time.monotonic() + 150
+step = 0
+while not stop.exists() and time.monotonic() < deadline:
+    step += 1
+    emit(step=step, tokens=1000)
+    if step == 1:
+        trainmeter_agent._process_agent.fact("device", {"type": "cuda", "index": 0}, "model")
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.xdist_group("heavy")
+def test_a_real_prometheus_stores_money_at_the_exporters_own_price_over_the_runs(tmp_path, site):
+    binary, _ = require_prometheus()
+    loop, stop = tmp_path / "loop.py", tmp_path / "stop"
+    loop.write_text(GPU_EMIT_LOOP)
+    # The run's price (the flag) and the exporter's own: the exporter's wins on /metrics.
+    env = tm_env(tmp_path, site, TM_FAKE_GPUS="1xH100")
+    tm = subprocess.Popen(
+        [TM, "--prometheus-port", "0", "--price-per-gpu-hour", "2.49", "--prometheus-price-per-gpu-hour", "7.3193",
+         "--prometheus-price-currency", "EUR", str(loop), str(stop)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     prometheus = None
     try:
         err = Lines(tm.stderr)
@@ -416,6 +450,26 @@ def test_a_real_prometheus_stores_the_slurm_and_kubernetes_ids_as_labels_of_the_
             "the steps joined with the run's Slurm job",
         )
         assert [r["metric"]["slurm_job_id"] for r in joined] == ["4242"]
+        wait_for(lambda: len(next(iter(stored(prometheus, "trainmeter_money_spent").values()), [])) >= 3, 120,
+                 "three scrapes of money spent")  # fmt: skip
+        ((labels, spent),) = stored(prometheus, "trainmeter_money_spent").items()
+        assert json.loads(labels) == {
+            "__name__": "trainmeter_money_spent",
+            "job": run_id,
+            "node": socket.gethostname(),
+            "instance": f"127.0.0.1:{port}",
+            "currency": "EUR",
+            "price_source": "TM_PROMETHEUS_PRICE_PER_GPU_HOUR (--prometheus-price-per-gpu-hour)",
+        }
+        values = [v for _, v in spent]
+        assert values == sorted(values) and values[-1] > values[0] > 0  # spent so far grows, live
+        (rate,) = stored(prometheus, "trainmeter_money_price_per_gpu_hour").values()
+        assert {v for _, v in rate} == {7.3193}
+        # Each scrape's spent is that scrape's elapsed time × 1 GPU × the price (GPU-hours of the same snapshot).
+        (elapsed,) = stored(prometheus, "trainmeter_elapsed_seconds").values()
+        elapsed_at = dict(elapsed)
+        for t, value in spent:
+            assert value == pytest.approx(elapsed_at[t] / 3600 * 7.3193, rel=1e-9)
     finally:
         stop.touch()
         try:

@@ -77,6 +77,67 @@ def test_the_sink_is_offered_only_when_a_port_was_given(monkeypatch):
 def test_the_options_set_the_variables_the_exporter_reads():
     parser = argparse.ArgumentParser()
     registered().per_plugin("trainmeter_add_options", parser=parser)
-    args = parser.parse_args(["--prometheus-port", "9464", "--prometheus-host", "0.0.0.0"])
-    assert vars(args) == {"TM_PROMETHEUS_PORT": "9464", "TM_PROMETHEUS_HOST": "0.0.0.0"}
-    assert vars(parser.parse_args([])) == {"TM_PROMETHEUS_PORT": None, "TM_PROMETHEUS_HOST": None}
+    args = parser.parse_args(
+        [
+            "--prometheus-port",
+            "9464",
+            "--prometheus-host",
+            "0.0.0.0",
+            "--prometheus-price-per-gpu-hour",
+            "2.49",
+        ]
+    )
+    assert vars(args) == {
+        "TM_PROMETHEUS_PORT": "9464",
+        "TM_PROMETHEUS_HOST": "0.0.0.0",
+        "TM_PROMETHEUS_PRICE_PER_GPU_HOUR": "2.49",
+        "TM_PROMETHEUS_PRICE_CURRENCY": None,
+    }
+    assert set(vars(parser.parse_args([])).values()) == {None}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The price money on /metrics is at: the exporter's own setting, else the run's as tm handed it on, else none
+
+
+def test_without_a_price_the_exporter_has_none():
+    assert settings.from_env({"TM_PROMETHEUS_PORT": "9464"}).price is None
+
+
+def test_the_exporters_own_price_beats_the_runs():
+    got = settings.from_env(
+        {
+            "TM_PROMETHEUS_PORT": "9464",
+            "TM_PROMETHEUS_PRICE_PER_GPU_HOUR": "7.3193",
+            "TM_PROMETHEUS_PRICE_CURRENCY": "eur",
+            "TM_PRICE_PER_GPU_HOUR": "2.49",
+            "TM_PRICE_FROM": "--price-per-gpu-hour",
+        }
+    ).price
+    assert (got.per_gpu_hour, got.currency) == (7.3193, "EUR")
+    assert got.source == "TM_PROMETHEUS_PRICE_PER_GPU_HOUR (--prometheus-price-per-gpu-hour)"
+
+
+def test_the_runs_price_keeps_the_source_tm_resolved():
+    got = settings.from_env(
+        {
+            "TM_PROMETHEUS_PORT": "9464",
+            "TM_PRICE_PER_GPU_HOUR": "2.49",
+            "TM_PRICE_FROM": "--price-per-gpu-hour",
+        }
+    ).price
+    assert (got.per_gpu_hour, got.currency, got.currency_given, got.source) == (
+        2.49,
+        "USD",
+        False,
+        "--price-per-gpu-hour",
+    )
+
+
+def test_a_bad_price_is_one_line_naming_the_variable_but_not_the_digits_the_run_log_would_keep():
+    with pytest.raises(settings.SettingsError) as caught:
+        settings.from_env({"TM_PROMETHEUS_PORT": "9464", "TM_PROMETHEUS_PRICE_PER_GPU_HOUR": "7.3193x"})
+    assert (
+        str(caught.value)
+        == "TM_PROMETHEUS_PRICE_PER_GPU_HOUR: give a positive number per GPU-hour such as 2.49"
+    )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from trainmeter_core.api import ComponentContext, Notice, Sink
+from trainmeter_core.api import ComponentContext, Notice, Sink, money
 from trainmeter_prometheus import settings as settings_mod
 from trainmeter_prometheus.families import families
 from trainmeter_prometheus.identity import Identity, identity, scheduler_labels
@@ -37,12 +37,14 @@ class RunCollector:
         who: Identity,
         about: Mapping[str, str],
         clock: Callable[[], float] = time.monotonic,
+        price: money.Price | None = None,
     ) -> None:
         self.state, self.lock, self.who, self.about, self.clock = state, lock, who, about, clock
+        self.price = price  # held here only: never published, never written
 
     def collect(self):
         with self.lock:
-            return list(families(self.state, self.who, self.clock(), self.about))
+            return list(families(self.state, self.who, self.clock(), self.about, self.price))
 
 
 def registry_for(collector: RunCollector) -> CollectorRegistry:
@@ -91,7 +93,7 @@ class PrometheusExporter(Sink):
         }
         with lock:  # the subscription is already open: an alert both here and on the bus counts once
             restore_alerts(state, ctx.run_dir)
-        collector = RunCollector(state, lock, identity(meta), about)
+        collector = RunCollector(state, lock, identity(meta), about, price=settings.price)
         try:
             server, _thread = start_http_server(settings.port, settings.host, registry_for(collector))
         except OSError as exc:

@@ -16,9 +16,10 @@ from prometheus_client.core import (
     Metric,
 )
 
-from trainmeter_core.api import MetricValue, SampleGpu, Snapshot, is_loss
+from trainmeter_core.api import MetricValue, SampleGpu, Snapshot, is_loss, money
 from trainmeter_prometheus import __version__
 from trainmeter_prometheus.identity import Identity
+from trainmeter_prometheus.money_families import money_families
 from trainmeter_prometheus.state import ExporterState
 
 RUN = ["job", "node"]
@@ -155,11 +156,15 @@ GPU_HEALTH = {
 
 
 def families(
-    state: ExporterState, who: Identity, now_s: float, about: Mapping[str, str] | None = None
+    state: ExporterState,
+    who: Identity,
+    now_s: float,
+    about: Mapping[str, str] | None = None,
+    price: money.Price | None = None,
 ) -> Iterator[Metric]:
     """Every family with its samples, in a stable order; families with no sample are left out. ``about`` describes
     the run (``run_id``, ``run_name``, ``tm_version``, and the scheduler's ids: ``identity.scheduler_labels``) for
-    ``trainmeter_run_info``."""
+    ``trainmeter_run_info``; ``price`` (the exporter's setting, else the run's) puts money on /metrics."""
     run = [who.job, who.node]
     info = InfoMetricFamily(
         "trainmeter_run",
@@ -175,6 +180,7 @@ def families(
         yield from _flops(snapshot, run)
         yield from _ranks(snapshot, who)
         yield from _gpu_health(snapshot, who)
+        yield from money_families(snapshot, RUN, run, price)
     yield from _gpus(state.fresh_gpus(now_s, GPU_MAX_AGE_S), who)
     yield from _alerts(state, run)
     yield from _overhead(state, who, run)

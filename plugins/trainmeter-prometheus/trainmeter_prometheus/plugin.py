@@ -39,3 +39,15 @@ def trainmeter_add_options(parser):
         metavar="ADDRESS",
         help=f"the address /metrics listens on (default {settings.DEFAULT_HOST}: this node only)",
     )
+    group.add_argument(
+        "--prometheus-price-per-gpu-hour",
+        dest=settings.PRICE_ENV,
+        metavar="PRICE",
+        help="the price per GPU-hour money on /metrics is at (beats tm's --price-per-gpu-hour; never stored)",
+    )
+    group.add_argument(
+        "--prometheus-price-currency",
+        dest=settings.CURRENCY_ENV,
+        metavar="CODE",
+        help="that price's currency (default USD)",
+    )

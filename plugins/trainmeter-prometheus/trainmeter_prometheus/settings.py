@@ -10,10 +10,21 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainmeter_core.api import money
+
 PORT_ENV = "TM_PROMETHEUS_PORT"
 HOST_ENV = "TM_PROMETHEUS_HOST"
+#: The exporter's own price per GPU-hour and its currency: they beat the run's (tm's --price-per-gpu-hour, then
+#: TM_PRICE_PER_GPU_HOUR, then tm.toml), for /metrics alone. Held in memory, never written.
+PRICE_ENV = "TM_PROMETHEUS_PRICE_PER_GPU_HOUR"
+CURRENCY_ENV = "TM_PROMETHEUS_PRICE_CURRENCY"
 #: option -> the environment variable it sets (the option's argparse ``dest``)
-OPTIONS = {"--prometheus-port": PORT_ENV, "--prometheus-host": HOST_ENV}
+OPTIONS = {
+    "--prometheus-port": PORT_ENV,
+    "--prometheus-host": HOST_ENV,
+    "--prometheus-price-per-gpu-hour": PRICE_ENV,
+    "--prometheus-price-currency": CURRENCY_ENV,
+}
 #: Loopback unless told otherwise: the numbers of a run leave the node only when the user names another address.
 DEFAULT_HOST = "127.0.0.1"
 
@@ -26,6 +37,7 @@ class SettingsError(ValueError):
 class Settings:
     port: int  # 0: any free port, said at start
     host: str = DEFAULT_HOST
+    price: money.Price | None = None  # the price money on /metrics is at; None: no money family
 
     def url(self, port: int | None = None) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -56,4 +68,18 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings | None:
         raise SettingsError(
             f"{HOST_ENV} (--prometheus-host) {host!r}: expected an address to listen on, such as 0.0.0.0"
         )
-    return Settings(port=port, host=host.strip("[]") or DEFAULT_HOST)
+    return Settings(port=port, host=host.strip("[]") or DEFAULT_HOST, price=price_from_env(env))
+
+
+def price_from_env(env: Mapping[str, str]) -> money.Price | None:
+    """The exporter's own price (``TM_PROMETHEUS_PRICE_PER_GPU_HOUR``, ``--prometheus-price-per-gpu-hour``), else the
+    run's as tm handed it on; None without either. Raises SettingsError naming the variable and its option."""
+    try:
+        own = money.from_environ(env, PRICE_ENV, CURRENCY_ENV)
+        if own is not None:
+            source = f"{PRICE_ENV} (--prometheus-price-per-gpu-hour)"
+            return money.Price(own.per_gpu_hour, own.currency, source, own.currency_given)
+        return money.from_environ(env)
+    except money.PriceError as exc:
+        # The exporter says a bad setting in a notice, which the run log keeps: never a price's digits there.
+        raise SettingsError(exc.unquoted) from None
