@@ -383,6 +383,47 @@ def test_a_real_prometheus_stores_the_slurm_and_kubernetes_ids_as_labels_of_the_
         stderr=subprocess.PIPE,
         text=True,
     )
+    prometheus = None
+    try:
+        err = Lines(tm.stderr)
+        run_id = err.wait(r"^tm: run (\S+) in (.+)$").group(1)
+        url = err.wait(r"^tm: prometheus: /metrics at (http://127\.0\.0\.1:\d+/metrics)$").group(1)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        prometheus = Prometheus(tmp_path / "prometheus", f"127.0.0.1:{port}", binary)
+        found = wait_for(
+            lambda: prometheus.query("trainmeter_run_info")["result"],
+            60,
+            "the run's info stored by prometheus",
+        )
+        ((labels, value),) = [(r["metric"], r["value"][1]) for r in found]
+        assert value == "1" and labels["job"] == run_id
+        assert {k: labels.get(k) for k in ("slurm_job_id", "slurm_step_id", "slurm_array_job_id",
+                                           "slurm_array_task_id", "namespace", "pod", "pod_uid")} == {
+            "slurm_job_id": "4242",
+            "slurm_step_id": "3",
+            "slurm_array_job_id": "4240",
+            "slurm_array_task_id": "2",
+            "namespace": "ml-team",
+            "pod": "trainer-0",
+            "pod_uid": "0c3b5e2a-1b2c-4d5e-8f90-123456789abc",
+        }  # fmt: skip
+        # the join docs/job-identity.md documents: a number of the run by its Slurm job
+        joined = wait_for(
+            lambda: prometheus.query(
+                "trainmeter_steps_total * on(job, node) group_left(slurm_job_id) trainmeter_run_info"
+            )["result"],
+            60,
+            "the steps joined with the run's Slurm job",
+        )
+        assert [r["metric"]["slurm_job_id"] for r in joined] == ["4242"]
+    finally:
+        stop.touch()
+        try:
+            tm.wait(120)
+        finally:
+            if prometheus is not None:
+                prometheus.stop()
+    assert tm.returncode == 0
 
 
 # A loop of emitted steps whose rank computes on the fake node's GPU 0 (as a torch loop on cuda:0 says), until the
@@ -424,32 +465,6 @@ def test_a_real_prometheus_stores_money_at_the_exporters_own_price_over_the_runs
         url = err.wait(r"^tm: prometheus: /metrics at (http://127\.0\.0\.1:\d+/metrics)$").group(1)
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         prometheus = Prometheus(tmp_path / "prometheus", f"127.0.0.1:{port}", binary)
-        found = wait_for(
-            lambda: prometheus.query("trainmeter_run_info")["result"],
-            60,
-            "the run's info stored by prometheus",
-        )
-        ((labels, value),) = [(r["metric"], r["value"][1]) for r in found]
-        assert value == "1" and labels["job"] == run_id
-        assert {k: labels.get(k) for k in ("slurm_job_id", "slurm_step_id", "slurm_array_job_id",
-                                           "slurm_array_task_id", "namespace", "pod", "pod_uid")} == {
-            "slurm_job_id": "4242",
-            "slurm_step_id": "3",
-            "slurm_array_job_id": "4240",
-            "slurm_array_task_id": "2",
-            "namespace": "ml-team",
-            "pod": "trainer-0",
-            "pod_uid": "0c3b5e2a-1b2c-4d5e-8f90-123456789abc",
-        }  # fmt: skip
-        # the join docs/job-identity.md documents: a number of the run by its Slurm job
-        joined = wait_for(
-            lambda: prometheus.query(
-                "trainmeter_steps_total * on(job, node) group_left(slurm_job_id) trainmeter_run_info"
-            )["result"],
-            60,
-            "the steps joined with the run's Slurm job",
-        )
-        assert [r["metric"]["slurm_job_id"] for r in joined] == ["4242"]
         wait_for(lambda: len(next(iter(stored(prometheus, "trainmeter_money_spent").values()), [])) >= 3, 120,
                  "three scrapes of money spent")  # fmt: skip
         ((labels, spent),) = stored(prometheus, "trainmeter_money_spent").items()
