@@ -345,7 +345,6 @@ def _series_origin(where: str, expected: dict[str, Any], new: dict[str, Any]) ->
         expected["series"][name] = point
 
 
-
 def _communication(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     for key in COMMUNICATION_KEYS:
         assert key not in expected["metrics"], (where, key)
