@@ -7,6 +7,7 @@ import { remember } from "./prefs.js";
 import { renderAxisButtons, renderConnection, renderHeader, renderProgress, renderTiles, renderTraining } from "./parts.js";
 import { renderAlerts, renderEfficiency, renderGpus, renderNode } from "./panels.js";
 import { renderJob } from "./job.js";
+import { renderCommunication } from "./communication.js";
 import { renderProfile } from "./profile.js";
 import { setupTheme } from "./theme.js";
 
@@ -20,6 +21,7 @@ export function renderNow() {
   renderAxisButtons();
   renderTraining();
   renderJob();
+  renderCommunication();
   renderEfficiency();
   renderNode();
   renderGpus();
