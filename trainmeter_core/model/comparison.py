@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from trainmeter_core.model import formulas, records
+from trainmeter_core.model import comparison_communication, formulas, records
 
 #: The named conventions a comparison can put every run under, in the order one is picked when none is asked for.
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
@@ -387,79 +387,16 @@ def _finite(value: float | None, why: str | None) -> tuple[float | None, str | N
     return value, why
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Communication (issue 43): each run's exposed collective wait, the wait its straggler causes, and its bus bandwidth
-# per operation kind; rows only where a run had a collective probe.
-
-_BUS_BANDWIDTH = "bus_bandwidth_bps."
-
-
-def _bandwidth_kinds(runs: list[RunSide]) -> list[str]:
-    """The operation kinds and group sizes (``all_reduce.4``) any run has a bus bandwidth for, in order."""
-    kinds = {
-        key[len(_BUS_BANDWIDTH) :].rsplit(".rank", 1)[0]
-        for run in runs
-        for key, value in run.snapshot.metrics.items()
-        if key.startswith(_BUS_BANDWIDTH) and value.value is not None
-    }
-    return sorted(kinds)
-
-
-def _median_bandwidth(snapshot: records.Snapshot, kind: str) -> tuple[float | None, str | None]:
-    """The median over a run's ranks of their bus bandwidth for one operation kind and group size."""
-    prefix = f"{_BUS_BANDWIDTH}{kind}.rank"
-    values = [v.value for k, v in snapshot.metrics.items() if k.startswith(prefix) and v.value is not None]
-    if not values:
-        return None, f"no rank of this run reported a {kind.replace('.', ' of ')}"
-    return formulas.median(values), None
-
-
-def communication_rows() -> tuple[tuple[str, str, str | None, Any], ...]:
-    """The headline rows of communication: the exposed collective wait and the wait the straggler causes."""
-    return (
-        ("collective_wait_s", "exposed collective wait per step (median rank)", "s",
-         lambda s, c: _metric(s, "collective_wait_s")),
-        ("straggler_wait_s", "others' wait per step for the slowest rank", "s",
-         lambda s, c: _metric(s, "straggler_wait_s")),
-    )  # fmt: skip
-
-
-def bandwidth_rows(runs: list[RunSide]) -> tuple[tuple[str, str, str | None, Any], ...]:
-    """A headline row per operation kind and group size: the median rank's bus bandwidth (nccl-tests' busbw)."""
-    return tuple(
-        (
-            f"{_BUS_BANDWIDTH}{kind}",
-            f"bus bandwidth {kind.replace('.', ' ×')} (median rank)",
-            "B/s",
-            lambda s, c, kind=kind: _median_bandwidth(s, kind),
-        )
-        for kind in _bandwidth_kinds(runs)
-    )
-
-
-def straggler_note(runs: list[RunSide]) -> str | None:
-    """Which rank each run's straggler was (and why), where any run named one."""
-    named = []
-    for i, run in enumerate(runs):
-        rank, wait = run.snapshot.metrics.get("straggler_rank"), run.snapshot.metrics.get("straggler_wait_s")
-        if rank is not None and rank.value is not None:
-            cause = wait.label if wait is not None and wait.label else "unknown"
-            named.append(f"{label(i)} rank {rank.value:.0f} on {rank.label} ({cause})")
-        else:
-            why = rank.absent if rank is not None else "not computed by this run's engine"
-            named.append(f"{label(i)} none: {why}")
-    if all(" none: " in words for words in named):
-        return None
-    return "the straggler: " + "; ".join(named)
-
-
 def headline(runs: list[RunSide], convention: str | None) -> list[dict[str, Any]]:
     """One row per headline number: each run's value (or its reason), and the difference and ratio of each run
     against the first (null for the first, and where either value is absent or the first is zero)."""
     rows = []
-    communication = (*communication_rows(), *bandwidth_rows(runs))
-    seldom = {"val_loss", "ofu", "energy_j", *(key for key, _, _, _ in communication)}
-    for key, title, unit, read in (*HEADLINE, *communication):
+    communication_rows = (
+        *comparison_communication.rows(),
+        *comparison_communication.bandwidth_rows([run.snapshot for run in runs]),
+    )
+    seldom = {"val_loss", "ofu", "energy_j", *(key for key, _, _, _ in communication_rows)}
+    for key, title, unit, read in (*HEADLINE, *communication_rows):
         found = [_finite(*read(run.snapshot, convention)) for run in runs]
         values = [v for v, _ in found]
         if all(v is None for v in values) and key in seldom:
@@ -503,7 +440,9 @@ def notes(runs: list[RunSide], convention: dict[str, Any]) -> list[str]:
         out.append(
             "the runs ran on different devices: " + "; ".join(f"{label(i)} {r}" for i, r in enumerate(rigs))
         )
-    straggler = straggler_note(runs)
+    straggler = comparison_communication.straggler_note(
+        [label(i) for i in range(len(runs))], [r.snapshot for r in runs]
+    )
     if straggler is not None:
         out.append(straggler)
     for i, run in enumerate(runs):

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 
 from trainmeter_core.api import MetricValue, SampleGpu, Snapshot, is_loss
-from trainmeter_prometheus import __version__
+from trainmeter_prometheus import __version__, communication
 from trainmeter_prometheus.identity import Identity
 from trainmeter_prometheus.state import ExporterState
 
@@ -167,7 +167,7 @@ def families(
         yield from _losses(snapshot, run)
         yield from _flops(snapshot, run)
         yield from _ranks(snapshot, who)
-        yield from _communication(snapshot, who)
+        yield from communication.families(snapshot, who, RUN)
         yield from _gpu_health(snapshot, who)
     yield from _gpus(state.fresh_gpus(now_s, GPU_MAX_AGE_S), who)
     yield from _alerts(state, run)
@@ -320,69 +320,6 @@ def _ranks(snapshot: Snapshot, who: Identity) -> Iterator[Metric]:
         if rank.step_time_s is not None:
             step_time.add_metric(values, rank.step_time_s)
     yield from _kept([step_time, steps])
-
-
-#: A rank's bus bandwidth: ``bus_bandwidth_bps.<op>.<group size>.rank<k>``.
-BUS_BANDWIDTH = "bus_bandwidth_bps."
-
-
-def _communication(snapshot: Snapshot, who: Identity) -> Iterator[Metric]:
-    """Each rank's exposed collective wait, data wait and compute per step, its bus bandwidth per operation kind, and
-    the straggler (the rank that makes the others wait, its host and cause): absent numbers left out."""
-    labels = [*RUN, "rank", "device"]
-    per_step = [
-        ("collective_wait_s", "trainmeter_rank_collective_wait_seconds",
-         "EMA per step of the rank's exposed wait in collectives (not overlapped with compute)."),
-        ("data_wait_s", "trainmeter_rank_data_wait_seconds", "EMA per step of the rank's data wait."),
-        ("compute_s", "trainmeter_rank_compute_seconds",
-         "The rank's step time less its collective wait and data wait, per step."),
-    ]  # fmt: skip
-    out: list[Metric] = []
-    hosts: dict[int, str] = {}
-    for field, name, help_text in per_step:
-        family = GaugeMetricFamily(name, help_text, labels=labels, unit="seconds")
-        for rank in snapshot.ranks:
-            hosts[rank.rank] = rank.host
-            value = getattr(rank, field)
-            if value is not None:
-                node = who.node_of(rank.host)
-                family.add_metric([who.job, node, str(rank.rank), _device(rank.device, rank.host)], value)
-        out.append(family)
-    bandwidth = GaugeMetricFamily(
-        "trainmeter_rank_bus_bandwidth_bytes_per_second",
-        "Bus bandwidth of each rank's collectives per operation kind and group size (nccl-tests' busbw: bytes / "
-        "time x the operation's factor).",
-        labels=[*RUN, "rank", "op", "group_size"],
-    )
-    for key in sorted(k for k in snapshot.metrics if k.startswith(BUS_BANDWIDTH)):
-        value = _known(snapshot, key)
-        parts = key.split(".")
-        if value is None or value.value is None or len(parts) != 4 or not parts[3].startswith("rank"):
-            continue
-        rank = parts[3].removeprefix("rank")
-        host = hosts.get(int(rank)) if rank.isdigit() else None
-        node = who.node_of(host) if host is not None else who.node
-        bandwidth.add_metric([who.job, node, rank, parts[1], parts[2]], value.value)
-    out.append(bandwidth)
-    straggler = GaugeMetricFamily(
-        "trainmeter_straggler_rank",
-        "The rank that makes the others wait in their collectives (the value), its host and what was slow on it.",
-        labels=[*RUN, "host", "cause"],
-    )
-    waited = GaugeMetricFamily(
-        "trainmeter_straggler_wait_seconds",
-        "How long per step the other ranks wait for the rank that waits least (the straggler once it is named).",
-        labels=RUN,
-        unit="seconds",
-    )
-    rank_value, wait = _known(snapshot, "straggler_rank"), _known(snapshot, "straggler_wait_s")
-    if wait is not None and wait.value is not None:
-        waited.add_metric([who.job, who.node], wait.value)
-        if rank_value is not None and rank_value.value is not None:
-            host = rank_value.label or ""
-            straggler.add_metric([who.job, who.node, host, wait.label or ""], rank_value.value)
-    out.extend([straggler, waited])
-    yield from _kept(out)
 
 
 def _gpu_key(key: str) -> tuple[str, str]:
