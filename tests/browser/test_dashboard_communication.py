@@ -3,38 +3,8 @@ bus bandwidth, the straggler's row marked and named with its cause; a run with n
 
 from __future__ import annotations
 
-import json
-
-import msgspec
-from collective_world import RANKS, World
+from collective_world import RANKS, straggler_run
 from dashboard_page import GOLDEN, SHOTS, Served
-
-from trainmeter_core.model import records
-
-
-def straggler_run(run_dir) -> None:
-    """A finished run of 4 ranks in an all_reduce; rank 2 computes 200 ms longer from step 60 on."""
-    world = World(seed=12)
-    logged: list[records.Record] = [
-        records.RunStart(t=world.now_s - 1.0, wall=1.7e9, host="n1", run_id=run_dir.name, name="ddp",
-                         run_dir=str(run_dir), command=["torchrun"], cwd="/", tm_version="0", python="3.11",
-                         platform="linux"),
-    ]  # fmt: skip
-    logged += world.steps(60)
-    world.slow_compute[2] = 0.2
-    logged += world.steps(60)
-    logged.append(records.Tick(t=world.now_s, host="n1", n=1, interval_s=1.0))
-    logged.append(
-        records.RunEnd(t=world.now_s + 0.1, host="n1", status=0, reason="exited", exit_code=0, elapsed_s=30.0)
-    )
-    run_dir.mkdir()
-    lines = []
-    for seq, record in enumerate(logged, 1):
-        record.seq, record.v, record.source = seq, records.SCHEMA_VERSION, record.source or "agent"
-        record.wall = record.wall or 1.7e9 + record.t
-        lines.append(records.to_log_line(msgspec.to_builtins(record)))
-    (run_dir / "events-0001.jsonl").write_bytes(b"".join(lines))
-    (run_dir / "meta.json").write_text(json.dumps({"run_id": run_dir.name, "name": "ddp", "host": "n1"}))
 
 
 def test_the_communication_part_shows_each_rank_and_names_the_straggler(page, tmp_path, capsys):

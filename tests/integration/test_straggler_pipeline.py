@@ -5,9 +5,11 @@ the slowed rank and its cause, and a replay of the log the recorder wrote gives 
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 import time
 
-from collective_world import RANKS, World
+from collective_world import RANKS, World, straggler_run
 from deadline import wait_for
 
 from trainmeter_core.bus import client as bus
@@ -91,3 +93,22 @@ def test_a_slowed_rank_is_named_through_the_hub_and_the_replay_equals_live(short
 def communication(snapshot: records.Snapshot) -> dict[str, records.MetricValue]:
     keys = ("collective_wait_s", "straggler_", "bus_bandwidth_bps.")
     return {k: v for k, v in snapshot.metrics.items() if k.startswith(keys)}
+
+
+def test_tm_view_json_gives_the_straggler_and_each_ranks_communication(tm_env, tmp_path):
+    run_dir = tmp_path / "runs" / "20260101T000000Z-n1-ddp"
+    run_dir.parent.mkdir()
+    straggler_run(run_dir)
+    shown = subprocess.run(
+        ["tm", "view", "--json", str(run_dir)], env=tm_env, capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    snapshot = json.loads(shown.stdout)
+    metrics = snapshot["metrics"]
+    assert metrics["straggler_rank"] == {"value": 2.0, "label": "n1"}
+    assert metrics["straggler_wait_s"]["label"] == "compute"
+    assert sorted(k for k in metrics if k.startswith("bus_bandwidth_bps.")) == [
+        f"bus_bandwidth_bps.all_reduce.4.rank{r}" for r in range(RANKS)
+    ]
+    (slow,) = [r for r in snapshot["ranks"] if r["rank"] == 2]
+    assert set(slow) >= {"collective_wait_s", "data_wait_s", "compute_s", "collective_steps"}
