@@ -285,3 +285,10 @@ def test_collective_records_in_blocks_count_as_when_sent_alone():
         in_blocks.feed(record)
     assert in_blocks.snapshot().ranks == alone.snapshot().ranks
     assert in_blocks.state.ranks[0].collectives == alone.state.ranks[0].collectives
+
+
+def test_a_rank_keeps_at_most_kinds_max_operation_kinds():
+    engine = Engine()
+    values = {f"coll.op{i}.2.bytes": 1.0 for i in range(collectives.KINDS_MAX + 10)}
+    engine.feed(records.Metric(values=values, origin="collectives", step=1, host="n1", rank=0, t=1.0))
+    assert len(engine.state.ranks[0].collectives) == collectives.KINDS_MAX

@@ -23,6 +23,8 @@ CLOCK_BELOW = 0.10
 #: The clock event reasons that slow a GPU down (power or heat; nvml.h).
 _SLOWING_REASONS = ("sw_power_cap", "hw_power_brake", "hw_slowdown", "sw_thermal", "hw_thermal")
 _FIELDS = ("bytes", "time_s", "count")
+#: Operation kinds and group sizes kept per rank: a probe that made up ever new names must not grow the state.
+KINDS_MAX = 64
 _ALPHA = formulas.EMA_ALPHA
 
 NO_PROBE = "no collective probe reported: no rank sent a collectives metric record"
@@ -80,6 +82,8 @@ def take_collectives(state: EngineState, record: records.Metric) -> None:
     for name, fields in per_op.items():
         kind = rank.collectives.get(name)
         if kind is None:
+            if len(rank.collectives) >= KINDS_MAX:
+                continue
             op, size = name.rsplit(".", 1)
             kind = rank.collectives[name] = CollectiveOp(op=op, group_size=int(size))
         kind.steps += 1
