@@ -292,3 +292,17 @@ def test_a_rank_keeps_at_most_kinds_max_operation_kinds():
     values = {f"coll.op{i}.2.bytes": 1.0 for i in range(collectives.KINDS_MAX + 10)}
     engine.feed(records.Metric(values=values, origin="collectives", step=1, host="n1", rank=0, t=1.0))
     assert len(engine.state.ranks[0].collectives) == collectives.KINDS_MAX
+
+
+def test_the_straggler_alert_clears_once_the_rank_keeps_up_again():
+    engine, world = Engine(), World(seed=16)
+    config = {"collective_fire_after_s": 0.0, "clear_after_s": 0.0}
+    alerts = Alerter([Straggler()], {"straggler": rule_config(Straggler(), config)})
+    feed_world(engine, world, 60)
+    world.slow_compute[0] = 0.2
+    states = [(a.state, a.subject) for s in feed_world(engine, world, 30, every=1) for a in alerts.observe(s)]
+    del world.slow_compute[0]
+    after = [a for s in feed_world(engine, world, 60, every=1) for a in alerts.observe(s)]
+    assert states == [("fired", "rank 0")]
+    (cleared,) = after
+    assert (cleared.state, cleared.subject) == ("cleared", "rank 0")
