@@ -102,9 +102,65 @@ def static_view(snapshot: records.Snapshot | None, data: Mapping[str, Any]) -> s
         f'<p id="static-money">{html.escape(money.words(doc.get("money") or {}))}</p></div>\n'
         '<div class="part-head"><div><h2>Alerts</h2></div></div>\n'
         f'<div class="card" id="static-alerts">{alerts_html((doc.get("alerts") or {}).values(), run_over)}</div>\n'
+        f"{communication_html(snapshot)}"
         '<div class="part-head"><div><h2>Passport</h2></div></div>\n'
         f"{passport_html}\n"
         "</section>\n"
+    )
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 1e3:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+
+
+def communication_html(snapshot: records.Snapshot | None) -> str:
+    """The communication part for a reader without scripts: the straggler (or why none is named) and each rank's
+    exposed collective wait, data wait, compute and bus bandwidth per operation kind; nothing without a snapshot."""
+    if snapshot is None:
+        return ""
+    metrics = snapshot.metrics
+    rank, wait = metrics.get("straggler_rank"), metrics.get("straggler_wait_s")
+    if rank is not None and rank.value is not None:
+        cause = wait.label if wait is not None and wait.label else "unknown"
+        waited = _seconds(wait.value if wait is not None else None)
+        line = f"the straggler is rank {rank.value:.0f} on {rank.label}: the others wait {waited} per step for it; "
+        line += f"cause: {cause}"
+    else:
+        line = (rank.absent if rank is not None else None) or "no collective probe reported"
+    rows = []
+    for stat in sorted(snapshot.ranks, key=lambda r: r.rank):
+        if stat.collective_wait_s is None:
+            continue
+        prefix = "bus_bandwidth_bps."
+        suffix = f".rank{stat.rank}"
+        bandwidths = [
+            f"{key[len(prefix) : -len(suffix)].replace('.', ' ×')} {value.value / 1e9:.3g} GB/s"
+            for key, value in sorted(metrics.items())
+            if key.startswith(prefix) and key.endswith(suffix) and value.value is not None
+        ]
+        cells = [
+            str(stat.rank),
+            stat.host,
+            _seconds(stat.step_time_s),
+            _seconds(stat.collective_wait_s),
+            _seconds(stat.data_wait_s),
+            _seconds(stat.compute_s),
+            ", ".join(bandwidths) or "n/a",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    heads = ["rank", "host", "step time", "exposed collective wait", "data wait", "compute", "bus bandwidth"]
+    table = (
+        '<table class="ranks"><thead><tr>'
+        + "".join(f"<th>{h}</th>" for h in heads)
+        + f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        if rows
+        else ""
+    )
+    return (
+        '<div class="part-head"><div><h2>Communication</h2></div></div>\n'
+        f'<div class="card" id="static-communication"><p>{html.escape(line)}</p>{table}</div>\n'
     )
 
 

@@ -114,3 +114,30 @@ def test_a_page_that_links_what_needs_a_server_cannot_become_a_file(link):
     files["index.html"] = files["index.html"].replace("</footer>", f"{link}</footer>")
     with pytest.raises(bundle.BundleError, match="needs a server: a file cannot follow it"):
         bundle.standalone_html("index.html", "report.js", carried(), files)
+
+
+def test_the_static_view_names_the_straggler_and_each_rank_s_communication_its_strings_as_text():
+    snapshot = finished_snapshot()
+    snapshot.metrics["straggler_rank"] = records.MetricValue(value=2.0, label=HOSTILE)
+    snapshot.metrics["straggler_wait_s"] = records.MetricValue(value=0.199, unit="s", label="compute")
+    snapshot.metrics["bus_bandwidth_bps.all_reduce.4.rank2"] = records.MetricValue(value=1.87e9, unit="B/s")
+    snapshot.ranks = [
+        records.RankStat(rank=2, host="n1", steps=70, step_time_s=0.326, collective_wait_s=0.02,
+                         data_wait_s=0.0045, compute_s=0.301, collective_steps=70),
+        records.RankStat(rank=0, host="n1", steps=70, step_time_s=0.326),
+    ]  # fmt: skip
+    view = static_view(snapshot, carried())
+    assert "the straggler is rank 2 on &lt;img src=x onerror=alert(1)&gt;: the others wait 199 ms" in view
+    assert "cause: compute" in view and HOSTILE not in view
+    # one row: rank 0 reported no collective wait
+    assert "<td>2</td><td>n1</td><td>326 ms</td><td>20 ms</td><td>4.5 ms</td><td>301 ms</td>" in view
+    assert "<td>all_reduce ×4 1.87 GB/s</td>" in view
+    assert view.count("<tr><td>") == 1
+
+
+def test_the_static_view_says_why_no_straggler_is_named():
+    snapshot = finished_snapshot()
+    why = "no collective probe reported: no rank sent a collectives metric record"
+    snapshot.metrics["straggler_rank"] = records.MetricValue(absent=why)
+    view = static_view(snapshot, carried())
+    assert f'<div class="card" id="static-communication"><p>{why}</p></div>' in view

@@ -136,6 +136,7 @@ _SI_UNITS = {
     "FLOP": " FLOP",
     "FLOP/token": " FLOP",
     "J": " J",
+    "B/s": " B/s",
 }
 
 

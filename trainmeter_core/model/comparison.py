@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from trainmeter_core.model import formulas, money, records
+from trainmeter_core.model import comparison_communication, formulas, money, records
 
 #: The named conventions a comparison can put every run under, in the order one is picked when none is asked for.
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
@@ -391,10 +391,15 @@ def headline(runs: list[RunSide], convention: str | None) -> list[dict[str, Any]
     """One row per headline number: each run's value (or its reason), and the difference and ratio of each run
     against the first (null for the first, and where either value is absent or the first is zero)."""
     rows = []
-    for key, title, unit, read in HEADLINE:
+    communication_rows = (
+        *comparison_communication.rows(),
+        *comparison_communication.bandwidth_rows([run.snapshot for run in runs]),
+    )
+    seldom = {"val_loss", "ofu", "energy_j", *(key for key, _, _, _ in communication_rows)}
+    for key, title, unit, read in (*HEADLINE, *communication_rows):
         found = [_finite(*read(run.snapshot, convention)) for run in runs]
         values = [v for v, _ in found]
-        if all(v is None for v in values) and key in ("val_loss", "ofu", "energy_j"):
+        if all(v is None for v in values) and key in seldom:
             continue  # a number none of the runs has and few runs ever have: no row of n/a
         base = values[0]
         row: dict[str, Any] = {
@@ -435,6 +440,11 @@ def notes(runs: list[RunSide], convention: dict[str, Any]) -> list[str]:
         out.append(
             "the runs ran on different devices: " + "; ".join(f"{label(i)} {r}" for i, r in enumerate(rigs))
         )
+    straggler = comparison_communication.straggler_note(
+        [label(i) for i in range(len(runs))], [r.snapshot for r in runs]
+    )
+    if straggler is not None:
+        out.append(straggler)
     for i, run in enumerate(runs):
         if run.state == "running":
             out.append(f"{label(i)} is still running: its numbers are those of now")

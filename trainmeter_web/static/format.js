@@ -108,6 +108,8 @@ export function byUnit(v, unit, key = "") {
       return `${sig(v)} MHz`;
     case "cores":
       return `${sig(v)} cores`;
+    case "B/s":
+      return `${bytes(v)}/s`;
     default:
       return unit ? `${sig(v)} ${unit}` : sig(v);
   }

@@ -8,6 +8,7 @@ import { renderAxisButtons, renderConnection, renderHeader, renderProgress, rend
 import { renderAlerts, renderEfficiency, renderGpus, renderNode } from "./panels.js";
 import { renderJob } from "./job.js";
 import { renderMoney } from "./money.js";
+import { renderCommunication } from "./communication.js";
 import { renderProfile } from "./profile.js";
 import { setupTheme } from "./theme.js";
 
@@ -22,6 +23,7 @@ export function renderNow() {
   renderAxisButtons();
   renderTraining();
   renderJob();
+  renderCommunication();
   renderEfficiency();
   renderNode();
   renderGpus();

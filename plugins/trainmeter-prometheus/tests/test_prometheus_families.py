@@ -257,6 +257,42 @@ def test_ranks_carry_rank_node_and_device_labels():
     assert [dict(labels)["rank"] for (n, labels) in got if n == "trainmeter_rank_step_time_seconds"] == ["0"]
 
 
+def test_communication_per_rank_and_the_straggler_with_its_host_and_cause():
+    snap = snapshot(
+        **{
+            "bus_bandwidth_bps.all_reduce.4.rank2": records.MetricValue(value=3e8, unit="B/s", label="n1"),
+            "bus_bandwidth_bps.barrier.4.rank2": records.MetricValue(absent="a barrier moves no data"),
+            "straggler_rank": records.MetricValue(value=2.0, label="n1"),
+            "straggler_wait_s": records.MetricValue(value=0.2, unit="s", label="data wait"),
+        }
+    )
+    snap = records.Snapshot(
+        **{f: getattr(snap, f) for f in ("tick", "t", "wall", "state", "elapsed_s", "steps", "metrics")},
+        ranks=[
+            records.RankStat(rank=2, host="n1", steps=40, step_time_s=0.32, device="n1/gpu2",
+                             collective_wait_s=0.02, data_wait_s=0.2, compute_s=0.1, collective_steps=40),
+            records.RankStat(rank=3, host="n1", steps=40, step_time_s=0.32, device="n1/gpu3"),
+        ],
+    )  # fmt: skip
+    got = samples(text(state_with(snap)))
+    assert got[key("trainmeter_rank_collective_wait_seconds", rank="2", device="gpu2")] == 0.02
+    assert got[key("trainmeter_rank_data_wait_seconds", rank="2", device="gpu2")] == 0.2
+    assert got[key("trainmeter_rank_compute_seconds", rank="2", device="gpu2")] == 0.1
+    bandwidth = key(
+        "trainmeter_rank_bus_bandwidth_bytes_per_second", rank="2", op="all_reduce", group_size="4"
+    )
+    assert got[bandwidth] == 3e8
+    assert got[key("trainmeter_straggler_rank", host="n1", cause="data wait")] == 2.0
+    assert got[key("trainmeter_straggler_wait_seconds")] == 0.2
+    # rank 3 reported no collective: no sample for it; the barrier's bandwidth is absent: none either
+    assert [
+        dict(labels)["rank"] for (n, labels) in got if n == "trainmeter_rank_collective_wait_seconds"
+    ] == ["2"]
+    assert [dict(labels)["op"] for (n, labels) in got if n.endswith("bus_bandwidth_bytes_per_second")] == [
+        "all_reduce"
+    ]
+
+
 def test_job_and_node_come_from_the_run_s_identity():
     meta = {"run_id": "20261201T000000Z-n1-train", "name": "train", "host": "n1"}
     who = identity(meta)

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 
 from trainmeter_core.api import MetricValue, SampleGpu, Snapshot, is_loss, money
-from trainmeter_prometheus import __version__
+from trainmeter_prometheus import __version__, communication
 from trainmeter_prometheus.identity import Identity
 from trainmeter_prometheus.money_families import money_families
 from trainmeter_prometheus.state import ExporterState
@@ -179,6 +179,7 @@ def families(
         yield from _losses(snapshot, run)
         yield from _flops(snapshot, run)
         yield from _ranks(snapshot, who)
+        yield from communication.families(snapshot, who, RUN)
         yield from _gpu_health(snapshot, who)
         yield from money_families(snapshot, RUN, run, price)
     yield from _gpus(state.fresh_gpus(now_s, GPU_MAX_AGE_S), who)

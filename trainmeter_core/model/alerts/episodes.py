@@ -50,13 +50,15 @@ class Condition:
     """One subject in (or out of) a rule's condition: a one-line message and the numbers behind it.
 
     ``subject`` names what it is about (``"n1/gpu0"``, ``"rank 1"``, ``"checkpoints"``), None for the run as a whole;
-    ``severity`` overrides the rule's own for this condition.
+    ``severity`` overrides the rule's own for this condition, ``fire_after_s`` the rule's ``fire_after_s`` (a rule
+    with two kinds of condition that must hold for different times: the straggler's).
     """
 
     message: str
     numbers: dict[str, float] = field(default_factory=dict)
     subject: str | None = None
     severity: records.Severity | None = None
+    fire_after_s: float | None = None
 
 
 @dataclass
@@ -255,7 +257,10 @@ class Alerter:
                 continue
             if episode.active_since_t is None:
                 episode.active_since_t = now
-            if now - episode.active_since_t < config["fire_after_s"]:
+            fire_after_s = condition.fire_after_s
+            if now - episode.active_since_t < (
+                config["fire_after_s"] if fire_after_s is None else fire_after_s
+            ):
                 continue
             quick = episode.cleared_t is not None and now - episode.cleared_t < config["flap_window_s"]
             episode.flaps = episode.flaps + 1 if quick else 0

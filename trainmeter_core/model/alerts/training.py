@@ -256,23 +256,37 @@ class LossSpike(Rule):
 
 
 class Straggler(Rule):
-    """A rank whose step-time EMA is above the median of the other ranks' by more than ``margin``, sustained.
+    """The rank that makes the others wait, and a rank that steps slower than the others.
 
-    In synchronous data parallel every rank waits for the slowest at each step, so their step times stay equal and
-    this rule stays quiet; it speaks where ranks step on their own (pipeline stages, independent workers).
+    Under synchronous data parallel (DDP, FSDP) every rank's step time is the same, as the collectives make the fast
+    ranks wait for the slow one; the slow rank is the one that waits least. The engine names it (``straggler_rank``,
+    from each rank's own exposed collective wait, with its cause in ``straggler_wait_s``'s label) once the others wait
+    for it more than 10% of the median step; this rule fires on that after ``collective_fire_after_s``, naming the
+    rank, its host and the cause. Where ranks step on their own (pipeline stages, independent workers), a rank whose
+    step-time EMA is above the median of the other ranks' by more than ``margin`` fires after ``fire_after_s``.
     """
 
     name = "straggler"
     severity = "warning"
-    defaults = {"margin": 0.25, "min_steps": 20.0, "fire_after_s": 120.0, "clear_after_s": 60.0}
+    defaults = {
+        "margin": 0.25,
+        "min_steps": 20.0,
+        "fire_after_s": 120.0,
+        "collective_fire_after_s": 5.0,
+        "clear_after_s": 60.0,
+    }
 
     def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         config = state.config
+        waited = _made_to_wait(config, snapshot)
         timed = [r for r in snapshot.ranks if r.step_time_s is not None and r.steps >= config["min_steps"]]
-        if len(timed) < 2:
+        if len(timed) < 2 and waited is None:
             return Verdict(held=True)
         verdict = Verdict()
-        for rank in timed:
+        if waited is not None:
+            (verdict.active if waited.fire_after_s is not None else verdict.normal).append(waited)
+        named = waited.subject if waited is not None and waited.fire_after_s is not None else None
+        for rank in timed if len(timed) >= 2 else []:
             others = median([r.step_time_s for r in timed if r is not rank])  # type: ignore[misc]
             step_s = rank.step_time_s
             assert step_s is not None
@@ -284,6 +298,8 @@ class Straggler(Rule):
                 "ratio": ratio,
             }
             subject = f"rank {rank.rank}"
+            if subject == named:
+                continue  # named by the wait it causes, the stronger evidence
             if ratio > 1 + config["margin"]:
                 message = (
                     f"rank {rank.rank} on {rank.host} steps in {step_s:.3g} s, {ratio:.2f} × the other ranks' "
@@ -295,6 +311,32 @@ class Straggler(Rule):
                     Condition(f"rank {rank.rank} at {ratio:.2f} × the others", numbers, subject)
                 )
         return verdict
+
+
+def _made_to_wait(config: dict[str, float], snapshot: records.Snapshot) -> Condition | None:
+    """The engine's straggler as a condition: one that holds (its ``fire_after_s`` set) where a rank is named, one for
+    the clear's words where ranks report collective waits and none makes the others wait; None without them."""
+    wait = snapshot.metrics.get("straggler_wait_s")
+    if wait is None or wait.value is None:
+        return None
+    rank = metric(snapshot, "straggler_rank")
+    step_s = metric(snapshot, "step_time_median_s")
+    numbers = {"wait_caused_s": wait.value}
+    if step_s is not None:
+        numbers["step_time_median_s"] = step_s
+    if rank is None:
+        return Condition(
+            f"no rank makes the others wait ({wait.value * 1e3:.1f} ms per step at most)", numbers
+        )
+    numbers["rank"] = rank
+    host = snapshot.metrics["straggler_rank"].label or "its host"
+    cause = wait.label or "unknown"
+    share = f", {wait.value / step_s:.0%} of the median step {step_s:.3g} s" if step_s else ""
+    message = (
+        f"rank {rank:.0f} on {host} makes the other ranks wait {wait.value * 1e3:.0f} ms per step in their "
+        f"collectives{share}; cause: {cause}"
+    )
+    return Condition(message, numbers, f"rank {rank:.0f}", fire_after_s=config["collective_fire_after_s"])
 
 
 class Died(Rule):

@@ -10,7 +10,7 @@ import msgspec
 
 from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical, is_explicit_train_key
-from trainmeter_core.model.engine import attempts, nodes
+from trainmeter_core.model.engine import attempts, collectives, nodes
 from trainmeter_core.model.engine.derived import Derived
 from trainmeter_core.model.engine.profiles import on_profile_import
 from trainmeter_core.model.engine.samples import (
@@ -34,6 +34,8 @@ _LOSS_SERIES = "train_loss"
 _CANONICAL_CACHED_MAX = 4096
 #: The history series of rank 0's step time (every rank has one: ``tm:rank:<rank>:step_time_s``).
 _RANK_0_STEP_TIME = "tm:rank:0:step_time_s"
+#: The origin of the collective probe's metric records: each rank's go to its own state, never into a series.
+_COLLECTIVES = collectives.ORIGIN
 _NAN = math.nan
 _INF = math.inf
 
@@ -210,6 +212,11 @@ class Engine:
         state = self.state
         values = record.values
         origin = record.origin
+        if origin == _COLLECTIVES:
+            collectives.take_collectives(
+                state, record
+            )  # every rank's, into its own state: no series of the loop's
+            return []
         # The agent's loss from backward() names train_loss itself: it must not turn the loop's bare ``loss`` into
         # a custom series.
         if not state.seen_explicit_train and origin != _BACKWARD:

@@ -11,6 +11,7 @@ from trainmeter_core.model import records
 from trainmeter_core.model.engine import (
     attempts,
     budget,
+    collectives,
     counters,
     health,
     nodes,
@@ -70,6 +71,7 @@ def build_snapshot(state: EngineState, derived: Derived, final: bool, lean: bool
     utilization.after_counters(snap, *counters.counters(snap))
     phases = time_split.time_split(snap)
     ranks = throughput.ranks(snap)
+    collectives.communication(snap, ranks)
     job_nodes = nodes.nodes(snap)
     budget.plan(snap)
     health.host(snap)

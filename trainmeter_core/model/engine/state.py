@@ -32,6 +32,27 @@ class RankState(msgspec.Struct, kw_only=True):
     step_time_ema_s: float | None = None
     last_t: float | None = None
     last_step: int | None = None
+    # Its data wait (model/engine/collectives.py): the data_wait phases since its previous step (None until its first
+    # data_wait phase: before that the rank's data wait is unknown), and their EMA per step.
+    data_wait_open_s: float | None = None
+    data_wait_ema_s: float | None = None
+    # Its collectives, from the collective probe's metric records (origin "collectives"): the exposed wait's EMA per
+    # step, the steps that reported one, and each operation kind and group size ("all_reduce.4").
+    collective_wait_ema_s: float | None = None
+    collective_steps: int = 0
+    collectives: dict[str, CollectiveOp] = {}
+
+
+class CollectiveOp(msgspec.Struct, kw_only=True):
+    """One kind of collective of one rank, in groups of one size: EMAs per step of the bytes it contributed, the
+    collectives' measured time and their count, over the steps that ran one."""
+
+    op: str
+    group_size: int
+    bytes_ema: float | None = None
+    time_ema_s: float | None = None
+    count_ema: float | None = None
+    steps: int = 0
 
 
 class GpuState(msgspec.Struct, kw_only=True):

@@ -43,6 +43,12 @@ def take_step(state: EngineState, record: records.Step, derived: Derived) -> flo
     rank.steps += 1
     rank.last_t = t
     rank.last_step = record.step
+    waited = rank.data_wait_open_s
+    if waited is not None:
+        # Its data wait of this step (0 where none came since its previous step), once its first data_wait phase came.
+        previous = rank.data_wait_ema_s
+        rank.data_wait_ema_s = waited if previous is None else previous + _ALPHA * (waited - previous)
+        rank.data_wait_open_s = 0.0
     # The host's training window (training_window.extend_span, inlined)
     span = state.step_spans.get(record.host)
     if span is None:

@@ -81,6 +81,10 @@ def ranks(snap: SnapshotBuilder) -> list[records.RankStat]:
             step_time_s=s.step_time_ema_s,
             device=device_of.get(r),
             node=node_rank_of(state, s.host),
+            collective_wait_s=s.collective_wait_ema_s,
+            data_wait_s=s.data_wait_ema_s,
+            compute_s=_compute_s(s.step_time_ema_s, s.collective_wait_ema_s, s.data_wait_ema_s),
+            collective_steps=s.collective_steps,
         )
         for r, s in sorted(state.ranks.items())
     ]
@@ -100,3 +104,11 @@ def ranks(snap: SnapshotBuilder) -> list[records.RankStat]:
             note=f"the slowest rank is {timed[slowest].rank} on {timed[slowest].host}",
         )
     return stats
+
+
+def _compute_s(step_s: float | None, wait_s: float | None, data_wait_s: float | None) -> float | None:
+    """A rank's compute per step: its step time less its exposed collective wait and its data wait (a rank with no
+    data-wait probe keeps its data wait in compute, as the time split does); None without a step time or a wait."""
+    if step_s is None or wait_s is None:
+        return None
+    return max(0.0, step_s - wait_s - (data_wait_s or 0.0))

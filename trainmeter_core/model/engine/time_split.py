@@ -16,7 +16,10 @@ _PAUSE_PHASES = ("eval", "checkpoint")
 
 def take_phase(state: EngineState, record: records.Phase) -> None:
     """A phase of rank 0 into the state: its time before the first step (startup), within the window, after the last
-    step, and the pause it makes (eval, checkpoint) for the hung-run rule."""
+    step, and the pause it makes (eval, checkpoint) for the hung-run rule. A data wait of any rank also goes into that
+    rank's own data wait per step (the straggler's cause reads it)."""
+    if record.phase == "data_wait":
+        _rank_data_wait(state, record)
     if not nodes.is_clock(state, record.rank or 0):
         return  # every rank waits alike; rank 0's phases (the step clock's rank's) split the step clock's time
     name = record.phase
@@ -41,6 +44,17 @@ def take_phase(state: EngineState, record: records.Phase) -> None:
         after = record.end_t - max(start, last)
         state.phase_after_last_s[name] = state.phase_after_last_s.get(name, 0.0) + after
     attempts.phase(state, record, after)
+
+
+def _rank_data_wait(state: EngineState, record: records.Phase) -> None:
+    """A data_wait phase into its rank's wait since the rank's previous step (``take_step`` folds it into the EMA)."""
+    rank = state.ranks.get(record.rank or 0)
+    if rank is None:
+        return  # before the rank's first step: that step has no interval, so no share of one to wait for
+    waited = record.end_t - record.start_t
+    if not 0.0 <= waited < math.inf:
+        return  # a span that ends before it starts (or is not finite) holds no time
+    rank.data_wait_open_s = (rank.data_wait_open_s or 0.0) + waited
 
 
 def time_split(snap: SnapshotBuilder) -> dict[str, float]:

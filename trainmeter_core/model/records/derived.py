@@ -65,6 +65,12 @@ class RankStat(msgspec.Struct, kw_only=True, omit_defaults=True):
     step_time_s: float | None = None
     device: str | None = None
     node: int | None = None  # the node rank of ``host`` in a job of several nodes
+    # Per step, EMAs (docs/metrics.md, "Communication and the straggler"): its exposed wait in collectives (the
+    # collective probe's), its data wait (its data_wait phases), its compute (step − both); None where unknown.
+    collective_wait_s: float | None = None
+    data_wait_s: float | None = None
+    compute_s: float | None = None
+    collective_steps: int = 0  # its steps that reported a collective wait
 
 
 class NodeStat(msgspec.Struct, kw_only=True, omit_defaults=True):
