@@ -83,6 +83,7 @@ def attach_profiler(agent: Agent, profiler) -> None:
 
 def attach_torch_probes(agent: Agent, torch) -> None:
     """The user's code has imported torch: the step hooks, then every probe that hangs off torch."""
+    from trainmeter_agent._collectives import CollectiveProbe
     from trainmeter_agent._flops import FlopCount
     from trainmeter_agent._loss import LossProbe
     from trainmeter_agent._module_probe import ModelProbe
@@ -93,6 +94,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
     agent.loss = LossProbe(agent)
     agent.phases = Phases(agent)
     agent.iterations.attach()
+    agent.collectives = CollectiveProbe(agent)  # after the step hooks: its own runs after theirs
     phases = agent.phases
     for probe, attach in (
         ("model", agent.model.attach),
@@ -100,6 +102,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
         ("checkpoint", phases.attach_torch_save),
         ("compile", phases.attach_compile),
         ("loss", agent.loss.attach),
+        ("collectives", agent.collectives.attach),
     ):
         try:
             attach(torch)

@@ -57,6 +57,7 @@ class Condition:
     numbers: dict[str, float] = field(default_factory=dict)
     subject: str | None = None
     severity: records.Severity | None = None
+    attachments: dict[str, str] = field(default_factory=dict)  # texts kept with the alert (a hang's stacks)
 
 
 @dataclass
@@ -333,4 +334,5 @@ class Alerter:
             subject=condition.subject,
             episode=episode.number,
             since_t=episode.fired_t,
+            attachments=dict(condition.attachments) if state == "fired" else {},
         )

@@ -1,0 +1,43 @@
+"""A DDP loop on the CPU (gloo) for the collective probe's tests: run with torchrun --standalone --nproc_per_node N.
+
+Environment: STEPS (default 30); SLEEP_RANK and SLEEP_STEP: that rank sleeps SLEEP_S seconds before the backward (whose
+all_reduce the others then wait in) of that step; LOSSES: a file each rank appends its losses to (rank<k> lines).
+The model's gradients are 4 tensors of 64·32 + 32 + 32·8 + 8 = 2344 floats: one DDP bucket, 9376 bytes.
+"""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+steps = int(os.environ.get("STEPS", "30"))
+sleep_rank = int(os.environ.get("SLEEP_RANK", "-1"))
+sleep_step = int(os.environ.get("SLEEP_STEP", "-1"))
+sleep_s = float(os.environ.get("SLEEP_S", "0"))
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+generator = torch.Generator().manual_seed(1 + rank)
+losses = []
+for step in range(1, steps + 1):
+    x = torch.randn(16, 64, generator=generator)
+    y = torch.randint(0, 8, (16,), generator=generator)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    if rank == sleep_rank and step == sleep_step:
+        time.sleep(sleep_s)  # alive, not entering the all_reduce the others wait in
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+    time.sleep(0.01)
+if os.environ.get("LOSSES"):
+    with open(os.environ["LOSSES"] + f".rank{rank}", "w") as out:
+        out.write(" ".join(repr(v) for v in losses) + "\n")
+dist.destroy_process_group()

@@ -1,0 +1,359 @@
+"""The collective probe: which collectives this rank ran in each step (operation, process group, sequence number in
+the group, bytes) and when it arrived at them; and, when the rank stops stepping, where it waits, with its stacks.
+
+Everything is read from torch's flight recorder (on by default for Gloo and NCCL, DDP's C++ all_reduces included) by
+the probe's own thread, never on the training thread: the step boundary only appends (step, time) to a ring. It never
+runs a collective, registers no communication hook and changes no process group (docs/architecture.md, "The collective
+probe: sources measured").
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+
+#: How often the probe's thread wakes: to see a rank that stopped stepping, and to read the recorder when due.
+POLL_S = 1.0
+#: How often the recorder's entries are read (a read costs about 8 µs per entry held, up to its ring's size).
+READ_EVERY_S = 5.0
+#: No step for this long: the rank says where it waits, with its stacks (``TM_COLLECTIVE_STALL_S`` overrides it; the
+#: hung rule's ``collective_floor_s`` judges the reports, so this only needs to be well under it).
+STALL_S = 10.0
+#: The fact a stalled rank sends (per rank), and sends again with ``stalled`` False once it steps again.
+STALL_FACT = "collective.stall"
+#: The metric rows' origin: ``collectives:<group name>``.
+ORIGIN = "collectives"
+#: The deepest frames kept per thread in a stall report, and the most characters of all stacks together.
+STACK_FRAMES, STACK_CHARS = 40, 60_000
+
+# The recorder names dtypes as c10's ScalarType does; the bytes of one element.
+_DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Int": 4,
+    "Long": 8,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+}
+
+
+def tensor_bytes(sizes: list, dtypes: list) -> int | None:
+    """The bytes of a collective's tensors (shapes and dtype names as the recorder lists them); None when a dtype is
+    not known here."""
+    total = 0
+    for shape, dtype in zip(sizes, dtypes, strict=False):
+        width = _DTYPE_BYTES.get(dtype)
+        if width is None:
+            return None
+        count = 1
+        for dim in shape:
+            count *= dim
+        total += count * width
+    return total
+
+
+def collective_bytes(entry: dict) -> int | None:
+    """A collective's size as nccl-tests counts it: its largest buffer (an all_gather's output, a reduce_scatter's
+    input, an all_reduce's either)."""
+    sizes_in = tensor_bytes(entry.get("input_sizes") or [], entry.get("input_dtypes") or [])
+    sizes_out = tensor_bytes(entry.get("output_sizes") or [], entry.get("output_dtypes") or [])
+    if sizes_in is None or sizes_out is None:
+        return None
+    return max(sizes_in, sizes_out)
+
+
+def op_name(entry: dict) -> str:
+    """``all_reduce`` from the recorder's ``gloo:all_reduce`` / ``nccl:all_reduce``."""
+    name = entry.get("profiling_name") or "unknown"
+    return name.split(":", 1)[-1]
+
+
+def step_rows(entries: list[dict], boundaries: list[tuple[int, float]], offset_s: float) -> tuple[list, int]:
+    """Per-step, per-group figures from recorder entries and step boundaries ((step, monotonic end time), in order).
+
+    An entry belongs to the first step that ended after it was created (its wall time less ``offset_s``, the wall
+    clock's lead over the monotonic one). Returns the rows ``(t, step, group, values)`` of the steps that are over and
+    the last ``record_id`` they used: entries after the last boundary wait for the next read. ``arrival_s`` is the time
+    from the step's start (the previous boundary) to its first collective in the group, on this rank's own clock.
+    """
+    rows: list = []
+    used = -1
+    if not boundaries:
+        return rows, used
+    figures: dict[tuple[int, str], dict] = {}
+    starts: dict[int, float | None] = {}
+    previous = None
+    for step, end_t in boundaries:
+        starts[step] = previous
+        previous = end_t
+    ends = [end_t for _, end_t in boundaries]
+    index = 0
+    for entry in entries:
+        created_t = entry["time_created_ns"] / 1e9 - offset_s
+        while index < len(ends) and ends[index] <= created_t:
+            index += 1
+        if index == len(ends):
+            break  # this one and the rest belong to a step not over yet
+        step, end_t = boundaries[index]
+        used = max(used, entry["record_id"])
+        group = str((entry.get("process_group") or ("?",))[0])
+        row = figures.get((step, group))
+        if row is None:
+            row = figures[(step, group)] = {
+                "end_t": end_t,
+                "collective_count": 0.0,
+                "collective_bytes": 0.0,
+                "collective_seq_first": float(entry["collective_seq_id"]),
+                "first_t": created_t,
+                "bytes_known": True,
+            }
+        row["collective_count"] += 1
+        row["collective_seq_last"] = float(entry["collective_seq_id"])
+        op = op_name(entry)
+        size = collective_bytes(entry)
+        row[f"collective_{op}_count"] = row.get(f"collective_{op}_count", 0.0) + 1
+        if size is None:
+            row["bytes_known"] = False
+        else:
+            row["collective_bytes"] += size
+            row[f"collective_{op}_bytes"] = row.get(f"collective_{op}_bytes", 0.0) + size
+    for (step, group), row in figures.items():
+        end_t, first_t = row.pop("end_t"), row.pop("first_t")
+        if not row.pop("bytes_known"):
+            row = {
+                k: v for k, v in row.items() if not k.endswith("_bytes")
+            }  # a dtype not known: no bytes, not 0
+        start_t = starts.get(step)
+        if start_t is not None:
+            row["collective_arrival_s"] = max(0.0, first_t - start_t)
+        rows.append((end_t, step, group, row))
+    rows.sort(key=lambda r: (r[1], r[2]))
+    return rows, used
+
+
+class CollectiveProbe:
+    """Made when the user's code imports torch; its thread starts at the first step records that leave after
+    ``torch.distributed`` has a process group."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+        self.on = True
+        self._dist = None
+        self._c10d = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._reading = threading.Lock()  # the thread's reads and the last one at exit
+        self._boundaries: collections.deque = collections.deque(maxlen=8192)
+        self._last_step: int | None = None
+        self._last_step_t = time.monotonic()
+        self._cursor = -1  # the last recorder entry already counted in a step
+        self._read_t = 0.0
+        self._stall_step: int | None = None  # the step a stall report went out at
+        stall = os.environ.get("TM_COLLECTIVE_STALL_S")
+        self.stall_s = float(stall) if stall else STALL_S
+
+    # -- the agent's part -------------------------------------------------------------------------------------------
+
+    def attach(self, torch) -> None:
+        """Nothing to hook: the step boundaries come from the step records the agent sends (``saw_batch``)."""
+        import torch.distributed as dist
+
+        self._dist = dist
+
+    def saw_batch(self, batch: list) -> None:
+        """The step records of a batch leaving for the bus (the agent's ``_send_batch``): their boundaries, appended
+        at C speed; the thread starts once ``torch.distributed`` has a process group."""
+        try:
+            boundaries = self._boundaries
+            size = len(boundaries)
+            for record in batch:
+                kind = type(record).__name__
+                if kind == "Block":
+                    if record.step:
+                        boundaries.extend(zip(record.step, record.step_t, strict=True))
+                elif kind == "Step":
+                    boundaries.append((record.step, record.t))
+            if len(boundaries) != size:
+                self._last_step, self._last_step_t = boundaries[-1]
+                if self._thread is None and self._dist is not None:
+                    self._start()
+        except Exception as exc:
+            self.stop(exc)
+
+    def _start(self) -> None:
+        dist = self._dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return  # not distributed (yet): asked again at the next step
+        from torch._C import _distributed_c10d
+
+        # Nothing is sent from here: the outbox's lock is held while a batch leaves (the thread says it instead).
+        self._c10d = getattr(_distributed_c10d, "_dump_fr_trace", None) and _distributed_c10d
+        self._thread = threading.Thread(target=self._run, name="tm-agent-collectives", daemon=True)
+        self._thread.start()
+
+    def stop(self, exc: BaseException) -> None:
+        """An internal error: the probe stops (its hook and thread), the agent says so once."""
+        self.on = False
+        self._stop.set()
+        self.agent.stop_probe("collectives", exc)
+
+    def after_fork(self) -> None:
+        """A fork child (a DataLoader worker) runs no collective of the job: the probe stays off there."""
+        self.on = False
+        self._stop.set()
+
+    # -- the probe's thread ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self._c10d is None:
+            self.agent.probe_state("collectives", "not attached: this torch has no flight recorder")
+            return
+        self.agent.probe_state("collectives", "attached")
+        while not self._stop.wait(POLL_S):
+            try:
+                self.agent.check_fault("collectives")
+                now = time.monotonic()
+                if now - self._read_t >= READ_EVERY_S:
+                    self._read_t = now
+                    self.read_steps()
+                self._check_stall(now)
+            except Exception as exc:
+                self.stop(exc)
+                return
+
+    def _dump(self) -> dict:
+        return pickle.loads(self._c10d._dump_fr_trace(includeStackTraces=False))
+
+    def at_exit(self) -> None:
+        """The process ends: the thread stops and the steps not read yet are read now (the agent flushed their step
+        records just before)."""
+        self._stop.set()
+        if self.on and self._c10d is not None:
+            self.read_steps()
+
+    def read_steps(self) -> None:
+        """Send the figures of the steps that ended since the last read, one metric row per step and group."""
+        with self._reading:
+            if self._boundaries:
+                self._read_steps()
+
+    def _read_steps(self) -> None:
+        boundaries = list(self._boundaries)
+        dump = self._dump()
+        offset_s = time.time() - time.monotonic()
+        entries = [e for e in dump.get("entries", ()) if e["record_id"] > self._cursor]
+        if entries and self._cursor >= 0 and entries[0]["record_id"] > self._cursor + 1:
+            # The recorder's ring turned over between two reads: the steps it dropped are left out, never undercounted.
+            first_t = entries[0]["time_created_ns"] / 1e9 - offset_s
+            boundaries = [b for b in boundaries if b[1] > first_t][1:]
+            self.agent.say(
+                "agent collectives: the flight recorder's ring turned over between reads; some steps have no "
+                "collective figures (raise TORCH_FR_BUFFER_SIZE)",
+                once_key="collectives.ring",
+            )
+        rows, used = step_rows(entries, boundaries, offset_s)
+        if used >= 0:
+            self._cursor = used
+        # Boundaries whose steps are counted are no longer needed, save the last (the next step's start).
+        done = max((row[1] for row in rows), default=None)
+        if done is not None:
+            while len(self._boundaries) > 1 and self._boundaries[0][0] < done:
+                self._boundaries.popleft()
+        for end_t, step, group, values in rows:
+            self.agent._queue_metric(end_t, values, step, f"{ORIGIN}:{group}")
+
+    def _check_stall(self, now: float) -> None:
+        step = self._last_step
+        if step == self._stall_step:
+            return  # said already for this step
+        if self._stall_step is not None:
+            self._stall_step = None
+            self.agent.fact(STALL_FACT, {"stalled": False, "step": step}, "collectives")
+            return
+        if now - self._last_step_t < self.stall_s:
+            return
+        self._stall_step = step
+        self.agent.fact(STALL_FACT, self.stall_report(now), "collectives")
+
+    def stall_report(self, now: float) -> dict:
+        """Where this rank is after ``stall_s`` with no step: each of its groups (global ranks, the last sequence
+        number it entered and the last completed), the collectives it waits in, a phase tm knows it is in, and the
+        Python stacks of all its threads."""
+        dump = self._dump()
+        status = dump.get("pg_status") or {}
+        groups = {}
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        world = getattr(c10d, "_world", None)
+        for pg, name in dict(getattr(world, "pg_names", {}) or {}).items():
+            try:
+                ranks = sorted(c10d.get_process_group_ranks(pg))
+            except Exception:
+                continue
+            seen = status.get(name) or {}
+            groups[name] = {
+                "desc": getattr(pg, "group_desc", "") or "",
+                "ranks": ranks,
+                "entered": int(seen.get("last_enqueued_collective", 0) or 0),
+                "completed": int(seen.get("last_completed_collective", 0) or 0),
+            }
+        waiting = []
+        for entry in dump.get("entries", ()):
+            group = str((entry.get("process_group") or ("?",))[0])
+            known = groups.get(group)
+            if known is None or entry.get("is_p2p"):
+                continue
+            seq = entry["collective_seq_id"]
+            if known["completed"] < seq <= known["entered"]:
+                waiting.append(
+                    {
+                        "group": group,
+                        "op": op_name(entry),
+                        "seq": seq,
+                        "bytes": collective_bytes(entry),
+                        "waiting_s": round(now - (entry["time_created_ns"] / 1e9 - (time.time() - now)), 3),
+                    }
+                )
+        return {
+            "stalled": True,
+            "step": self._last_step,
+            "since_step_s": round(now - self._last_step_t, 3),
+            "groups": groups,
+            "waiting": waiting,
+            "phase": self._phase(),
+            "stacks": all_stacks(),
+        }
+
+    def _phase(self) -> str | None:
+        """A phase this rank is in that tm knows (a checkpoint being saved, an evaluation), else None."""
+        from trainmeter_agent import _phases
+
+        if _phases._CHECKPOINT_DEPTH[0] > 0:
+            return "checkpoint"
+        model = self.agent.model
+        if model is not None and getattr(model, "framework_eval", 0) > 0:
+            return "eval"
+        return None
+
+
+def all_stacks() -> str:
+    """The Python stacks of every thread of this process, innermost frame last, the way a traceback prints them."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        lines = traceback.format_stack(frame, limit=STACK_FRAMES)
+        parts.append(f'Thread "{names.get(ident, "?")}" ({ident}):\n' + "".join(lines))
+    text = "\n".join(parts)
+    return text if len(text) <= STACK_CHARS else text[:STACK_CHARS] + "\n[cut]"
