@@ -19,8 +19,9 @@ import traceback
 
 #: How often the probe's thread wakes: to see a rank that stopped stepping, and to read the recorder when due.
 POLL_S = 1.0
-#: How often the recorder's entries are read (a read costs about 8 µs per entry held, up to its ring's size).
-READ_EVERY_S = 5.0
+#: How often the recorder's entries are read at most; and the share of the time reads may take, which spaces them
+#: further apart (a read holds the GIL for 12-30 ms with the ring's 2000 entries: bench/bench_collectives.py).
+READ_EVERY_S, READ_SHARE = 5.0, 0.002
 #: No step for this long: the rank says where it waits, with its stacks (``TM_COLLECTIVE_STALL_S`` overrides it; the
 #: hung rule's ``collective_floor_s`` judges the reports, so this only needs to be well under it).
 STALL_S = 10.0
@@ -156,11 +157,12 @@ class CollectiveProbe:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._reading = threading.Lock()  # the thread's reads and the last one at exit
-        self._boundaries: collections.deque = collections.deque(maxlen=8192)
+        self._boundaries: collections.deque = collections.deque()  # emptied by each read but its last
         self._last_step: int | None = None
         self._last_step_t = time.monotonic()
         self._cursor = -1  # the last recorder entry already counted in a step
         self._read_t = 0.0
+        self._read_every_s = READ_EVERY_S
         self._stall_step: int | None = None  # the step a stall report went out at
         stall = os.environ.get("TM_COLLECTIVE_STALL_S")
         self.stall_s = float(stall) if stall else STALL_S
@@ -177,8 +179,13 @@ class CollectiveProbe:
         """The step records of a batch leaving for the bus (the agent's ``_send_batch``): their boundaries, appended
         at C speed; the thread starts once ``torch.distributed`` has a process group."""
         try:
+            if self._thread is None:
+                if self._dist is None:
+                    return
+                self._start()
+                if self._thread is None:
+                    return  # not distributed (yet): no boundary is kept
             boundaries = self._boundaries
-            size = len(boundaries)
             for record in batch:
                 kind = type(record).__name__
                 if kind == "Block":
@@ -186,10 +193,8 @@ class CollectiveProbe:
                         boundaries.extend(zip(record.step, record.step_t, strict=True))
                 elif kind == "Step":
                     boundaries.append((record.step, record.t))
-            if len(boundaries) != size:
+            if boundaries:
                 self._last_step, self._last_step_t = boundaries[-1]
-                if self._thread is None and self._dist is not None:
-                    self._start()
         except Exception as exc:
             self.stop(exc)
 
@@ -219,6 +224,7 @@ class CollectiveProbe:
 
     def _run(self) -> None:
         if self._c10d is None:
+            self.on = False  # no boundary is kept either
             self.agent.probe_state("collectives", "not attached: this torch has no flight recorder")
             return
         self.agent.probe_state("collectives", "attached")
@@ -226,9 +232,10 @@ class CollectiveProbe:
             try:
                 self.agent.check_fault("collectives")
                 now = time.monotonic()
-                if now - self._read_t >= READ_EVERY_S:
+                if now - self._read_t >= self._read_every_s:
                     self._read_t = now
                     self.read_steps()
+                    self._read_every_s = max(READ_EVERY_S, (time.monotonic() - now) / READ_SHARE)
                 self._check_stall(now)
             except Exception as exc:
                 self.stop(exc)
@@ -257,8 +264,15 @@ class CollectiveProbe:
         entries = [e for e in dump.get("entries", ()) if e["record_id"] > self._cursor]
         if entries and self._cursor >= 0 and entries[0]["record_id"] > self._cursor + 1:
             # The recorder's ring turned over between two reads: the steps it dropped are left out, never undercounted.
+            # The first step that ended after the oldest entry held is partial: its end is the next step's start.
             first_t = entries[0]["time_created_ns"] / 1e9 - offset_s
-            boundaries = [b for b in boundaries if b[1] > first_t][1:]
+            boundaries = [b for b in boundaries if b[1] > first_t]
+            if boundaries:
+                start_ns = (boundaries[0][1] + offset_s) * 1e9
+                partial = [e for e in entries if e["time_created_ns"] < start_ns]
+                if partial:
+                    self._cursor = max(self._cursor, max(e["record_id"] for e in partial))
+                entries = entries[len(partial) :]
             self.agent.say(
                 "agent collectives: the flight recorder's ring turned over between reads; some steps have no "
                 "collective figures (raise TORCH_FR_BUFFER_SIZE)",
@@ -267,11 +281,10 @@ class CollectiveProbe:
         rows, used = step_rows(entries, boundaries, offset_s)
         if used >= 0:
             self._cursor = used
-        # Boundaries whose steps are counted are no longer needed, save the last (the next step's start).
-        done = max((row[1] for row in rows), default=None)
-        if done is not None:
-            while len(self._boundaries) > 1 and self._boundaries[0][0] < done:
-                self._boundaries.popleft()
+        # Every entry made before the last boundary read is counted: that boundary stays, as the next step's start
+        # (the loop appends more meanwhile, at the right end).
+        for _ in range(len(boundaries) - 1):
+            self._boundaries.popleft()
         for end_t, step, group, values in rows:
             self.agent._queue_metric(end_t, values, step, f"{ORIGIN}:{group}")
 

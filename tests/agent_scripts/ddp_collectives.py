@@ -1,7 +1,7 @@
 """A DDP loop on the CPU (gloo) for the collective probe's tests: run with torchrun --standalone --nproc_per_node N.
 
-Environment: STEPS (default 30); SLEEP_RANK and SLEEP_STEP: that rank sleeps SLEEP_S seconds before the backward (whose
-all_reduce the others then wait in) of that step; LOSSES: a file each rank appends its losses to (rank<k> lines).
+Environment: STEPS (default 30); PAUSE_S (0.01) slept after each step; SLEEP_RANK and SLEEP_STEP: that rank sleeps SLEEP_S seconds before the backward (whose
+all_reduce the others then wait in) of that step; LOSSES, CPU_OUT: where each rank writes its losses, its CPU time.
 The model's gradients are 4 tensors of 64·32 + 32 + 32·8 + 8 = 2344 floats: one DDP bucket, 9376 bytes.
 """
 
@@ -36,7 +36,10 @@ for step in range(1, steps + 1):
     loss.backward()
     opt.step()
     losses.append(loss.item())
-    time.sleep(0.01)
+    time.sleep(float(os.environ.get("PAUSE_S", "0.01")))
+if os.environ.get("CPU_OUT"):  # the process's CPU seconds, every thread's (bench/bench_collectives.py)
+    with open(os.environ["CPU_OUT"] + f".rank{rank}", "w") as out:
+        out.write(repr(time.process_time()) + "\n")
 if os.environ.get("LOSSES"):
     with open(os.environ["LOSSES"] + f".rank{rank}", "w") as out:
         out.write(" ".join(repr(v) for v in losses) + "\n")
