@@ -82,18 +82,28 @@ def op_name(entry: dict) -> str:
     return name.split(":", 1)[-1]
 
 
-def step_rows(entries: list[dict], boundaries: list[tuple[int, float]], offset_s: float) -> tuple[list, int]:
+def step_rows(
+    entries: list[dict],
+    boundaries: list[tuple[int, float]],
+    offset_s: float,
+    backwards: list[tuple[float, float]] = (),
+) -> tuple[list, int]:
     """Per-step, per-group figures from recorder entries and step boundaries ((step, monotonic end time), in order).
 
     An entry belongs to the first step that ended after it was created (its wall time less ``offset_s``, the wall
     clock's lead over the monotonic one). Returns the rows ``(t, step, group, values)`` of the steps that are over and
     the last ``record_id`` they used: entries after the last boundary wait for the next read. ``arrival_s`` is the time
     from the step's start (the previous boundary) to its first collective in the group, on this rank's own clock.
+    ``backwards`` are the (start, end) of the outermost ``backward()`` calls: a step's exposed wait
+    (``collective_exposed_s``, in the row of the group of that collective) is the end of its last backward that
+    launched a collective less the launch of the last one (DDP's reducer waits for its buckets once the last is
+    launched, at the end of backward).
     """
     rows: list = []
     used = -1
     if not boundaries:
         return rows, used
+    launched: dict[int, list[tuple[float, str]]] = {}  # per step: (created, group) in order
     figures: dict[tuple[int, str], dict] = {}
     starts: dict[int, float | None] = {}
     previous = None
@@ -122,6 +132,7 @@ def step_rows(entries: list[dict], boundaries: list[tuple[int, float]], offset_s
                 "bytes_known": True,
             }
         row["collective_count"] += 1
+        launched.setdefault(step, []).append((created_t, group))
         row["collective_seq_last"] = float(entry["collective_seq_id"])
         op = op_name(entry)
         size = collective_bytes(entry)
@@ -131,6 +142,8 @@ def step_rows(entries: list[dict], boundaries: list[tuple[int, float]], offset_s
         else:
             row["collective_bytes"] += size
             row[f"collective_{op}_bytes"] = row.get(f"collective_{op}_bytes", 0.0) + size
+    for step, (exposed_s, group) in exposed_waits(launched, backwards, boundaries).items():
+        figures[(step, group)]["collective_exposed_s"] = exposed_s
     for (step, group), row in figures.items():
         end_t, first_t = row.pop("end_t"), row.pop("first_t")
         if not row.pop("bytes_known"):
@@ -143,6 +156,32 @@ def step_rows(entries: list[dict], boundaries: list[tuple[int, float]], offset_s
         rows.append((end_t, step, group, row))
     rows.sort(key=lambda r: (r[1], r[2]))
     return rows, used
+
+
+def exposed_waits(
+    launched: dict[int, list[tuple[float, str]]],
+    backwards: list[tuple[float, float]],
+    boundaries: list[tuple[int, float]],
+) -> dict[int, tuple[float, str]]:
+    """Per step, the exposed wait of its last backward that launched a collective, and that collective's group: one
+    walk over the steps and the backward calls, both in time order."""
+    out: dict[int, tuple[float, str]] = {}
+    index = 0
+    for step, end_t in boundaries:
+        mine = []
+        while index < len(backwards) and backwards[index][1] <= end_t:
+            mine.append(backwards[index])
+            index += 1
+        times = launched.get(step)
+        if not times:
+            continue
+        for begin, end in reversed(mine):
+            inside = [(t, group) for t, group in times if begin <= t <= end]
+            if inside:
+                last_t, group = inside[-1]
+                out[step] = (end - last_t, group)
+                break
+    return out
 
 
 class CollectiveProbe:
@@ -158,6 +197,8 @@ class CollectiveProbe:
         self._stop = threading.Event()
         self._reading = threading.Lock()  # the thread's reads and the last one at exit
         self._boundaries: collections.deque = collections.deque()  # emptied by each read but its last
+        self._backwards: collections.deque = collections.deque()  # (start, end) of each outermost backward()
+        self._depth = 0
         self._last_step: int | None = None
         self._last_step_t = time.monotonic()
         self._cursor = -1  # the last recorder entry already counted in a step
@@ -206,8 +247,35 @@ class CollectiveProbe:
 
         # Nothing is sent from here: the outbox's lock is held while a batch leaves (the thread says it instead).
         self._c10d = getattr(_distributed_c10d, "_dump_fr_trace", None) and _distributed_c10d
+        if self._c10d is not None:
+            self._time_backward()
         self._thread = threading.Thread(target=self._run, name="tm-agent-collectives", daemon=True)
         self._thread.start()
+
+    def _time_backward(self) -> None:
+        """Wrap ``torch.autograd.backward`` (outside the loss probe's wrapper) to note when each outermost call began
+        and returned: two clock reads per backward(), on a distributed job only."""
+        import torch.autograd as autograd
+
+        original = autograd.backward
+        probe = self
+        spans = self._backwards
+        clock = time.monotonic
+
+        def backward(*args, **kwargs):
+            if probe._depth or not probe.on:
+                return original(*args, **kwargs)
+            probe._depth = 1
+            started = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                probe._depth = 0
+                spans.append((started, clock()))
+
+        backward._tm_wrapped = True  # the loss probe's mark: a second attach leaves it as it is
+        backward.__wrapped__ = original
+        autograd.backward = backward
 
     def stop(self, exc: BaseException) -> None:
         """An internal error: the probe stops (its hook and thread), the agent says so once."""
@@ -278,13 +346,18 @@ class CollectiveProbe:
                 "collective figures (raise TORCH_FR_BUFFER_SIZE)",
                 once_key="collectives.ring",
             )
-        rows, used = step_rows(entries, boundaries, offset_s)
+        backwards = list(self._backwards)
+        rows, used = step_rows(entries, boundaries, offset_s, backwards)
         if used >= 0:
             self._cursor = used
         # Every entry made before the last boundary read is counted: that boundary stays, as the next step's start
         # (the loop appends more meanwhile, at the right end).
         for _ in range(len(boundaries) - 1):
             self._boundaries.popleft()
+        if boundaries:
+            last_t = boundaries[-1][1]
+            while self._backwards and self._backwards[0][1] <= last_t:
+                self._backwards.popleft()
         for end_t, step, group, values in rows:
             self.agent._queue_metric(end_t, values, step, f"{ORIGIN}:{group}")
 

@@ -18,6 +18,7 @@ SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "ddp_collectives.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 # The model's gradients: Linear(64, 32) and Linear(32, 8), weights and biases, float32, in DDP's one bucket.
 GRAD_BYTES = (64 * 32 + 32 + 32 * 8 + 8) * 4  # 2344 floats = 9376 bytes
+LATE_S = 0.4
 
 
 def tm_torchrun(tmp_path: Path, tm_env: dict, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
@@ -39,18 +40,23 @@ def losses(prefix: Path) -> dict[int, str]:
     return {rank: Path(f"{prefix}.rank{rank}").read_text() for rank in (0, 1)}
 
 
-def test_the_probe_sees_ddps_all_reduce_each_step_with_its_bytes_and_changes_no_loss(tmp_path, tm_env, torch):
+def test_the_probe_sees_ddps_all_reduce_each_step_with_its_bytes_and_exposed_wait_and_changes_no_loss(
+    tmp_path, tm_env, torch
+):
     (tmp_path / "bare").mkdir()
+    late = dict(
+        SLEEP_RANK="1", SLEEP_STEP="20", SLEEP_S=str(LATE_S)
+    )  # rank 1 enters step 20's all_reduce late
     bare = subprocess.run(
         [*TORCHRUN, str(SCRIPT)],
-        env=dict(tm_env, STEPS="30", LOSSES=str(tmp_path / "bare" / "loss")),
+        env=dict(tm_env, STEPS="30", LOSSES=str(tmp_path / "bare" / "loss"), **late),
         capture_output=True,
         text=True,
         timeout=120,
         cwd=tmp_path / "bare",
     )
     assert bare.returncode == 0, bare.stderr
-    result, records = tm_torchrun(tmp_path, tm_env, STEPS="30", LOSSES=str(tmp_path / "loss"))
+    result, records = tm_torchrun(tmp_path, tm_env, STEPS="30", LOSSES=str(tmp_path / "loss"), **late)
     assert result.returncode == 0, result.stderr
     assert losses(tmp_path / "loss") == losses(tmp_path / "bare" / "loss")  # every rank's, to the last bit
     rows = collective_rows(records)
@@ -66,6 +72,9 @@ def test_the_probe_sees_ddps_all_reduce_each_step_with_its_bytes_and_changes_no_
             assert values["collective_seq_first"] == values["collective_seq_last"]
             assert values["collective_seq_last"] == steps[step - 1]["collective_seq_last"] + 1
             assert values["collective_arrival_s"] > 0
+    # Rank 0 waited for rank 1's late all_reduce at step 20, exposed, within 10% of the delay; rank 1 did not.
+    assert abs(rows[0][20]["collective_exposed_s"] - LATE_S) <= 0.1 * LATE_S
+    assert rows[1][20]["collective_exposed_s"] < 0.1 * LATE_S
     # The same collective has the same sequence number on both ranks.
     assert {s: v["collective_seq_last"] for s, v in rows[0].items()} == {
         s: v["collective_seq_last"] for s, v in rows[1].items()

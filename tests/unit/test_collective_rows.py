@@ -62,3 +62,21 @@ def test_two_groups_give_two_rows_of_one_step():
         (2, "0", 32.0),
         (2, "1", 32.0),
     ]
+
+
+def test_the_exposed_wait_is_the_last_collective_backwards_end_less_its_last_launch():
+    boundaries = [(1, 10.0), (2, 11.0)]
+    entries = [entry(0, 1, "all_reduce", 10.3, 8), entry(1, 2, "all_reduce", 10.5, 8)]
+    # Step 2: a backward from 10.2 to 10.8 launched both buckets, the last at 10.5: 0.3 s waited after it. A later
+    # backward (accumulating under no_sync) launched nothing and is not the one.
+    backwards = [(9.2, 9.8), (10.2, 10.8), (10.85, 10.9)]
+    rows, _ = step_rows(entries, boundaries, OFFSET_S, backwards)
+    ((_, step, _, values),) = rows
+    assert step == 2 and abs(values["collective_exposed_s"] - 0.3) < 1e-6
+
+
+def test_a_step_whose_collectives_were_outside_backward_has_no_exposed_wait():
+    rows, _ = step_rows(
+        [entry(0, 1, "all_reduce", 10.1, 8)], [(1, 10.0), (2, 11.0)], OFFSET_S, [(10.2, 10.8)]
+    )
+    assert "collective_exposed_s" not in rows[0][3]
