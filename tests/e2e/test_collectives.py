@@ -114,3 +114,18 @@ def test_hung_names_the_rank_that_never_entered_the_all_reduce_of_step_20_with_e
     for text in stacks.values():
         assert 'Thread "MainThread"' in text and 'Thread "tm-agent-collectives"' in text
     assert "ALERT hung" in result.stderr
+
+
+def test_an_internal_error_stops_the_probe_alone_and_the_loop_trains_on(tmp_path, tm_env, torch):
+    result, records = tm_torchrun(tmp_path, tm_env, STEPS="40", PAUSE_S="0.05", TM_AGENT_FAULT="collectives")
+    assert result.returncode == 0, result.stderr
+    assert "tm: agent collectives stopped: InjectedFault" in result.stderr
+    notices = [r for r in records if r["kind"] == "notice" and r["topic"] == "agent.collectives"]
+    assert sorted(n["rank"] for n in notices) == [0, 1]
+    for rank in (0, 1):
+        steps = [r["step"] for r in records if r["kind"] == "step" and r["rank"] == rank]
+        assert steps == list(range(1, 41))  # every step of both ranks, none lost to the probe's failure
+    states = {
+        (f["rank"], f["value"]) for f in records if f["kind"] == "fact" and f["name"] == "probe.collectives"
+    }
+    assert (0, "not attached: stopped after an internal error") in states
