@@ -129,3 +129,22 @@ def test_an_internal_error_stops_the_probe_alone_and_the_loop_trains_on(tmp_path
         (f["rank"], f["value"]) for f in records if f["kind"] == "fact" and f["name"] == "probe.collectives"
     }
     assert (0, "not attached: stopped after an internal error") in states
+
+
+def test_ranks_waiting_in_a_barrier_while_rank_0_saves_a_checkpoint_is_no_hang(tmp_path, tm_env, torch):
+    (tmp_path / "tm.toml").write_text("[alerts.hung]\ncollective_floor_s = 3\nclear_after_s = 1\n")
+    result, records = tm_torchrun(
+        tmp_path, tm_env, STEPS="15", CHECKPOINT_STEP="10", CHECKPOINT_S="8", TM_COLLECTIVE_STALL_S="1.5"
+    )
+    assert result.returncode == 0, result.stderr
+    assert [r["message"] for r in records if r["kind"] == "alert" and r["rule"] == "hung"] == []
+    stalls = {
+        r["rank"]: r["value"]
+        for r in records
+        if r["kind"] == "fact" and r["name"] == "collective.stall" and r["value"]["stalled"]
+    }
+    # Rank 0 said it was saving; rank 1 waited in the barrier rank 0 had not entered.
+    assert stalls[0]["phase"] == "checkpoint" and stalls[0]["waiting"] == []
+    assert [w["op"] for w in stalls[1]["waiting"]] == ["barrier"]
+    (saved,) = [r for r in records if r["kind"] == "phase" and r["phase"] == "checkpoint"]
+    assert saved["rank"] == 0 and saved["end_t"] - saved["start_t"] >= 8
