@@ -30,7 +30,7 @@ STALL_FACT = "collective.stall"
 #: The metric rows' origin: ``collectives:<group name>``.
 ORIGIN = "collectives"
 #: The deepest frames kept per thread in a stall report, and the most characters of all stacks together.
-STACK_FRAMES, STACK_CHARS = 40, 60_000
+STACK_FRAMES, STACK_CHARS = 40, 32_000
 
 # The recorder names dtypes as c10's ScalarType does; the bytes of one element.
 _DTYPE_BYTES = {
@@ -237,7 +237,10 @@ class CollectiveProbe:
             if boundaries:
                 self._last_step, self._last_step_t = boundaries[-1]
         except Exception as exc:
-            self.stop(exc)
+            # The outbox's lock is held here, and saying so sends a notice: another thread says it once it is free.
+            self.on = False
+            self._stop.set()
+            threading.Thread(target=self.agent.stop_probe, args=("collectives", exc), daemon=True).start()
 
     def _start(self) -> None:
         dist = self._dist
