@@ -102,3 +102,35 @@ def test_a_culprit_saving_a_checkpoint_is_that_phase_not_a_hang():
 def test_without_stall_reports_the_step_floor_alone_judges():
     alerts = alerter(collective_floor_s=5, floor_s=300)
     assert alerts.observe(snap(100.0, 90.0, {})) == []
+
+
+def test_a_hang_in_a_subgroup_names_only_that_groups_ranks():
+    pair = {"desc": "tp", "ranks": [2, 3]}
+
+    def report_in_pair(rank: int, entered: int, waiting: bool) -> records.Fact:
+        fact = report(rank, 40, False)
+        fact.value["groups"]["1"] = {
+            **pair,
+            "entered": entered,
+            "completed": entered - 1 if waiting else entered,
+        }
+        fact.value["waiting"] = [{"group": "1", "op": "all_gather", "seq": entered}] if waiting else []
+        return fact
+
+    # Ranks 0 and 1 wait for nothing of group 1 (they are not in it); rank 2 waits in its all_gather #7, rank 3 is at 6.
+    hang = find_hang(
+        facts(
+            report(0, 40, False),
+            report(1, 40, False),
+            report_in_pair(2, 7, True),
+            report_in_pair(3, 6, False),
+        )
+    )
+    assert (hang.group, hang.desc, hang.op, hang.seq, hang.entered, hang.missing) == (
+        "1",
+        "tp",
+        "all_gather",
+        7,
+        [2],
+        [3],
+    )
