@@ -38,7 +38,7 @@ def recorder_reads() -> None:
     import torch.distributed as dist
     from torch._C import _distributed_c10d
 
-    from trainmeter_agent._collectives import step_rows
+    from trainmeter_agent._collective_rows import step_rows
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     done = 0

@@ -116,6 +116,21 @@ def test_hung_names_the_rank_that_never_entered_the_all_reduce_of_step_20_with_e
     assert "ALERT hung" in result.stderr
 
 
+def test_a_rank_late_to_a_synchronous_all_reduce_from_python_shows_as_the_others_exposed_wait(
+    tmp_path, tm_env, torch
+):
+    result, records = tm_torchrun(
+        tmp_path, tm_env, STEPS="25", LOG_REDUCE="1", SLEEP_RANK="1", SLEEP_STEP="20", SLEEP_S=str(LATE_S)
+    )
+    assert result.returncode == 0, result.stderr
+    rows = collective_rows(records)
+    for rank in (0, 1):  # the reducer's bucket and the loss's one float, each step
+        assert rows[rank][20]["collective_all_reduce_count"] == 2.0
+        assert rows[rank][20]["collective_all_reduce_bytes"] == GRAD_BYTES + 4
+    assert abs(rows[0][20]["collective_exposed_s"] - LATE_S) <= 0.1 * LATE_S
+    assert rows[1][20]["collective_exposed_s"] < 0.1 * LATE_S
+
+
 def test_an_internal_error_stops_the_probe_alone_and_the_loop_trains_on(tmp_path, tm_env, torch):
     result, records = tm_torchrun(tmp_path, tm_env, STEPS="40", PAUSE_S="0.05", TM_AGENT_FAULT="collectives")
     assert result.returncode == 0, result.stderr

@@ -1,9 +1,9 @@
-"""The collective probe's per-step figures from flight-recorder entries (``trainmeter_agent/_collectives.py``):
+"""The collective probe's per-step figures from flight-recorder entries (``trainmeter_agent/_collective_rows.py``):
 which step an entry belongs to, its bytes as nccl-tests counts them, the arrival, what waits for the next read."""
 
 from __future__ import annotations
 
-from trainmeter_agent._collectives import collective_bytes, step_rows
+from trainmeter_agent._collective_rows import collective_bytes, step_rows
 
 OFFSET_S = 1_000_000.0  # the wall clock's lead over the monotonic one
 
@@ -80,3 +80,14 @@ def test_a_step_whose_collectives_were_outside_backward_has_no_exposed_wait():
         [entry(0, 1, "all_reduce", 10.1, 8)], [(1, 10.0), (2, 11.0)], OFFSET_S, [(10.2, 10.8)]
     )
     assert "collective_exposed_s" not in rows[0][3]
+
+
+def test_pythons_waits_outside_backward_add_to_the_exposed_wait_of_the_step_they_ended_in():
+    boundaries = [(1, 10.0), (2, 11.0)]
+    # Step 2: the reducer's all_reduce in backward (0.25 s after it, exposed), then the loss's synchronous all_reduce
+    # at 10.9, whose Python wait lasted 0.05 s: 0.3 s in all. A wait that ended in step 1 is step 1's.
+    entries = [entry(0, 1, "all_reduce", 10.5, 8), entry(1, 2, "all_reduce", 10.9, 1)]
+    waits = [(9.5, 9.6), (10.9, 10.95)]
+    rows, _ = step_rows(entries, boundaries, OFFSET_S, [(10.2, 10.75)], waits)
+    ((_, step, _, values),) = rows
+    assert step == 2 and abs(values["collective_exposed_s"] - (0.25 + 0.05)) < 1e-6
