@@ -4,9 +4,10 @@ where it waits, with its stacks.
 
 The collectives are read from torch's flight recorder (on by default for Gloo and NCCL, DDP's C++ all_reduces
 included) by the probe's own thread, never on the training thread; the step boundaries come from the step records as
-they leave for the bus, and the training thread only pays two clock reads per ``backward()``. It never runs a
-collective, registers no communication hook and changes no process group (docs/architecture.md, "The collective
-probe: sources measured")."""
+they leave for the bus, and the training thread only pays two clock reads per ``backward()`` and per Python
+``Work.wait()``. It never runs a collective, registers no communication hook and changes no process group
+(docs/architecture.md, "The collective probe: sources measured").
+"""
 
 from __future__ import annotations
 
@@ -50,9 +51,8 @@ class CollectiveProbe:
         self._reading = threading.Lock()  # the thread's reads and the last one at exit
         self._boundaries: collections.deque = collections.deque()  # emptied by each read but its last
         self._backwards: collections.deque = collections.deque()  # (start, end) of each outermost backward()
-        self._waits: collections.deque = (
-            collections.deque()
-        )  # (start, end) of each Work.wait() outside backward
+        # (start, end) of each Work.wait() Python makes outside backward
+        self._waits: collections.deque = collections.deque()
         self._depth = 0
         self._last_step: int | None = None
         self._last_step_t = time.monotonic()
@@ -278,6 +278,7 @@ class CollectiveProbe:
                 "completed": int(seen.get("last_completed_collective", 0) or 0),
             }
         waiting = []
+        offset_s = time.time() - now  # the wall clock's lead over the monotonic one
         for entry in dump.get("entries", ()):
             group = str((entry.get("process_group") or ("?",))[0])
             known = groups.get(group)
@@ -291,7 +292,7 @@ class CollectiveProbe:
                         "op": op_name(entry),
                         "seq": seq,
                         "bytes": collective_bytes(entry),
-                        "waiting_s": round(now - (entry["time_created_ns"] / 1e9 - (time.time() - now)), 3),
+                        "waiting_s": round(now - (entry["time_created_ns"] / 1e9 - offset_s), 3),
                     }
                 )
         return {
