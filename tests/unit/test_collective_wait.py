@@ -48,9 +48,17 @@ def test_three_ranks_in_all_reduce_25_name_the_rank_that_stayed_at_24():
     )
 
 
-def test_a_rank_that_sent_no_report_is_missing_and_silent():
-    hang = find_hang(facts(report(0, 25, True), report(1, 25, True), report(2, 25, True)))
-    assert hang.missing == [3] and hang.silent == [3]
+def test_a_rank_that_sent_no_report_is_missing_and_silent_beside_one_that_reported():
+    hang = find_hang(facts(report(0, 25, True), report(1, 24, False), report(2, 25, True)))
+    assert hang.missing == [1, 3] and hang.silent == [3]
+    assert describe(hang, 61.0).endswith(
+        "rank 1, alive, never entered it; rank 3 never entered it and sent no report (every rank's stacks are attached)"
+    )
+
+
+def test_no_culprit_is_named_when_every_rank_short_of_the_collective_is_unheard():
+    # One node's hub of a job hears its own ranks only: the others report to the job hub.
+    assert find_hang(facts(report(0, 25, True), report(1, 25, True), report(2, 25, True))) is None
 
 
 def test_no_rank_waiting_or_every_rank_entered_is_no_culprit():
@@ -60,8 +68,8 @@ def test_no_rank_waiting_or_every_rank_entered_is_no_culprit():
 
 
 def test_a_rank_stepping_again_is_not_a_report():
-    hang = find_hang(facts(report(0, 25, True), report(1, 24, False, stalled=False)))
-    assert hang.missing == [1, 2, 3] and hang.silent == [1, 2, 3]
+    hang = find_hang(facts(report(0, 25, True), report(1, 24, False, stalled=False), report(2, 24, False)))
+    assert hang.missing == [1, 2, 3] and hang.silent == [1, 3]
 
 
 def snap(t: float, since_step_s: float, fact_map: dict) -> records.Snapshot:

@@ -52,7 +52,8 @@ def stall_reports(facts: Mapping[str, records.Fact]) -> dict[int, dict]:
 
 def find_hang(facts: Mapping[str, records.Fact]) -> CollectiveHang | None:
     """The collective the most stalled ranks wait in (the lowest sequence number on a tie), and who never entered
-    it; None when no stalled rank waits in a collective, or every rank of its group entered it."""
+    it; None when no stalled rank waits in a collective, or no rank that reported stayed short of it (every rank of
+    its group entered it, or those that did not sent no report here)."""
     reports = stall_reports(facts)
     waited: dict[tuple[str, int], tuple[str, set[int]]] = {}
     for rank, report in reports.items():
@@ -82,7 +83,9 @@ def find_hang(facts: Mapping[str, records.Fact]) -> CollectiveHang | None:
             continue
         known = (report.get("groups") or {}).get(group) or {}
         (entered if int(known.get("entered", 0)) >= seq else missing).append(rank)
-    if not missing:
+    if len(silent) == len(missing):
+        # Every rank that did not enter is unheard: on one node of a job its peers report to the job hub, not here,
+        # and a rank gone is the died rule's. Only a rank heard, alive and short of the collective is named.
         return None
     phases = {rank: str(reports[rank]["phase"]) for rank in missing if reports.get(rank, {}).get("phase")}
     steps = {rank: int(report["step"]) for rank, report in reports.items() if report.get("step") is not None}
