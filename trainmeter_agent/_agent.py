@@ -27,6 +27,8 @@ from trainmeter_agent._step_records import StepRecords
 PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
 #: The probes that see inside a model's loop (tests/agent_scripts/gpt_loop.py uses every one).
 MODEL_PROBES = ("model", "eval", "data_wait", "checkpoint", "compile", "flops", "loss")
+#: The probes of a distributed job (tests/e2e/test_collectives.py runs them under torchrun).
+DIST_PROBES = ("collectives",)
 
 
 class InjectedFault(RuntimeError):
@@ -71,6 +73,7 @@ class Agent(StepRecords, EmitCalls):
         self.flops = None
         self.loss = None  # the loss passed to backward()
         self.phases = None
+        self.collectives = None  # the collective probe (``_collectives.py``), off the steady paths
         self.taps = None
         self.watched_trackers: set[str] = set()  # module names whose import loads the tracker taps
         # torch.compile calls on functions: what runs inside them is hidden from the probes.
@@ -197,13 +200,15 @@ class Agent(StepRecords, EmitCalls):
             self.flops.done = True
         elif probe == "loss" and self.loss is not None:
             self.loss.on = False
+        elif probe == "collectives" and self.collectives is not None:
+            self.collectives.on = False
         try:
             detail = f"{type(exc).__name__}: {exc}"
         except Exception:
             detail = type(exc).__name__
         message = f"agent {probe} stopped: {detail}"
         self.say(message)
-        if probe in MODEL_PROBES or probe.startswith("tap."):
+        if probe in MODEL_PROBES or probe in DIST_PROBES or probe.startswith("tap."):
             self.probe_state(probe, "not attached: stopped after an internal error")
         if probe not in ("bus", "exit"):
             try:
@@ -289,6 +294,9 @@ class Agent(StepRecords, EmitCalls):
         if not (self.bus_on and self.producer is not None):
             return
         self.producer.send_many(batch)
+        collectives = self.collectives
+        if collectives is not None and collectives.on:
+            collectives.saw_batch(batch)  # the steps' boundaries, read after they left
 
     # -- facts, phases, taps ---------------------------------------------------------------------------------------
 
@@ -374,6 +382,8 @@ class Agent(StepRecords, EmitCalls):
                 self.flops.done = True  # the trainer counts; a fork child never does
             if self.loss is not None:
                 self.loss.after_fork()
+            if self.collectives is not None:
+                self.collectives.after_fork()
         except Exception as exc:
             self.stop_probe("exit", exc)
 
@@ -401,6 +411,13 @@ class Agent(StepRecords, EmitCalls):
                     self.loss.poll()  # the copies that have landed by now; one still in flight is not waited for
                 except Exception as exc:
                     self.stop_probe("loss", exc)
+            collectives = self.collectives
+            if collectives is not None and collectives.on:
+                self.flush()  # the last steps' records, whose boundaries the probe reads
+                try:
+                    collectives.at_exit()
+                except Exception as exc:
+                    self.stop_probe("collectives", exc)
             self.flush()
             # With the launcher gone nobody will read what is queued: exit at once instead of lingering.
             self.producer.close("exit", linger_ms=None if launcher_alive() else 0)

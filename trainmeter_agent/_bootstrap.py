@@ -81,8 +81,13 @@ def attach_profiler(agent: Agent, profiler) -> None:
     attach(agent, profiler)
 
 
+def _nothing(torch) -> None:
+    pass
+
+
 def attach_torch_probes(agent: Agent, torch) -> None:
     """The user's code has imported torch: the step hooks, then every probe that hangs off torch."""
+    from trainmeter_agent._collectives import CollectiveProbe
     from trainmeter_agent._flops import FlopCount
     from trainmeter_agent._loss import LossProbe
     from trainmeter_agent._module_probe import ModelProbe
@@ -93,6 +98,8 @@ def attach_torch_probes(agent: Agent, torch) -> None:
     agent.loss = LossProbe(agent)
     agent.phases = Phases(agent)
     agent.iterations.attach()
+    if os.environ.get("TM_NO_COLLECTIVES") != "1":  # bench/bench_collectives.py measures with it off
+        agent.collectives = CollectiveProbe(agent)
     phases = agent.phases
     for probe, attach in (
         ("model", agent.model.attach),
@@ -100,6 +107,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
         ("checkpoint", phases.attach_torch_save),
         ("compile", phases.attach_compile),
         ("loss", agent.loss.attach),
+        ("collectives", agent.collectives.attach if agent.collectives is not None else _nothing),
     ):
         try:
             attach(torch)

@@ -48,7 +48,7 @@ RENAMED_VALUE_KEYS: Mapping[str, Mapping[str, str]] = {
     "peak": {"flops": "flop_per_s"},
 }
 # Facts that exist once per rank though they carry no device field: the header rank scopes them.
-_PER_RANK = frozenset({"device"})
+_PER_RANK = frozenset({"device", "collective.stall"})  # collective.stall: trainmeter_agent/_collectives.py
 # No honest count reaches 2**63; a larger one (1e300 from a broken emitter) is refused rather than overflowing.
 _MAX_COUNT = 2**63
 # The shape facts and the flops.py argument each one feeds.

@@ -59,6 +59,7 @@ class Condition:
     subject: str | None = None
     severity: records.Severity | None = None
     fire_after_s: float | None = None
+    attachments: dict[str, str] = field(default_factory=dict)  # texts kept with the alert (a hang's stacks)
 
 
 @dataclass
@@ -338,4 +339,5 @@ class Alerter:
             subject=condition.subject,
             episode=episode.number,
             since_t=episode.fired_t,
+            attachments=dict(condition.attachments) if state == "fired" else {},
         )

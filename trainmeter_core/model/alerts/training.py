@@ -10,6 +10,7 @@ import math
 import signal
 
 from trainmeter_core.model import records
+from trainmeter_core.model.alerts import collective_wait
 from trainmeter_core.model.alerts.episodes import Condition, Rule, RuleState, Verdict, metric
 from trainmeter_core.model.formulas import median
 
@@ -40,7 +41,11 @@ def is_stepping(snapshot: records.Snapshot, factor: float, floor_s: float) -> bo
 
 
 class Hung(Rule):
-    """No step for max(factor × the median step time, floor_s) while the training process lives.
+    """No step for max(factor × the median step time, floor_s) while the training process lives; or sooner, after
+    ``collective_floor_s`` without a step, when ranks wait in a collective that a rank of its group never entered
+    (``collective_wait.py``): then the alert names the group, the operation, its sequence number, the ranks that entered
+    it and those that did not, with every rank's stacks attached. A rank that never entered because it is in a phase
+    tm knows (saving a checkpoint, an evaluation) is that phase, no hang.
 
     At the run's end, a run that stepped again within that time of its end is no longer hung (its episode clears); one
     that ended without stepping again stays hung, and none fires at the end.
@@ -48,7 +53,7 @@ class Hung(Rule):
 
     name = "hung"
     severity = "critical"
-    defaults = {"factor": 10.0, "floor_s": 300.0, "clear_after_s": 10.0}
+    defaults = {"factor": 10.0, "floor_s": 300.0, "collective_floor_s": 60.0, "clear_after_s": 10.0}
 
     def evaluate(self, state: RuleState, snapshot: records.Snapshot) -> Verdict:
         config = state.config
@@ -56,6 +61,10 @@ class Hung(Rule):
         alive = metric(snapshot, "child_alive")
         if since_s is None:
             return Verdict()  # no step yet: start-up and compile are no hang
+        if alive == 1.0 and not snapshot.final:
+            verdict = _collective_verdict(snapshot, since_s, config["collective_floor_s"])
+            if verdict is not None:
+                return verdict
         threshold_s = hung_threshold_s(snapshot, config["factor"], config["floor_s"])
         median_s = metric(snapshot, "step_time_median_s")
         numbers = {"since_step_s": since_s, "threshold_s": threshold_s, "steps": float(snapshot.steps)}
@@ -86,6 +95,30 @@ class Hung(Rule):
             else f"stepping again, last step {since_s:.1f} s ago"
         )
         return Verdict(normal=[Condition(words, numbers)])
+
+
+def _collective_verdict(snapshot: records.Snapshot, since_s: float, floor_s: float) -> Verdict | None:
+    """The hung rule's collective part: None when no rank waits in a collective another never entered, or the wait
+    is shorter than ``floor_s`` (the step floor judges then)."""
+    if since_s <= floor_s:
+        return None
+    hang = collective_wait.find_hang(snapshot.facts)
+    if hang is None:
+        return None
+    numbers = {
+        "collective_wait_s": since_s,
+        "collective_floor_s": floor_s,
+        "seq": float(hang.seq),
+        "steps": float(snapshot.steps),
+    }
+    if set(hang.phases) == set(hang.missing):
+        return Verdict(normal=[Condition(collective_wait.describe_phase(hang), numbers)])
+    subject = ", ".join(f"rank {rank}" for rank in hang.missing)
+    attachments = {f"rank {rank} stacks": text for rank, text in hang.stacks.items()}
+    condition = Condition(
+        collective_wait.describe(hang, since_s), numbers, subject=subject, attachments=attachments
+    )
+    return Verdict(active=[condition])
 
 
 class ThroughputDrop(Rule):

@@ -201,6 +201,9 @@ class Alert(Record, tag="alert", kw_only=True):
     subject: str | None = None  # a GPU uuid, a rank, a path
     episode: int = 1
     since_t: float | None = None
+    attachments: dict[
+        str, str
+    ] = {}  # texts kept with a fired alert: a hang's stacks of every rank, by "rank K stacks"
 
 
 #: Kinds the hub publishes but never writes: the engine's snapshots and history deltas, which replay recomputes, and the

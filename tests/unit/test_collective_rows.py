@@ -1,0 +1,93 @@
+"""The collective probe's per-step figures from flight-recorder entries (``trainmeter_agent/_collective_rows.py``):
+which step an entry belongs to, its bytes as nccl-tests counts them, the arrival, what waits for the next read."""
+
+from __future__ import annotations
+
+from trainmeter_agent._collective_rows import collective_bytes, step_rows
+
+OFFSET_S = 1_000_000.0  # the wall clock's lead over the monotonic one
+
+
+def entry(
+    record_id: int, seq: int, op: str, created_t: float, numel: int, dtype="Float", group="0", out=None
+):
+    """A recorder entry created at monotonic time ``created_t``."""
+    return {
+        "record_id": record_id,
+        "collective_seq_id": seq,
+        "profiling_name": f"gloo:{op}",
+        "process_group": (group, "default_pg"),
+        "time_created_ns": int((created_t + OFFSET_S) * 1e9),
+        "input_sizes": [[numel]],
+        "input_dtypes": [dtype],
+        "output_sizes": [[out if out is not None else numel]],
+        "output_dtypes": [dtype],
+    }
+
+
+def test_an_all_gather_counts_its_output_and_an_unknown_dtype_has_no_bytes():
+    assert collective_bytes(entry(0, 1, "all_gather", 0.0, 100, out=400)) == 1600  # 400 floats × 4 bytes
+    assert collective_bytes(entry(0, 1, "all_reduce", 0.0, 100, dtype="Float4_e2m1fn_x2")) is None
+
+
+def test_entries_go_to_the_step_that_ended_after_them_with_arrival_from_the_previous_step_end():
+    boundaries = [(1, 10.0), (2, 11.0)]  # step 2 ran from 10.0 to 11.0
+    entries = [
+        entry(0, 1, "broadcast", 9.5, 10, dtype="Long"),  # step 1: 80 bytes
+        entry(1, 2, "all_reduce", 10.25, 2344),  # step 2: 9376 bytes, 0.25 s after its start
+        entry(2, 3, "all_reduce", 10.5, 2344),
+        entry(3, 4, "all_reduce", 11.25, 2344),  # step 3, not over: waits for the next read
+    ]
+    rows, used = step_rows(entries, boundaries, OFFSET_S)
+    assert used == 2
+    (t1, step1, group1, first), (t2, step2, group2, second) = rows
+    assert (t1, step1, group1) == (10.0, 1, "0") and (t2, step2, group2) == (11.0, 2, "0")
+    assert first == {
+        "collective_count": 1.0,
+        "collective_bytes": 80.0,
+        "collective_seq_first": 1.0,
+        "collective_seq_last": 1.0,
+        "collective_broadcast_count": 1.0,
+        "collective_broadcast_bytes": 80.0,
+    }  # no arrival: the first step has no start
+    assert second["collective_count"] == 2.0 and second["collective_all_reduce_bytes"] == 2 * 9376.0
+    assert (second["collective_seq_first"], second["collective_seq_last"]) == (2.0, 3.0)
+    assert abs(second["collective_arrival_s"] - 0.25) < 1e-6
+
+
+def test_two_groups_give_two_rows_of_one_step():
+    entries = [entry(0, 7, "all_reduce", 10.5, 8), entry(1, 1, "all_reduce", 10.6, 8, group="1")]
+    rows, _ = step_rows(entries, [(1, 10.0), (2, 11.0)], OFFSET_S)
+    assert [(step, group, values["collective_bytes"]) for _, step, group, values in rows] == [
+        (2, "0", 32.0),
+        (2, "1", 32.0),
+    ]
+
+
+def test_the_exposed_wait_is_the_last_collective_backwards_end_less_its_last_launch():
+    boundaries = [(1, 10.0), (2, 11.0)]
+    entries = [entry(0, 1, "all_reduce", 10.3, 8), entry(1, 2, "all_reduce", 10.5, 8)]
+    # Step 2: a backward from 10.2 to 10.8 launched both buckets, the last at 10.5: 0.3 s waited after it. A later
+    # backward (accumulating under no_sync) launched nothing and is not the one.
+    backwards = [(9.2, 9.8), (10.2, 10.8), (10.85, 10.9)]
+    rows, _ = step_rows(entries, boundaries, OFFSET_S, backwards)
+    ((_, step, _, values),) = rows
+    assert step == 2 and abs(values["collective_exposed_s"] - 0.3) < 1e-6
+
+
+def test_a_step_whose_collectives_were_outside_backward_has_no_exposed_wait():
+    rows, _ = step_rows(
+        [entry(0, 1, "all_reduce", 10.1, 8)], [(1, 10.0), (2, 11.0)], OFFSET_S, [(10.2, 10.8)]
+    )
+    assert "collective_exposed_s" not in rows[0][3]
+
+
+def test_pythons_waits_outside_backward_add_to_the_exposed_wait_of_the_step_they_ended_in():
+    boundaries = [(1, 10.0), (2, 11.0)]
+    # Step 2: the reducer's all_reduce in backward (0.25 s after it, exposed), then the loss's synchronous all_reduce
+    # at 10.9, whose Python wait lasted 0.05 s: 0.3 s in all. A wait that ended in step 1 is step 1's.
+    entries = [entry(0, 1, "all_reduce", 10.5, 8), entry(1, 2, "all_reduce", 10.9, 1)]
+    waits = [(9.5, 9.6), (10.9, 10.95)]
+    rows, _ = step_rows(entries, boundaries, OFFSET_S, [(10.2, 10.75)], waits)
+    ((_, step, _, values),) = rows
+    assert step == 2 and abs(values["collective_exposed_s"] - (0.25 + 0.05)) < 1e-6

@@ -1,0 +1,183 @@
+"""A rank's per-step collective figures from torch's flight-recorder entries: which step each entry belongs to, its
+bytes as nccl-tests counts them, the arrival, and the exposed wait from the backward() calls and Python's waits.
+
+Pure: lists in, rows out; no clock, no torch, no thread (the collective probe, ``_collectives.py``, reads and sends).
+"""
+
+from __future__ import annotations
+
+# The recorder names dtypes as c10's ScalarType does; the bytes of one element.
+_DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Int": 4,
+    "Long": 8,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+}
+
+
+def tensor_bytes(sizes: list, dtypes: list) -> int | None:
+    """The bytes of a collective's tensors (shapes and dtype names as the recorder lists them); None when a dtype is
+    not known here."""
+    total = 0
+    for shape, dtype in zip(sizes, dtypes, strict=False):
+        width = _DTYPE_BYTES.get(dtype)
+        if width is None:
+            return None
+        count = 1
+        for dim in shape:
+            count *= dim
+        total += count * width
+    return total
+
+
+def collective_bytes(entry: dict) -> int | None:
+    """A collective's size as nccl-tests counts it: its largest buffer (an all_gather's output, a reduce_scatter's
+    input, an all_reduce's either)."""
+    sizes_in = tensor_bytes(entry.get("input_sizes") or [], entry.get("input_dtypes") or [])
+    sizes_out = tensor_bytes(entry.get("output_sizes") or [], entry.get("output_dtypes") or [])
+    if sizes_in is None or sizes_out is None:
+        return None
+    return max(sizes_in, sizes_out)
+
+
+def op_name(entry: dict) -> str:
+    """``all_reduce`` from the recorder's ``gloo:all_reduce`` / ``nccl:all_reduce``."""
+    name = entry.get("profiling_name") or "unknown"
+    return name.split(":", 1)[-1]
+
+
+def step_rows(
+    entries: list[dict],
+    boundaries: list[tuple[int, float]],
+    offset_s: float,
+    backwards: list[tuple[float, float]] = (),
+    waits: list[tuple[float, float]] = (),
+) -> tuple[list, int]:
+    """Per-step, per-group figures from recorder entries and step boundaries ((step, monotonic end time), in order).
+
+    An entry belongs to the first step that ended after it was created (its wall time less ``offset_s``, the wall
+    clock's lead over the monotonic one). Returns the rows ``(t, step, group, values)`` of the steps that are over and
+    the last ``record_id`` they used: entries after the last boundary wait for the next read. ``arrival_s`` is the time
+    from the step's start (the previous boundary) to its first collective in the group, on this rank's own clock.
+    ``backwards`` are the (start, end) of the outermost ``backward()`` calls: a step's exposed wait
+    (``collective_exposed_s``, in the row of the group of that collective) is the end of its last backward that
+    launched a collective less the launch of the last one (DDP's reducer waits for its buckets once the last is
+    launched, at the end of backward), plus the ``waits``, (start, end) of each ``Work.wait()`` Python made outside
+    backward (a synchronous collective's own wait among them) that ended in the step; without a backward's figure it
+    is in the row of the step's last collective's group.
+    """
+    rows: list = []
+    used = -1
+    if not boundaries:
+        return rows, used
+    launched: dict[int, list[tuple[float, str]]] = {}  # per step: (created, group) in order
+    figures: dict[tuple[int, str], dict] = {}
+    starts: dict[int, float | None] = {}
+    previous = None
+    for step, end_t in boundaries:
+        starts[step] = previous
+        previous = end_t
+    ends = [end_t for _, end_t in boundaries]
+    index = 0
+    for entry in entries:
+        created_t = entry["time_created_ns"] / 1e9 - offset_s
+        while index < len(ends) and ends[index] <= created_t:
+            index += 1
+        if index == len(ends):
+            break  # this one and the rest belong to a step not over yet
+        step, end_t = boundaries[index]
+        used = max(used, entry["record_id"])
+        group = str((entry.get("process_group") or ("?",))[0])
+        row = figures.get((step, group))
+        if row is None:
+            row = figures[(step, group)] = {
+                "end_t": end_t,
+                "collective_count": 0.0,
+                "collective_bytes": 0.0,
+                "collective_seq_first": float(entry["collective_seq_id"]),
+                "first_t": created_t,
+                "bytes_known": True,
+            }
+        row["collective_count"] += 1
+        launched.setdefault(step, []).append((created_t, group))
+        row["collective_seq_last"] = float(entry["collective_seq_id"])
+        op = op_name(entry)
+        size = collective_bytes(entry)
+        row[f"collective_{op}_count"] = row.get(f"collective_{op}_count", 0.0) + 1
+        if size is None:
+            row["bytes_known"] = False
+        else:
+            row["collective_bytes"] += size
+            row[f"collective_{op}_bytes"] = row.get(f"collective_{op}_bytes", 0.0) + size
+    tails = exposed_waits(launched, backwards, boundaries)
+    waited = waits_by_step(waits, boundaries)
+    for step, times in launched.items():
+        tail = tails.get(step)
+        if tail is None and step not in waited:
+            continue
+        exposed_s, group = tail if tail is not None else (0.0, times[-1][1])
+        figures[(step, group)]["collective_exposed_s"] = exposed_s + waited.get(step, 0.0)
+    for (step, group), row in figures.items():
+        end_t, first_t = row.pop("end_t"), row.pop("first_t")
+        if not row.pop("bytes_known"):
+            row = {
+                k: v for k, v in row.items() if not k.endswith("_bytes")
+            }  # a dtype not known: no bytes, not 0
+        start_t = starts.get(step)
+        if start_t is not None:
+            row["collective_arrival_s"] = max(0.0, first_t - start_t)
+        rows.append((end_t, step, group, row))
+    rows.sort(key=lambda r: (r[1], r[2]))
+    return rows, used
+
+
+def exposed_waits(
+    launched: dict[int, list[tuple[float, str]]],
+    backwards: list[tuple[float, float]],
+    boundaries: list[tuple[int, float]],
+) -> dict[int, tuple[float, str]]:
+    """Per step, the exposed wait of its last backward that launched a collective, and that collective's group: one
+    walk over the steps and the backward calls, both in time order."""
+    out: dict[int, tuple[float, str]] = {}
+    index = 0
+    for step, end_t in boundaries:
+        mine = []
+        while index < len(backwards) and backwards[index][1] <= end_t:
+            mine.append(backwards[index])
+            index += 1
+        times = launched.get(step)
+        if not times:
+            continue
+        for begin, end in reversed(mine):
+            inside = [(t, group) for t, group in times if begin <= t <= end]
+            if inside:
+                last_t, group = inside[-1]
+                out[step] = (end - last_t, group)
+                break
+    return out
+
+
+def waits_by_step(waits: list[tuple[float, float]], boundaries: list[tuple[int, float]]) -> dict[int, float]:
+    """The time spent in waits that ended in each step (after the previous boundary, by the step's own)."""
+    out: dict[int, float] = {}
+    index = 0
+    previous = None
+    for step, end_t in boundaries:
+        while index < len(waits) and waits[index][1] <= end_t:
+            begin, end = waits[index]
+            index += 1
+            if previous is not None and end <= previous:
+                continue  # of a step already counted
+            out[step] = out.get(step, 0.0) + (end - begin)
+        previous = end_t
+    return out
