@@ -181,3 +181,31 @@ def waits_by_step(waits: list[tuple[float, float]], boundaries: list[tuple[int, 
             out[step] = out.get(step, 0.0) + (end - begin)
         previous = end_t
     return out
+
+
+def step_summaries(rows: list, group_sizes: dict[str, int]) -> list[tuple[float, int, dict]]:
+    """One row per step, the collectives of all its groups together, as the engine's straggler and bus bandwidth read
+    them (docs/bus.md, "Collective metrics": origin ``collectives``): ``collective_wait_s``, the step's exposed wait
+    (the ``collective_exposed_s`` of its group rows added up: a step's is in one of them), absent where no row has
+    one; and per operation and group size, ``coll.<op>.<n>.count`` and ``coll.<op>.<n>.bytes`` (no bytes where a
+    dtype is not known; nothing for a group whose size is not known). The recorder gives no durations on Gloo, so no
+    ``coll.<op>.<n>.time_s``: the bus bandwidth is then absent, with that reason, where it is shown."""
+    steps: dict[int, tuple[float, dict]] = {}
+    for end_t, step, group, values in rows:
+        t, summary = steps.setdefault(step, (end_t, {}))
+        exposed = values.get("collective_exposed_s")
+        if exposed is not None:
+            summary["collective_wait_s"] = summary.get("collective_wait_s", 0.0) + exposed
+        size = group_sizes.get(group)
+        if size is None:
+            continue
+        for key, value in values.items():
+            if not key.startswith("collective_") or not key.endswith(("_count", "_bytes")) or key in _TOTALS:
+                continue
+            op, field = key[len("collective_") :].rsplit("_", 1)
+            name = f"coll.{op}.{size}.{field}"
+            summary[name] = summary.get(name, 0.0) + value
+    return [(t, step, summary) for step, (t, summary) in sorted(steps.items()) if summary]
+
+
+_TOTALS = ("collective_count", "collective_bytes")

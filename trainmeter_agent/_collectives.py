@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 
-from trainmeter_agent._collective_rows import collective_bytes, op_name, step_rows
+from trainmeter_agent._collective_rows import collective_bytes, op_name, step_rows, step_summaries
 
 #: How often the probe's thread wakes: to see a rank that stopped stepping, and to read the recorder when due.
 POLL_S = 1.0
@@ -242,6 +242,9 @@ class CollectiveProbe:
                     spans.popleft()
         for end_t, step, group, values in rows:
             self.agent._queue_metric(end_t, values, step, f"{ORIGIN}:{group}")
+        # The step's row for the engine (the straggler, bus bandwidth): every group's collectives together.
+        for end_t, step, values in step_summaries(rows, group_sizes()):
+            self.agent._queue_metric(end_t, values, step, ORIGIN)
 
     def _check_stall(self, now: float) -> None:
         step = self._last_step
@@ -315,6 +318,19 @@ class CollectiveProbe:
         if model is not None and getattr(model, "framework_eval", 0) > 0:
             return "eval"
         return None
+
+
+def group_sizes() -> dict[str, int]:
+    """The number of ranks of each process group this rank knows, by the name the flight recorder gives it."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None)
+    sizes = {}
+    for pg, name in dict(getattr(world, "pg_names", {}) or {}).items():
+        try:
+            sizes[str(name)] = len(c10d.get_process_group_ranks(pg))
+        except Exception:
+            continue
+    return sizes
 
 
 def all_stacks() -> str:

@@ -91,3 +91,23 @@ def test_pythons_waits_outside_backward_add_to_the_exposed_wait_of_the_step_they
     rows, _ = step_rows(entries, boundaries, OFFSET_S, [(10.2, 10.75)], waits)
     ((_, step, _, values),) = rows
     assert step == 2 and abs(values["collective_exposed_s"] - (0.25 + 0.05)) < 1e-6
+
+
+def test_a_steps_summary_adds_its_groups_exposed_waits_and_names_each_op_by_its_group_size():
+    from trainmeter_agent._collective_rows import step_summaries
+
+    rows = [
+        (10.0, 7, "0", {"collective_exposed_s": 0.25, "collective_all_reduce_count": 2.0,
+                        "collective_all_reduce_bytes": 800.0, "collective_count": 2.0, "collective_bytes": 800.0}),
+        (10.0, 7, "1", {"collective_all_gather_count": 1.0, "collective_all_gather_bytes": 64.0,
+                        "collective_seq_first": 3.0, "collective_seq_last": 3.0}),
+        (11.0, 8, "0", {"collective_all_reduce_count": 1.0}),
+        (11.0, 8, "9", {"collective_exposed_s": 0.5, "collective_barrier_count": 1.0}),
+    ]  # fmt: skip
+    summaries = step_summaries(rows, {"0": 4, "1": 2})
+    assert summaries == [
+        (10.0, 7, {"collective_wait_s": 0.25, "coll.all_reduce.4.count": 2.0, "coll.all_reduce.4.bytes": 800.0,
+                   "coll.all_gather.2.count": 1.0, "coll.all_gather.2.bytes": 64.0}),
+        # group 9's size is not known: its wait counts, its operation is named by no size
+        (11.0, 8, {"coll.all_reduce.4.count": 1.0, "collective_wait_s": 0.5}),
+    ]  # fmt: skip

@@ -146,7 +146,12 @@ def put_rank(snap: SnapshotBuilder, stat: records.RankStat, kinds: dict[str, Col
             snap.put(key, formula, absent=why, unit="B/s", label=stat.host)
             continue
         if not kind.bytes_ema or not kind.time_ema_s:
-            why = f"rank {rank}'s {kind.op}s reported no {'bytes' if not kind.bytes_ema else 'time'}"
+            why = (
+                f"rank {rank}'s {kind.op}s reported no bytes"
+                if not kind.bytes_ema
+                else f"rank {rank}'s {kind.op}s reported no duration (torch's flight recorder times collectives "
+                "on NCCL only, none on Gloo)"
+            )
             snap.put(key, formula, absent=why, unit="B/s", label=stat.host)
             continue
         size_b = operation_bytes(kind.op, kind.bytes_ema, kind.group_size)

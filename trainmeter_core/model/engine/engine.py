@@ -212,10 +212,10 @@ class Engine:
         state = self.state
         values = record.values
         origin = record.origin
-        if origin == _COLLECTIVES:
-            collectives.take_collectives(
-                state, record
-            )  # every rank's, into its own state: no series of the loop's
+        if origin.startswith(_COLLECTIVES):
+            if origin == _COLLECTIVES:
+                collectives.take_collectives(state, record)  # every rank's, into its own state: no series
+            # A group's own row (``collectives:<group>``: sequence numbers, arrival) stays in the log: no series.
             return []
         # The agent's loss from backward() names train_loss itself: it must not turn the loop's bare ``loss`` into
         # a custom series.

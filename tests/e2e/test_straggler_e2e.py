@@ -1,0 +1,72 @@
+"""The straggler under ``tm -- torchrun``: four ranks, gloo on the CPU, a DDP model fed by a DataLoader. The
+collective probe's per-step rows (origin ``collectives``) reach the engine, which names the rank slowed by 200 ms a
+step in its forward (cause: compute) or in its DataLoader (cause: data wait) within 50 steps, and the straggler alert
+names it with that cause; four clean ranks name none. The slowed rank's losses are those of a run without tm.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tm_runs import log_records, only_run, run_tm
+
+from trainmeter_core.runlog import replay
+
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+
+SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "ddp_straggler.py"
+RANKS = 4
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}"]
+SLOW = 2
+
+
+def tm_torchrun(tmp_path: Path, tm_env: dict, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    run_env = dict(tm_env, TM_DISABLE_COMPONENTS="web", **env)
+    result = run_tm(["--", *TORCHRUN, str(SCRIPT)], run_env, timeout=300, cwd=tmp_path)
+    return result, only_run(tmp_path / "runs")
+
+
+def straggler_over_time(run_dir: Path) -> tuple:
+    """The step count of the first snapshot whose straggler is a rank, that rank, and the last snapshot."""
+    named_at = named = last = None
+    for snapshot in replay.snapshots(run_dir):
+        last = snapshot
+        metric = snapshot.metrics.get("straggler_rank")
+        if named_at is None and metric is not None and metric.value is not None:
+            named_at, named = snapshot.steps, int(metric.value)
+    return named_at, named, last
+
+
+@pytest.mark.parametrize(("where", "cause"), [("forward", "compute"), ("data", "data wait")])
+def test_a_rank_slowed_200_ms_a_step_is_named_with_its_cause_within_50_steps(
+    tmp_path, tm_env, torch, where, cause
+):
+    result, run_dir = tm_torchrun(tmp_path, tm_env, STEPS="60", SLOW_RANK=str(SLOW), SLOW_WHERE=where)
+    assert result.returncode == 0, result.stderr
+    named_at, named, last = straggler_over_time(run_dir)
+    assert named == SLOW and named_at is not None and named_at <= 50, (named_at, named)
+    final = last.metrics["straggler_rank"]
+    assert final.value == SLOW and f"cause: {cause}" in last.explain["straggler_rank"].note
+    assert last.metrics["straggler_wait_s"].label == cause
+    # Each rank's exposed wait is its own: the slowed rank waits least, the others about the 200 ms it costs them.
+    waits = {r.rank: r.collective_wait_s for r in last.ranks}
+    assert len(waits) == RANKS and min(waits, key=waits.get) == SLOW
+    assert all(waits[r] > 0.1 for r in waits if r != SLOW), waits
+    fired = [
+        a
+        for a in log_records(run_dir)
+        if a["kind"] == "alert" and a["rule"] == "straggler" and a["state"] == "fired"
+    ]
+    assert fired and f"rank {SLOW}" in fired[0]["message"] and cause in fired[0]["message"], fired
+
+
+def test_four_clean_ranks_name_no_straggler_over_1000_steps(tmp_path, tm_env, torch):
+    result, run_dir = tm_torchrun(tmp_path, tm_env, STEPS="1000", PAUSE_S="0.005")
+    assert result.returncode == 0, result.stderr
+    records = log_records(run_dir)
+    steps = {r["rank"] for r in records if r["kind"] == "metric" and r.get("origin") == "collectives"}
+    assert steps == set(range(RANKS))  # every rank's waits reached the log
+    assert not [a for a in records if a["kind"] == "alert" and a["rule"] == "straggler"]
