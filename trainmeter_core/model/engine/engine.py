@@ -10,7 +10,7 @@ import msgspec
 
 from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical, is_explicit_train_key
-from trainmeter_core.model.engine import attempts, nodes
+from trainmeter_core.model.engine import attempts, hangs, nodes
 from trainmeter_core.model.engine.derived import Derived
 from trainmeter_core.model.engine.profiles import on_profile_import
 from trainmeter_core.model.engine.samples import (
@@ -78,6 +78,7 @@ class Engine:
             records.RunStart: self._on_run_start,
             records.RunEnd: self._on_run_end,
             records.ProfileImport: self._on_profile_import,
+            records.Alert: self._on_alert,
         }
 
     #: The kinds ``feed`` reads (set below the class, from the handlers and a job's kinds); a reader may pass the others
@@ -405,6 +406,10 @@ class Engine:
         self._commit_backward()
         attempts.end(state, record)
         return [] if self._quiet else [build_snapshot(state, self.derived, final=True)]
+
+    def _on_alert(self, record: records.Alert) -> list[records.Snapshot]:
+        hangs.take_alert(self.state, record)  # a hung alert opens the hangs bucket's stall
+        return []
 
     def _on_profile_import(self, record: records.ProfileImport) -> list[records.Snapshot]:
         on_profile_import(self.state.profiles, record)
