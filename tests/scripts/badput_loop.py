@@ -23,7 +23,7 @@ SLEEPS = {
     "data_wait": 1.0,
     "checkpoint": 1.2,
     "eval": 1.2,
-    "hang": 3.0,
+    "hang": 4.5,
 }
 ckpt_dir = Path(sys.argv[1])
 last_step, stop_after, sleeps = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
