@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from trainmeter_core.model import formulas, records
+from trainmeter_core.model import badput, formulas, records
 
 #: The named conventions a comparison can put every run under, in the order one is picked when none is asked for.
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
@@ -391,11 +391,13 @@ def headline(runs: list[RunSide], convention: str | None) -> list[dict[str, Any]
     """One row per headline number: each run's value (or its reason), and the difference and ratio of each run
     against the first (null for the first, and where either value is absent or the first is zero)."""
     rows = []
-    for key, title, unit, read in HEADLINE:
+    for key, title, unit, read in (*HEADLINE, *badput.ROWS):
         found = [_finite(*read(run.snapshot, convention)) for run in runs]
         values = [v for v, _ in found]
         if all(v is None for v in values) and key in ("val_loss", "ofu", "energy_j"):
             continue  # a number none of the runs has and few runs ever have: no row of n/a
+        if badput.no_time_anywhere(key, values):
+            continue
         base = values[0]
         row: dict[str, Any] = {
             "key": key,
