@@ -26,6 +26,8 @@ def test_compare_carries_each_bucket_some_run_spent_time_in_and_the_productive_t
 
 
 def test_a_snapshot_without_a_time_split_says_why():
-    rows = {row["key"]: row for row in compare([side(), side(phases_s={**SPLIT, "compute": 1.0})])["headline"]}
+    rows = {
+        row["key"]: row for row in compare([side(), side(phases_s={**SPLIT, "compute": 1.0})])["headline"]
+    }
     assert rows["time.compute"]["values"] == [None, 1.0]
     assert rows["time.compute"]["absent"][0].startswith("no time split in this run's snapshot")
