@@ -46,6 +46,7 @@ class _Checkpoint(msgspec.Struct):
 
 
 _RUN_START = records.RunStart
+_ALERT = records.Alert
 _BLOCK = records.Block
 _encoder = msgspec.msgpack.Encoder()
 _decoders: list[msgspec.msgpack.Decoder] = []  # the checkpoint's, built at the first restore (2.5 ms)
@@ -110,6 +111,8 @@ class Engine:
         state = self.state
         seq = record.seq
         if seq is not None:
+            if state.finished and type(record) is _ALERT:
+                return []  # written after run.end from the final snapshot: it changes no number, nor its through_seq
             state.through_seq = seq
         handler = self._handlers.get(type(record))
         if handler is None:
