@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from deadline import wait_for
-from tm_runs import REPO, TM, log_records, only_run
+from tm_runs import REPO, TM, log_records, only_run, run_tm
 from torch_required import require_torch
 
 from trainmeter_core.model import formulas
@@ -143,3 +143,35 @@ def test_each_bucket_is_the_time_injected_into_it_plus_the_control_runs_and_they
     for bucket, (measured, injected, baseline) in report.items():
         expected = injected + baseline
         assert measured == pytest.approx(expected, abs=max(0.02 * expected, 0.5)), (bucket, report[bucket])
+
+
+LOADS = """
+import torch
+torch.save({"w": torch.ones(2)}, "ckpt.pt")
+state = torch.load("ckpt.pt")
+torch.serialization.load("ckpt.pt")
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.AdamW(model.parameters())
+for _ in range(3):
+    optimizer.zero_grad()
+    model(state["w"]).sum().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.xdist_group("heavy")
+def test_a_checkpoint_loaded_with_torch_load_is_a_checkpoint_load_phase(tm_env, tmp_path):
+    require_torch()
+    (tmp_path / "loads.py").write_text(LOADS)
+    result = run_tm(["--no-web", str(tmp_path / "loads.py")], tm_env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = only_run(tmp_path / "runs")
+    phases = [(r["phase"], r["probe"]) for r in log_records(run) if r["kind"] == "phase"]
+    # one save, then two loads (torch.load and the same function under torch.serialization), each its own phase
+    assert phases == [
+        ("checkpoint", "torch.save"),
+        ("checkpoint_load", "torch.load"),
+        ("checkpoint_load", "torch.load"),
+    ]
+    split = json.loads((run / "summary.json").read_text())["snapshot"]["phases_s"]
+    assert split["checkpoint_load"] > 0  # before the first step: the load's own bucket, not start-up's
