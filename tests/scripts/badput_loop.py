@@ -2,11 +2,11 @@
 
 Usage: badput_loop.py CKPT_DIR LAST_STEP STOP_AFTER|0 SLEEPS|0 [HANG_AT_STEP]. It loads the newest ``step-N.pt`` of
 CKPT_DIR (model, AdamW state, step) and trains to LAST_STEP through a DataLoader, saving ``step-N.pt`` every 20 steps
-and evaluating at each process's 10th step. With SLEEPS=1 it sleeps 1.5 s at start-up, 1.0 s inside the load of a
-checkpoint, 1.0 s inside the 5th batch each process fetches, 1.2 s inside each checkpoint's save, 1.2 s in each eval,
-and 4.5 s between two steps after step HANG_AT_STEP (a hang); each sleep, as it measured it, is a line of
-``CKPT_DIR/injected.jsonl``. With STOP_AFTER it stops after that step, writes ``CKPT_DIR/stopped`` with its pid and
-waits to be killed: the signal for a test to kill it with no timing race.
+and evaluating at each process's 10th step. With SLEEPS=1 it sleeps 1.5 s at start-up (after its imports), 1.0 s
+inside the load of a checkpoint, 1.0 s inside the 5th batch each process fetches, 1.2 s inside each checkpoint's save,
+1.2 s in each eval, and 4.5 s between two steps after step HANG_AT_STEP (a hang); each sleep, as it measured it, is a
+line of ``CKPT_DIR/injected.jsonl``. With STOP_AFTER it stops after that step, emits ``stopped_at``, writes
+``CKPT_DIR/stopped`` with its pid and waits to be killed: the signal for a test to kill it with no timing race.
 """
 
 import json
@@ -40,10 +40,13 @@ def injected(bucket: str) -> None:
         out.write(json.dumps({"bucket": bucket, "s": time.monotonic() - started}) + "\n")
 
 
-injected("startup")
-import torch  # noqa: E402  (after the start-up sleep: imports are start-up too)
+import torch  # noqa: E402  (the helper above first: it is what the sleeps use)
 
 from trainmeter_agent import emit  # noqa: E402
+
+# After the imports: slept beside tm's own start-up (its processes starting while the training imports torch), a
+# sleep would hide some of their time instead of adding its own.
+injected("startup")
 
 torch.set_num_threads(1)
 
