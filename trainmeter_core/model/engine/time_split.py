@@ -15,8 +15,9 @@ _PAUSE_PHASES = ("eval", "checkpoint")
 
 
 def take_phase(state: EngineState, record: records.Phase) -> None:
-    """A phase of rank 0 into the state: its time before the first step (startup), within the window, after the last
-    step, and the pause it makes (eval, checkpoint) for the hung-run rule."""
+    """A phase of rank 0 into the state: its time before the current attempt's first step (out of start-up), before
+    the run's first step and after it by name (its bucket), after the last step, and the pause it makes (eval,
+    checkpoint) for the hung-run rule."""
     if not nodes.is_clock(state, record.rank or 0):
         return  # every rank waits alike; rank 0's phases (the step clock's rank's) split the step clock's time
     name = record.phase
@@ -34,7 +35,7 @@ def take_phase(state: EngineState, record: records.Phase) -> None:
     first = state.first_step_t
     before_end = record.end_t if first is None else min(record.end_t, first)
     if record.start_t < before_end:
-        # Before the first step everything is startup and compile; what a phase says of it names that time.
+        # The phases before the run's first step, by name: each its own bucket there too (badput.py sums both).
         held = state.startup_phase_s
         held[name] = held.get(name, 0.0) + (before_end - record.start_t)
     if first is None or record.end_t <= first:
