@@ -143,9 +143,13 @@ def test_each_bucket_is_the_time_injected_into_it_plus_the_control_runs_and_they
         print(
             f"  {bucket}: {measured:.3f}, {injected:.3f}, {baseline:.3f}, off by {measured - injected - baseline:+.3f}"
         )
-    for bucket, (measured, injected, baseline) in report.items():
-        expected = injected + baseline
-        assert measured == pytest.approx(expected, abs=max(0.02 * expected, 0.5)), (bucket, report[bucket])
+    # every bucket checked, every one that is off named at once (with the sleeps, injected, control)
+    off = {
+        bucket: numbers
+        for bucket, numbers in report.items()
+        if abs(numbers[0] - numbers[1] - numbers[2]) > max(0.02 * (numbers[1] + numbers[2]), 0.5)
+    }
+    assert not off, off
 
 
 LOADS = """
