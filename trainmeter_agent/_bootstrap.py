@@ -105,6 +105,7 @@ def attach_torch_probes(agent: Agent, torch) -> None:
         ("model", agent.model.attach),
         ("data_wait", phases.attach_data_wait),
         ("checkpoint", phases.attach_torch_save),
+        ("checkpoint", phases.attach_torch_load),
         ("compile", phases.attach_compile),
         ("loss", agent.loss.attach),
         ("collectives", agent.collectives.attach if agent.collectives is not None else _nothing),

@@ -1,5 +1,6 @@
-"""Phase probes: data wait (the DataLoader iterator), checkpoints (torch.save, safetensors, torch.distributed.checkpoint),
-compile time (torch.compile's first calls) and the eval loops of HF Trainer and Lightning.
+"""Phase probes: data wait (the DataLoader iterator), checkpoints saved (torch.save, safetensors,
+torch.distributed.checkpoint) and loaded (torch.load), compile time (torch.compile's first calls) and the eval loops of
+HF Trainer and Lightning.
 
 Each wraps one library function: the original runs first-class, with no ``try`` that could change what it raises,
 and the probe records a span after it returns. A probe that fails stops itself only; none imports the library it
@@ -178,6 +179,29 @@ class Phases:
         if serialization is not None and getattr(serialization, "save", None) is original:
             serialization.save = wrapped
         self.agent.probe_state("checkpoint", "attached")
+
+    def attach_torch_load(self, torch) -> None:
+        """``torch.load`` as a ``checkpoint_load`` phase: a resumed training's restore (the time split's bucket)."""
+        original = torch.load
+        if getattr(original, "_tm_wrapped", False):
+            return
+        phases = self
+
+        def load(*args, **kwargs):
+            started = time.monotonic()
+            result = original(*args, **kwargs)
+            if "checkpoint" not in phases.agent.stopped:
+                try:
+                    phases.agent.phase("checkpoint_load", started, time.monotonic(), probe="torch.load")
+                except Exception as exc:
+                    phases._failed("checkpoint", exc)
+            return result
+
+        wrapped = _mark(load, original)
+        torch.load = wrapped
+        serialization = getattr(torch, "serialization", None)
+        if serialization is not None and getattr(serialization, "load", None) is original:
+            serialization.load = wrapped
 
     def attach_safetensors(self, module) -> None:
         original = getattr(module, "save_file", None)

@@ -360,7 +360,7 @@ class DashboardState:
                 "overhead": self.overhead_doc(),
                 "alerts": {a["id"]: dict(a) for a in self.alerts},
                 "catalog": self.catalog(points=False),
-                # Which probes reported a phase: the time split calls its first part "startup" until one was compiled.
+                # Which probes reported a phase: the time split says which parts it could not see (in compute).
                 "phases_seen": dict(snapshot.get("phases_seen", {})),
                 "money": self.money_doc(),
             }

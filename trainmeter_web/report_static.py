@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainmeter_core.model import money
+from trainmeter_core.model import badput, money
 
 if TYPE_CHECKING:
     from trainmeter_core.model import records
@@ -81,6 +81,31 @@ def alerts_html(alerts: Iterable[Mapping[str, Any]], run_over: bool) -> str:
     return "".join(_alert(a, run_over) for a in ordered)
 
 
+def badput_html(snapshot: records.Snapshot | None) -> str:
+    """Where the run's time went: productive step time and each badput bucket with time in it, in seconds, for the
+    run and (a resumed run) for each attempt; empty without a time split."""
+    split = snapshot.phases_s if snapshot is not None else None
+    if not split:
+        return ""
+    shares = [a.phases_s for a in snapshot.attempts] if snapshot is not None else []
+    head = "<tr><th>where</th><th>run</th>" + "".join(
+        f"<th>attempt {i}</th>" for i in range(1, len(shares) + 1)
+    )
+    rows = []
+    for name, title in badput.TITLES.items():
+        seconds = split.get(name)
+        if seconds is None or (name != "compute" and abs(seconds) < 1e-9):
+            continue
+        cells = "".join(f"<td>{share.get(name, 0.0):.1f} s</td>" for share in shares)
+        rows.append(
+            f'<tr data-part="{name}"><td>{html.escape(title)}</td><td>{seconds:.1f} s</td>{cells}</tr>'
+        )
+    return (
+        '<div class="part-head"><div><h2>Where the time went</h2></div></div>\n'
+        f'<div class="card"><table id="static-badput">{head}</tr>{"".join(rows)}</table></div>\n'
+    )
+
+
 def static_view(snapshot: records.Snapshot | None, data: Mapping[str, Any]) -> str:
     """The section a reader without scripts sees: headline, alerts, passport. ``data`` is what the file carries
     (``report.report_data``)."""
@@ -100,6 +125,7 @@ def static_view(snapshot: records.Snapshot | None, data: Mapping[str, Any]) -> s
         "allowed.</p></div></div>\n"
         f'<div class="card"><p id="static-headline">{html.escape(" · ".join(words))}</p>'
         f'<p id="static-money">{html.escape(money.words(doc.get("money") or {}))}</p></div>\n'
+        f"{badput_html(snapshot)}"
         '<div class="part-head"><div><h2>Alerts</h2></div></div>\n'
         f'<div class="card" id="static-alerts">{alerts_html((doc.get("alerts") or {}).values(), run_over)}</div>\n'
         f"{communication_html(snapshot)}"

@@ -146,20 +146,20 @@ def test_a_finished_run_reads_at_a_glance_its_summary_mfu_its_time_split_and_its
             "latest EMA 11.9%" in mfu_line
         )  # the EMA at the end (0.119257) is said beside it, not in its place
 
-        # The time split: nothing was compiled, so its first part is "startup"; what it cannot see is said plainly.
+        # The time split, in the badput buckets' words: productive step time first; what it cannot see is said plainly.
         legend = p.text_content("#split-card .legend")
-        assert legend.startswith("startup 4.47 s") and "compile" not in legend
+        assert legend.startswith("compute (productive) 2.82 s") and "start-up and imports 4.47 s" in legend
         caption = p.text_content("#split-card .sub")
         assert "Not measured, so counted as compute: data wait (no torch DataLoader iterated yet)" in caption
         assert "stays in compute" not in caption
         assert "data wait" not in p.text_content("#split-none")  # unmeasured is not "no time"
-        compiled = p.evaluate(
+        assert "hangs" in p.text_content("#split-none")  # a bucket with no time is named once, below
+        assert p.query_selector("#attempt-bars") is None  # a run started once: its one bar is the run's
+        named = p.evaluate(
             """async () => { const panels = await import('/static/panels.js');
-                const page = await import('/static/page.js');
-                const seen = page.state.doc.phases_seen; page.state.doc.phases_seen = {compile: 1};
-                const name = panels.splitName('startup_compile'); page.state.doc.phases_seen = seen; return name; }"""
+                return panels.splitName('checkpoint_load'); }"""
         )
-        assert compiled == "startup and compile"
+        assert named == "checkpoint load"
 
         # Run details: facts read as words and rounded numbers, never raw JSON; the CPU's measured peak is shown.
         p.click("#details summary")

@@ -90,3 +90,36 @@ def test_the_dashboard_says_the_attempt_and_marks_where_the_run_was_down(page, t
         assert page.errors == []
     finally:
         served.stop()
+
+
+def test_the_time_split_has_one_bar_per_attempt_each_its_share(page, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "20261201T000000Z-vm-train"
+    resumed_run(run_dir)
+    served = Served(run_dir, capsys)
+    p = page.page
+    try:
+        p.goto(served.url)
+        p.wait_for_function("() => document.querySelectorAll('#attempt-bars .attempt-bar').length === 2")
+        # attempt 1: start-up 10 s (100 → 110), compute 9 s (110 → 119), after the last step 1 s (119 → 120, its last
+        # tick); attempt 2: down 30 s, start-up 10 s (150 → 160), compute 9 s, after the last step 1.5 s (169 → 170.5)
+        heads = p.eval_on_selector_all("#attempt-bars .attempt-bar .sub", "ps => ps.map(p => p.textContent)")
+        assert heads == ["attempt 1 · 20 s · lost", "attempt 2 · 50.5 s · exited 0"]
+        parts = p.eval_on_selector_all(
+            "#attempt-bars .attempt-bar",
+            "bars => bars.map(b => [...b.querySelectorAll('.split > span')].map(s => s.dataset.part))",
+        )
+        assert parts == [
+            ["compute", "startup", "after_last_step"],
+            ["compute", "startup", "down", "after_last_step"],
+        ]
+        widths = p.eval_on_selector_all(
+            "#attempt-bars .attempt-bar[data-attempt='2'] .split > span",
+            "spans => spans.map(s => s.style.width)",
+        )
+        # 9 / 50.5, 10 / 50.5, 30 / 50.5, 1.5 / 50.5 of the bar
+        assert [round(float(w.rstrip("%")), 1) for w in widths] == [17.8, 19.8, 59.4, 3.0]
+        assert "down between attempts 30 s" in p.get_attribute("#attempt-bars [data-attempt='2']", "title")
+        p.locator("#split-card").screenshot(path=str(SHOTS / "resumed-attempt-bars.png"))
+        assert page.errors == []
+    finally:
+        served.stop()

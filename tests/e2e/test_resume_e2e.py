@@ -185,7 +185,7 @@ def test_a_preempted_run_resumed_from_its_checkpoint_is_one_run_with_every_step_
     #   elapsed = run.end's t − the first run.start's t
     #   trained = (attempt 1: its first step → step 150, or → the end of the checkpoint of step 150 when the steps
     #              after it were done again; attempt 2: step 151 → step 300), each less the checkpoints inside
-    #   goodput = trained / elapsed: below 1 by start-up, the gap, the restart, the steps done again, the checkpoints
+    #   goodput = trained / elapsed: below 1 by start-up, the gap, each attempt's start-up and end, the steps done again, the checkpoints
     end = next(r for r in second if r["kind"] == "run.end")
     elapsed_s = end["t"] - first[0]["t"]
     saved_150 = next(p for p in first if p["kind"] == "phase" and p.get("step") == 150)

@@ -83,20 +83,29 @@ def test_a_run_resumed_from_its_last_checkpoint_counts_every_step_once_and_the_g
     assert final.final and final.steps == 20
     assert final.tokens == 2000  # 20 steps × 100 tokens
     assert final.elapsed_s == pytest.approx(70.5)  # 100 → 170.5, the gap included
-    # startup 100 → 110 = 10; the checkpoint 0.5; down: last tick 120 (wall 1020) → start 150 (wall 1050) = 30;
-    # restart: last step 119 → first step 160 = 41, less the 30 down and the 0.5 checkpoint = 10.5 (0.5 after the
-    # checkpoint until the kill, 10 of start-up); compute: 119 − 110 = 9 and 169 − 160 = 9; after the last step 1.5
+    # startup: 100 → 110 = 10 and 150 → 160 = 10 (attempt 2 starting up); the checkpoint 0.5; down: last tick 120
+    # (wall 1020) → start 150 (wall 1050) = 30; after the last step: 119.5 → 120 (the kill) = 0.5 and 169 → 170.5 = 1.5;
+    # compute: 119 − 110 = 9 and 169 − 160 = 9
     assert final.phases_s == pytest.approx(
-        {"startup_compile": 10.0, "data_wait": 0.0, "checkpoint": 0.5, "eval": 0.0, "profiler": 0.0,
-         "compute": 18.0, "after_last_step": 1.5, "down": 30.0, "restart": 10.5, "superseded": 0.0}
+        {"startup": 20.0, "compile": 0.0, "data_wait": 0.0, "checkpoint": 0.5, "checkpoint_load": 0.0,
+         "eval": 0.0, "profiler": 0.0, "hang": 0.0, "superseded": 0.0, "down": 30.0, "after_last_step": 2.0,
+         "other": 0.0, "compute": 18.0}
     )  # fmt: skip
     assert sum(final.phases_s.values()) == pytest.approx(final.elapsed_s)
-    # goodput = (compute 18 + data wait 0) / 70.5 = 0.2553…: the 30 s down and 10.5 s restart are lost time
+    # goodput = compute 18 / 70.5 = 0.2553…: the 30 s down and 20 s of start-up are lost time
     assert final.metrics["goodput"].value == pytest.approx(18 / 70.5)
     note = final.explain["goodput"].note
-    assert note.startswith(
-        "lost 52.5 s of 70.5 s: down between attempts 30.0 s, restarting from a checkpoint 10.5 s"
-    )
+    assert note.startswith("lost 52.5 s of 70.5 s: down between attempts 30.0 s, start-up and imports 20.0 s")
+    # one bar per attempt: each attempt's share, the gap before it its down; together the run's split
+    first, second = final.attempts
+    assert first.phases_s == pytest.approx(
+        {**dict.fromkeys(final.phases_s, 0.0), "startup": 10.0, "checkpoint": 0.5, "after_last_step": 0.5,
+         "compute": 9.0}
+    )  # fmt: skip
+    assert second.phases_s == pytest.approx(
+        {**dict.fromkeys(final.phases_s, 0.0), "startup": 10.0, "down": 30.0, "after_last_step": 1.5,
+         "compute": 9.0}
+    )  # fmt: skip
     first, second = final.attempts
     assert (first.attempt, first.end, first.first_step, first.last_step, first.steps) == (
         1,
@@ -144,18 +153,24 @@ def test_steps_an_attempt_does_again_are_superseded_and_their_time_is_lost(late)
     assert final.metrics["superseded_steps"].value == 5.0
     inputs = final.explain["superseded_steps"].inputs
     assert inputs["superseded_tokens"].value == 500  # 5 steps × 100
-    # The stretch after the checkpoint (119.5) to attempt 1's last step (124) = 4.5 s, its data wait 0.2 s included
-    assert inputs["superseded_s"].value == pytest.approx(4.5)
-    # startup 10; checkpoint 0.3; down 124.5 → 130 = 5.5; restart 124 → 140 = 16 − 5.5 = 10.5; superseded 4.5;
-    # compute 110 → 119.5 less the checkpoint = 9.2, and 140 → 149 = 9: 18.2; after the last step 1.5
+    # The stretch after the checkpoint (119.5) to attempt 1's last step (124) = 4.5 s, less its data wait 0.2 s
+    assert inputs["superseded_s"].value == pytest.approx(4.3)
+    # startup 10 + (130 → 140) 10 = 20; checkpoint 0.3; data wait 0.2; down 124.5 → 130 = 5.5; superseded 4.3;
+    # compute 110 → 119.5 less the checkpoint = 9.2, and 140 → 149 = 9: 18.2; after the last step 124 → 124.5 and
+    # 149 → 150.5: 2.0
     assert final.phases_s == pytest.approx(
-        {"startup_compile": 10.0, "data_wait": 0.0, "checkpoint": 0.3, "eval": 0.0, "profiler": 0.0,
-         "compute": 18.2, "after_last_step": 1.5, "down": 5.5, "restart": 10.5, "superseded": 4.5}
+        {"startup": 20.0, "compile": 0.0, "data_wait": 0.2, "checkpoint": 0.3, "checkpoint_load": 0.0,
+         "eval": 0.0, "profiler": 0.0, "hang": 0.0, "superseded": 4.3, "down": 5.5, "after_last_step": 2.0,
+         "other": 0.0, "compute": 18.2}
     )  # fmt: skip
     assert sum(final.phases_s.values()) == pytest.approx(final.elapsed_s) == 50.5
     assert final.metrics["goodput"].value == pytest.approx(18.2 / 50.5)
+    # attempt 1's bar holds the steps attempt 2 did again
+    assert final.attempts[0].phases_s["superseded"] == pytest.approx(4.3)
+    assert final.attempts[0].phases_s["compute"] == pytest.approx(9.2)
+    assert final.attempts[1].phases_s["superseded"] == pytest.approx(0.0, abs=1e-9)
     first = final.attempts[0]
-    assert (first.last_step, first.superseded_steps, first.superseded_s) == (15, 5, pytest.approx(4.5))
+    assert (first.last_step, first.superseded_steps, first.superseded_s) == (15, 5, pytest.approx(4.3))
 
 
 def test_each_ranks_steps_count_the_steps_it_kept_as_the_runs_steps_do():
@@ -224,7 +239,7 @@ def test_an_attempt_on_another_clock_joins_the_timeline_by_the_wall_clock():
     assert b[-1].elapsed_s == pytest.approx(70.5)
 
 
-def test_while_an_attempt_restarts_it_is_not_hung_and_the_restart_is_counted_up_to_now():
+def test_while_an_attempt_restarts_it_is_not_hung_and_its_start_up_is_counted_up_to_now():
     log = preempted_after_checkpoint()
     log.records = log.records[:14]  # through attempt 2's run.start
     log.tick(155.0, 2)
@@ -233,8 +248,9 @@ def test_while_an_attempt_restarts_it_is_not_hung_and_the_restart_is_counted_up_
     assert not live.final and live.state == "running"
     assert live.metrics["since_step_s"].absent == "attempt 2 is restarting: no step of it yet"
     assert live.metrics["since_attempt_start_s"].value == pytest.approx(5.0)  # 150 → 155
-    # restart so far: 119 → 155 = 36, less 30 down and the 0.5 checkpoint = 5.5; compute stays 9
-    assert live.phases_s["restart"] == pytest.approx(5.5) and live.phases_s["down"] == pytest.approx(30.0)
+    # attempt 2 starting up so far: 150 → 155 = 5 (and attempt 1's 10); after attempt 1's last step: 119.5 → 120
+    assert live.phases_s["startup"] == pytest.approx(15.0) and live.phases_s["down"] == pytest.approx(30.0)
+    assert live.phases_s["after_last_step"] == pytest.approx(0.5)
     assert live.phases_s["compute"] == pytest.approx(9.0)
     assert sum(live.phases_s.values()) == pytest.approx(live.elapsed_s) == 55.0
     assert [a.end for a in live.attempts] == ["lost", "running"]
@@ -306,7 +322,8 @@ def test_a_run_started_once_lists_no_attempts_and_no_resume_numbers():
     final = snapshots[-1]
     assert final.attempts == []
     assert not {"attempt", "superseded_steps", "since_attempt_start_s"} & set(final.metrics)
-    assert not {"down", "restart", "superseded"} & set(final.phases_s)
+    # the buckets of a resumed run are there, and hold nothing: one attempt is never down nor does steps again
+    assert (final.phases_s["down"], final.phases_s["superseded"]) == (0.0, 0.0)
 
 
 def test_the_mfu_over_the_training_window_leaves_the_joins_out():
@@ -417,11 +434,12 @@ def test_a_run_resumed_twice_after_an_attempt_that_never_stepped_counts_both_gap
     _, snapshots = feed(log.records)
     final = snapshots[-1]
     assert final.steps == 20 and final.tokens == 2000
-    # down 10 + 15 = 25; restart: last step 119 → first step 160 = 41, less the 25 down and the 0.5 checkpoint = 15.5
-    # (0.5 after the checkpoint, attempt 2's 5 s, attempt 3's 10 s before its first step); compute 9 + 9 = 18
+    # down 10 + 15 = 25; startup 10 (attempt 1) + 5 (attempt 2, all its life) + 10 (attempt 3) = 25; after the last
+    # step 0.5 (119.5 → 120) + 1.5; compute 9 + 9 = 18
     assert final.phases_s == pytest.approx(
-        {"startup_compile": 10.0, "data_wait": 0.0, "checkpoint": 0.5, "eval": 0.0, "profiler": 0.0,
-         "compute": 18.0, "after_last_step": 1.5, "down": 25.0, "restart": 15.5, "superseded": 0.0}
+        {"startup": 25.0, "compile": 0.0, "data_wait": 0.0, "checkpoint": 0.5, "checkpoint_load": 0.0,
+         "eval": 0.0, "profiler": 0.0, "hang": 0.0, "superseded": 0.0, "down": 25.0, "after_last_step": 2.0,
+         "other": 0.0, "compute": 18.0}
     )  # fmt: skip
     assert [(a.attempt, a.end, a.first_step, a.steps, a.gap_s) for a in final.attempts] == [
         (1, "lost", 1, 10, None),

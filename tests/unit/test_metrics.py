@@ -83,11 +83,11 @@ def test_arithmetic_intensity_is_the_ridge_times_mfu_over_dram_active():
         formulas.arithmetic_intensity(0.4, H100_SXM_PEAK_FLOPS, H100_SXM_BANDWIDTH_BPS, 0.0)
 
 
-def test_goodput_counts_compute_and_data_wait_over_elapsed():
-    # (3000 s compute + 200 s data wait) / 4000 s elapsed = 0.8
-    assert formulas.goodput(3000.0, 200.0, 4000.0) == pytest.approx(0.8, rel=1e-15)
+def test_goodput_counts_productive_step_time_over_elapsed():
+    # 3000 s of productive step time / 4000 s elapsed = 0.75 (a data wait is badput)
+    assert formulas.goodput(3000.0, 4000.0) == pytest.approx(0.75, rel=1e-15)
     with pytest.raises(ValueError, match="elapsed"):
-        formulas.goodput(1.0, 0.0, 0.0)
+        formulas.goodput(1.0, 0.0)
 
 
 def test_progress_is_a_fraction_that_stops_at_one():
@@ -131,55 +131,30 @@ def test_mean_needs_a_value():
         formulas.mean([])
 
 
-def test_time_split_while_running_puts_the_window_up_to_now_in_compute():
-    # start 0, first step 30 (30 s startup), now 130: window 100 s with 10 s data wait and 5 s checkpoint
+def test_time_split_names_every_bucket_and_adds_up_to_elapsed():
+    # elapsed 130: 20 s start-up (less nothing), phases 2 compile + 10 data wait + 5 checkpoint + 3 load + 1 eval,
+    # a 4 s hang, 6 s done again, 15 s down, 1 s after the last step, 60 s compute: 127, so 3 s are other
     split = formulas.time_split(
-        start_t=0.0,
-        now_t=130.0,
-        first_step_t=30.0,
-        last_step_t=129.0,
-        phase_s={"data_wait": 10.0, "checkpoint": 5.0, "compile": 2.0},
-        phase_after_last_s={"checkpoint": 0.5},
-        final=False,
+        elapsed_s=130.0,
+        compute_s=60.0,
+        startup_s=20.0,
+        after_last_step_s=1.0,
+        phase_s={"compile": 2.0, "data_wait": 10.0, "checkpoint": 5.0, "checkpoint_load": 3.0, "eval": 1.0},
+        hang_s=4.0,
+        superseded_s=6.0,
+        down_s=15.0,
     )
-    # compute = 100 − (10 + 5 + 2) = 83; startup_compile = 30 + 2 (a recompile) = 32
     assert split == {
-        "startup_compile": 32.0,
-        "data_wait": 10.0,
-        "checkpoint": 5.0,
-        "eval": 0.0,
-        "profiler": 0.0,
-        "compute": 83.0,
-    }
+        "startup": 20.0, "compile": 2.0, "data_wait": 10.0, "checkpoint": 5.0, "checkpoint_load": 3.0, "eval": 1.0,
+        "profiler": 0.0, "hang": 4.0, "superseded": 6.0, "down": 15.0, "after_last_step": 1.0, "other": 3.0,
+        "compute": 60.0,
+    }  # fmt: skip
     assert sum(split.values()) == 130.0
 
 
-def test_time_split_at_the_end_closes_the_window_at_the_last_step():
-    # start 0, first step 30, last step 120, run.end at 150; a 20 s checkpoint of which 8 s after the last step
+def test_a_startup_phase_joins_the_start_up_bucket():
     split = formulas.time_split(
-        start_t=0.0,
-        now_t=150.0,
-        first_step_t=30.0,
-        last_step_t=120.0,
-        phase_s={"checkpoint": 20.0, "data_wait": 4.0},
-        phase_after_last_s={"checkpoint": 8.0},
-        final=True,
-    )
-    # window 90 s: checkpoint 20 − 8 = 12, data wait 4, compute 90 − 16 = 74; after the last step 150 − 120 = 30
-    assert split["checkpoint"] == 12.0
-    assert split["compute"] == 74.0
-    assert split["after_last_step"] == 30.0
-    assert sum(split.values()) == 150.0
-
-
-def test_time_split_before_the_first_step_is_all_startup():
-    split = formulas.time_split(
-        start_t=10.0,
-        now_t=25.0,
-        first_step_t=None,
-        last_step_t=None,
-        phase_s={},
-        phase_after_last_s={},
-        final=False,
-    )
-    assert split == {"startup_compile": 15.0, "compute": 0.0}
+        elapsed_s=15.0, compute_s=0.0, startup_s=13.0, after_last_step_s=0.0, phase_s={"startup": 2.0},
+        hang_s=0.0, superseded_s=0.0, down_s=0.0,
+    )  # fmt: skip
+    assert (split["startup"], split["other"]) == (15.0, 0.0)

@@ -80,7 +80,7 @@ def test_the_passport_of_the_eager_run_gives_the_window_averages_and_the_lost_ti
     assert data["ofu"] == window["ofu"]
     # 26.9 s elapsed, 13.2 s before the first step and 0.9 s after the last: 14.1 s lost (goodput 0.476)
     assert data["lost_time"]["note"] == (
-        "lost 14.1 s of 26.9 s: start-up and compile before the first step 13.2 s, after the last step 0.9 s"
+        "lost 14.1 s of 26.9 s: start-up and imports 13.2 s, after the last step 0.9 s"
     )
     markdown = passport.passport_markdown(data)
     assert "## Counters over the training window" in markdown

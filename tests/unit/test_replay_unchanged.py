@@ -131,7 +131,15 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     #    per phase that only grows.
     seen = new.get("phases_seen", {})
     assert all(isinstance(n, int) and n > 0 for n in seen.values()), where
-    assert set(seen) <= {"startup", "compile", "data_wait", "checkpoint", "eval", "profiler"}, where
+    assert set(seen) <= {
+        "startup",
+        "compile",
+        "data_wait",
+        "checkpoint",
+        "checkpoint_load",
+        "eval",
+        "profiler",
+    }, where
     if seen:
         expected["phases_seen"] = seen
     _state(where, expected, new)
@@ -144,6 +152,7 @@ def reconcile(log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     if log in CPU_LOGS:
         _phantom(where, expected, new)
     _goodput(where, expected, new)
+    _badput(where, expected, new)
     _gpu_hours(where, log, expected, new)
     _nonfinite_step(where, expected, new)
     _one_convention(where, expected, new)
@@ -269,22 +278,64 @@ def _phantom(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
 def _goodput(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
     old, now = expected["explain"].get("goodput"), new["explain"].get("goodput")
     if old is None or "value" not in new["metrics"]["goodput"]:
+        if now is not None:  # 12. Issue 44: an absent goodput names the new formula, for the same reason
+            assert now == {**(old or {}), "formula": GOODPUT_FORMULA}, where
+            assert new["metrics"]["goodput"] == expected["metrics"]["goodput"], where
+            _carry(expected, new, "goodput")
         return
-    assert new["metrics"]["goodput"] == expected["metrics"]["goodput"], (
-        where
-    )  # the number itself is unchanged
     inputs = now["inputs"]
     for name, entry in old["inputs"].items():
+        if name == "data_wait_s":
+            # 12. Issue 44: a data wait is badput, no part of goodput (as in ml-goodput-measurement)
+            assert name not in inputs, where
+            continue
         assert inputs[name] == entry, (where, name)
+    # 12. Issue 44: goodput = productive step time / elapsed; the same number where the old one had no data wait
+    value = new["metrics"]["goodput"]["value"]
+    assert value == pytest.approx(inputs["compute_s"]["value"] / inputs["elapsed_s"]["value"], rel=1e-12), (
+        where
+    )
+    if old["inputs"]["data_wait_s"]["value"] == 0:
+        assert new["metrics"]["goodput"] == expected["metrics"]["goodput"], where
+    assert now["formula"] == GOODPUT_FORMULA, where
     lost_note, _, rest = now["note"].partition("; ")
     assert rest == (old.get("note") or ""), where
     match = LOST_NOTE.match(lost_note)
     assert match, (where, lost_note)
-    # lost = elapsed − compute − data wait, the parts goodput does not count
-    lost = inputs["elapsed_s"]["value"] - inputs["compute_s"]["value"] - inputs["data_wait_s"]["value"]
+    # lost = elapsed − compute, the badput buckets
+    lost = inputs["elapsed_s"]["value"] - inputs["compute_s"]["value"]
     assert inputs["lost_s"]["value"] == pytest.approx(lost, rel=1e-9, abs=1e-9), where
     assert float(match.group(1)) == pytest.approx(lost, abs=0.051), where
     _carry(expected, new, "goodput")
+    expected["metrics"]["goodput"] = new["metrics"]["goodput"]
+
+
+# 12. Issue 44, every log: the time split names the badput buckets (start-up and compile apart, each phase its own
+#     bucket wherever it lies, hangs, steps done again, the run down, other) and goodput counts the steps' compute
+#     only. Compute is the same number; the rest of the time is redistributed among the buckets, never lost.
+GOODPUT_FORMULA = "productive step time (the steps kept) / elapsed"
+BUCKETS = {"startup", "compile", "data_wait", "checkpoint", "checkpoint_load", "eval", "profiler", "hang",
+           "superseded", "down", "after_last_step", "other", "compute"}  # fmt: skip
+
+
+def _badput(where: str, expected: dict[str, Any], new: dict[str, Any]) -> None:
+    old, now = expected.get("phases_s", {}), new.get("phases_s", {})
+    if not old:
+        assert not now, where
+        return
+    assert set(now) == BUCKETS, where
+    if "compute" in old and "startup_compile" in old and old.get("compute", 0.0) > 0:
+        assert now["compute"] == pytest.approx(old["compute"], rel=1e-9, abs=1e-9), where
+    assert sum(now.values()) == pytest.approx(sum(old.values()), rel=1e-9, abs=1e-9), where
+    assert abs(now["other"]) < 1e-9, where
+    assert now["hang"] == now["down"] == now["superseded"] == 0.0, where  # no fixture log hangs or resumes
+    for phase in ("data_wait", "checkpoint", "eval", "profiler"):
+        assert now[phase] >= old.get(phase, 0.0) - 1e-9, (
+            where,
+            phase,
+        )  # what was after the last step joins it
+    expected["phases_s"] = now
+    _carry(expected, new, "time_split")
 
 
 def _gpu_hours(where: str, log: str, expected: dict[str, Any], new: dict[str, Any]) -> None:

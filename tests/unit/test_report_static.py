@@ -10,7 +10,7 @@ import pytest
 from trainmeter_core.model import records
 from trainmeter_core.run.summary import headline
 from trainmeter_web import bundle
-from trainmeter_web.report_static import STATIC_CLASS, alerts_html, static_view, with_static_view
+from trainmeter_web.report_static import STATIC_CLASS, alerts_html, badput_html, static_view, with_static_view
 
 WALL = 1_796_000_000.0  # 2026-11-30 00:53:20 UTC
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -141,3 +141,36 @@ def test_the_static_view_says_why_no_straggler_is_named():
     snapshot.metrics["straggler_rank"] = records.MetricValue(absent=why)
     view = static_view(snapshot, carried())
     assert f'<div class="card" id="static-communication"><p>{why}</p></div>' in view
+
+
+def test_the_static_view_says_where_the_time_went_for_the_run_and_each_attempt():
+    split = {
+        "compute": 18.0,
+        "startup": 20.0,
+        "checkpoint": 0.5,
+        "down": 30.0,
+        "after_last_step": 2.0,
+        "hang": 0.0,
+    }
+    shares = [
+        {"compute": 9.0, "startup": 10.0, "checkpoint": 0.5, "down": 0.0, "after_last_step": 0.5},
+        {"compute": 9.0, "startup": 10.0, "checkpoint": 0.0, "down": 30.0, "after_last_step": 1.5},
+    ]
+    snapshot = records.Snapshot(
+        tick=3,
+        phases_s=split,
+        attempts=[
+            records.AttemptStat(attempt=i + 1, start_t=0.0, start_wall=0.0, end="lost", phases_s=share)
+            for i, share in enumerate(shares)
+        ],
+    )
+    table = badput_html(snapshot)
+    rows = re.findall(r'<tr data-part="(\w+)"><td>([^<]+)</td>((?:<td>[^<]+</td>)+)</tr>', table)
+    # the buckets with time in them, in the engine's order; a bucket with none (the hang) is left out
+    assert [(name, title) for name, title, _ in rows] == [
+        ("compute", "productive step time"), ("startup", "start-up and imports"), ("checkpoint", "checkpoint save"),
+        ("down", "down between attempts"), ("after_last_step", "after the last step"),
+    ]  # fmt: skip
+    assert rows[3][2] == "<td>30.0 s</td><td>0.0 s</td><td>30.0 s</td>"  # the run, attempt 1, attempt 2
+    assert "<th>attempt 2</th>" in table
+    assert badput_html(records.Snapshot(tick=1)) == ""  # no split, no table

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from trainmeter_core.model import comparison_communication, formulas, money, records
+from trainmeter_core.model import badput, comparison_communication, formulas, money, records
 
 #: The named conventions a comparison can put every run under, in the order one is picked when none is asked for.
 CONVENTIONS = ("titan", "megatron", "hf", "all_params")
@@ -396,11 +396,13 @@ def headline(runs: list[RunSide], convention: str | None) -> list[dict[str, Any]
         *comparison_communication.bandwidth_rows([run.snapshot for run in runs]),
     )
     seldom = {"val_loss", "ofu", "energy_j", *(key for key, _, _, _ in communication_rows)}
-    for key, title, unit, read in (*HEADLINE, *communication_rows):
+    for key, title, unit, read in (*HEADLINE, *communication_rows, *badput.ROWS):
         found = [_finite(*read(run.snapshot, convention)) for run in runs]
         values = [v for v, _ in found]
         if all(v is None for v in values) and key in seldom:
             continue  # a number none of the runs has and few runs ever have: no row of n/a
+        if badput.no_time_anywhere(key, values):
+            continue
         base = values[0]
         row: dict[str, Any] = {
             "key": key,

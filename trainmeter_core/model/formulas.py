@@ -113,10 +113,10 @@ def arithmetic_intensity(
     return ridge_flop_per_byte(peak_flop_per_s, memory_bandwidth_bps) * mfu_fraction / dram_active
 
 
-def goodput(compute_s: float, data_wait_s: float, elapsed_s: float) -> float:
-    """The share of elapsed time that trained: (compute + data wait after the first step) / elapsed."""
+def goodput(compute_s: float, elapsed_s: float) -> float:
+    """The share of the allocated time that trained: productive step time (the steps kept) / elapsed."""
     _positive("elapsed time", elapsed_s)
-    return (compute_s + data_wait_s) / elapsed_s
+    return compute_s / elapsed_s
 
 
 def progress(done: float, budget: float) -> float:
@@ -172,44 +172,55 @@ def straggler_spread(step_times_s: Sequence[float]) -> tuple[float, int]:
     return (max(step_times_s) - min(step_times_s)) / middle, slowest
 
 
+#: The badput buckets of the time split, in the order a person reads them (docs/metrics.md gives each its formula).
+BADPUT_BUCKETS = (
+    "startup",
+    "compile",
+    "data_wait",
+    "checkpoint",
+    "checkpoint_load",
+    "eval",
+    "profiler",
+    "hang",
+    "superseded",
+    "down",
+    "after_last_step",
+    "other",
+)
+#: Phases the probes report, each its own bucket wherever it lies (a ``startup`` phase joins start-up).
+PHASE_BUCKETS = ("startup", "compile", "data_wait", "checkpoint", "checkpoint_load", "eval", "profiler")
+
+
 def time_split(
     *,
-    start_t: float,
-    now_t: float,
-    first_step_t: float | None,
-    last_step_t: float | None,
+    elapsed_s: float,
+    compute_s: float,
+    startup_s: float,
+    after_last_step_s: float,
     phase_s: Mapping[str, float],
-    phase_after_last_s: Mapping[str, float],
-    final: bool,
+    hang_s: float,
+    superseded_s: float,
+    down_s: float,
 ) -> dict[str, float]:
-    """Where the elapsed time went, in seconds; the parts add up to ``now_t - start_t``.
+    """Where the allocated time went, in seconds: productive step time (``compute``) and the badput buckets, which add
+    up to ``elapsed_s``.
 
-    Before the first step everything is startup_compile. After it, the phases a probe reported (rank 0's, clipped to
-    after the first step) are their own parts (compile and startup ones join startup_compile), and the rest of the
-    window is compute. At the end of a run the window closes at the last step and what follows is after_last_step;
-    while it runs, the window reaches now. A part whose probe never attached is inside compute.
+    Each phase a probe reported is its own bucket wherever it lies (before the first step, between steps, after the
+    last one); ``startup_s`` and ``after_last_step_s`` are the rest of each attempt's time before its first step and
+    after its last one, and ``compute_s`` the rest of the time between steps, less the hangs. ``other`` is what
+    none of them holds (phases that overlap, clocks that disagree): named, never hidden, and 0 when all is accounted.
     """
-    elapsed = now_t - start_t
-    if first_step_t is None:
-        return {"startup_compile": elapsed, "compute": 0.0}
-    end = last_step_t if final and last_step_t is not None else now_t
-    in_window = {
-        name: seconds - (phase_after_last_s.get(name, 0.0) if final else 0.0)
-        for name, seconds in phase_s.items()
-    }
-    split = {
-        "startup_compile": (first_step_t - start_t)
-        + in_window.get("startup", 0.0)
-        + in_window.get("compile", 0.0),
-        "data_wait": in_window.get("data_wait", 0.0),
-        "checkpoint": in_window.get("checkpoint", 0.0),
-        "eval": in_window.get("eval", 0.0),
-        "profiler": in_window.get("profiler", 0.0),
-    }
-    phases_total = 0.0
-    for name in sorted(in_window):
-        phases_total += in_window[name]
-    split["compute"] = (end - first_step_t) - phases_total
-    if final:
-        split["after_last_step"] = now_t - end
+    split = {name: 0.0 for name in BADPUT_BUCKETS}
+    for name in PHASE_BUCKETS:
+        split[name] += phase_s.get(name, 0.0)
+    split["startup"] += startup_s
+    split["hang"] = hang_s
+    split["superseded"] = superseded_s
+    split["down"] = down_s
+    split["after_last_step"] = after_last_step_s
+    named = compute_s
+    for name in BADPUT_BUCKETS:
+        named += split[name]
+    split["other"] = elapsed_s - named
+    split["compute"] = compute_s
     return split

@@ -1,6 +1,7 @@
 // The lower parts of the page: GPU efficiency, the node, the GPUs, alerts, run details and the model card.
 // Strings from the run (facts, the command, alert messages) go in as text nodes only.
 
+import { attemptBars, BUCKET_WORDS, BUCKETS, bucketColor } from "./badput.js";
 import { palette } from "./chart.js";
 import { byUnit, clock, duration, factText, finite, metricText, percent, si } from "./format.js";
 import { profiledMarks } from "./profile.js";
@@ -87,18 +88,13 @@ export function drawRoofline(canvas, x, y, ridge) {
   ctx.fill();
 }
 
-export const SPLIT_ORDER = ["startup_compile", "data_wait", "checkpoint", "eval", "profiler", "compute", "after_last_step"];
+export const SPLIT_ORDER = BUCKETS;
 
 const PROBE_PARTS = { compile: "compile", data_wait: "data wait", checkpoint: "checkpoints", eval: "eval" };
 
-// A part's name as a person reads it: the first part is "startup" unless something was compiled in it.
+// A part's name as a person reads it (the badput buckets' words).
 export function splitName(name) {
-  const seen = state.doc.phases_seen;
-  if (name === "startup_compile") {
-    if (seen && !seen.compile) return "startup";
-    return seen ? "startup and compile" : "startup (and compile, if any)";
-  }
-  return name.replaceAll("_", " ");
+  return BUCKET_WORDS[name] || name.replaceAll("_", " ");
 }
 
 // The parts the time split cannot see, as the engine decides it (a part with a phase, or an attached probe, is
@@ -144,11 +140,11 @@ export function renderNode() {
     });
     const none = [];
     const blind = state.doc.phases_seen ? unmeasured() : {};
-    names.forEach((name, i) => {
+    names.forEach((name) => {
       const v = phases[name];
       if (!finite(v)) return;
-      if (v === 0 && name in blind) return; // not measured: the caption says so, and "no time" would be untrue
-      if (v === 0) {
+      if (Math.abs(v) < 1e-9 && name in blind) return; // not measured: the caption says so, and "no time" would be untrue
+      if (Math.abs(v) < 1e-9) {
         none.push(splitName(name)); // no time went there: one line below instead of a row of "0 ms (0%)"
         return;
       }
@@ -159,14 +155,14 @@ export function renderNode() {
       }
       const seg = el("span");
       seg.style.width = `${(v / total) * 100}%`;
-      seg.style.background = palette(i);
+      seg.style.background = bucketColor(name);
       bar.append(seg);
       const key = el("span", { class: "key", "data-part": name }, `${splitName(name)} ${duration(v)} (${percent(v / total)})`);
-      key.style.setProperty("--swatch", palette(i));
+      key.style.setProperty("--swatch", bucketColor(name));
       legend.append(key);
     });
     const rest = none.length ? el("p", { class: "sub", id: "split-none" }, `No time in: ${none.join(", ")}.`) : "";
-    body.replaceChildren(bar, legend, rest);
+    body.replaceChildren(bar, legend, rest, attemptBars(state));
   }
   const host = card(root, "host-card", "Host", "the run's process tree and the node, latest sample");
   const cores = metric("host_cpu_cores");

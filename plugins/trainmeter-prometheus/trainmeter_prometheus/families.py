@@ -59,7 +59,7 @@ RUN_GAUGES = {
         "FLOPs the GPU counters observed (approximate: counter-based, no model convention).",
         "",
     ),
-    "goodput": ("trainmeter_goodput_ratio", "(Compute + data wait after the first step) / elapsed.", ""),
+    "goodput": ("trainmeter_goodput_ratio", "Productive step time (the steps kept) / elapsed.", ""),
     "straggler_spread": (
         "trainmeter_straggler_spread_ratio",
         "(max - min) / median of the per-rank step-time EMAs.",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from trainmeter_core.model import records
+from trainmeter_core.model.engine import badput
 from trainmeter_core.model.engine.state import AttemptState, EngineState, RankState, Resume
 from trainmeter_core.model.engine.training_window import StepSpan
 
@@ -46,6 +47,8 @@ def start(state: EngineState, record: records.RunStart) -> None:
     last_t, last_wall = ended(state, previous)
     previous.last_t, previous.last_wall = last_t, last_wall
     previous.last_step = state.last_step if previous.first_step is not None else None
+    previous.split_end = badput.split_of(state, last_t, final=True)
+    _close_attempt(state, previous, last_t)
     gap_s = max(0.0, record.wall - last_wall)
     # One clock when the host is the same and its monotonic time moved as the wall clock did; else (another node, a
     # reboot) this attempt's times are moved so that it starts gap_s after the attempt before ended.
@@ -56,7 +59,6 @@ def start(state: EngineState, record: records.RunStart) -> None:
     start_t = record.t + resume.t_offset
     resume.attempt_start_t = start_t
     resume.down_s += gap_s
-    resume.open_down_s += gap_s
     # The phases after the latest step are no part of a stretch between steps.
     resume.stepping_phase_s -= resume.phase_after_step_s
     resume.stepping_wait_s -= resume.wait_after_step_s
@@ -79,6 +81,21 @@ def start(state: EngineState, record: records.RunStart) -> None:
             gap_s=gap_s,
         )
     )
+
+
+def _close_attempt(state: EngineState, attempt: AttemptState, last_t: float) -> None:
+    """The attempt's end into the badput buckets: from its last step to its end (less the phases there) is time after
+    the last step, or a hang's when one was open; an attempt that never stepped was starting up all its life."""
+    resume = state.resume
+    if attempt.first_step is None or state.last_step_t is None:
+        resume.startup_s += max(0.0, last_t - attempt.start_t)
+        return
+    after_s = max(0.0, last_t - state.last_step_t - resume.phase_after_step_s)
+    if resume.hang_from_t is not None:
+        resume.hang_s += after_s
+        resume.hang_from_t = None
+    else:
+        resume.after_step_s += after_s
 
 
 def ended(state: EngineState, attempt: AttemptState) -> tuple[float, float]:
@@ -109,13 +126,10 @@ def first_step(state: EngineState, record: records.Step) -> None:
         return
     attempt.first_step, attempt.first_step_t = record.step, record.t
     resume = state.resume
+    resume.startup_s += max(0.0, record.t - attempt.start_t)
     if state.last_step_t is None or len(state.attempts) < 2:
         return
-    join_s = record.t - state.last_step_t
-    in_phases = sum(state.phase_after_last_s.values())
-    resume.join_s += join_s
-    resume.restart_s += max(0.0, join_s - resume.open_down_s - in_phases)
-    resume.open_down_s = 0.0
+    resume.join_s += record.t - state.last_step_t
     resumed_after = record.step - 1
     attempt.resumed_from = resumed_after
     attempt.resumed_from_source = (
@@ -134,9 +148,8 @@ def _supersede(state: EngineState, attempt: AttemptState, after: int) -> None:
         return
     _, _, steps, tokens, with_tokens, stepping_s, phase_s, wait_s = mark
     lost_phase_s = resume.stepping_phase_s - phase_s
-    lost_wait_s = resume.stepping_wait_s - wait_s
-    # The stretch's compute and data wait are lost; its checkpoints and evals stay under their own names.
-    lost_s = max(0.0, (resume.stepping_s - stepping_s) - lost_phase_s + lost_wait_s)
+    # The stretch's compute is lost; its data wait, checkpoints, evals and hangs stay under their own names.
+    lost_s = max(0.0, (resume.stepping_s - stepping_s) - lost_phase_s)
     lost_steps = state.steps - steps
     resume.superseded_s += lost_s
     resume.superseded_steps += lost_steps
@@ -148,8 +161,6 @@ def _supersede(state: EngineState, attempt: AttemptState, after: int) -> None:
             f"no mark of step {after} is kept (tm keeps the latest {RECENT_MARKS} steps and {CHECKPOINT_MARKS} "
             f"checkpoints): counted from step {mark[0]}, so at least this much"
         )
-    if lost_wait_s > 0 and "data_wait" in state.phase_s:
-        state.phase_s["data_wait"] = max(0.0, state.phase_s["data_wait"] - lost_wait_s)
     clock = state.ranks.get(state.clock_rank or 0)
     if clock is not None:
         clock.steps = max(0, clock.steps - lost_steps)  # the clock's rank counts what the run counts
@@ -274,6 +285,8 @@ def stats(state: EngineState) -> list[records.AttemptStat]:
     if len(state.attempts) < 2:
         return []
     out = []
+    known = state.now_t is not None and state.start_t is not None
+    shares = badput.per_attempt(state, state.now_t, state.finished) if known else []  # type: ignore[arg-type]
     for index, attempt in enumerate(state.attempts):
         current = index == len(state.attempts) - 1
         last_step = state.last_step if current and attempt.first_step is not None else attempt.last_step
@@ -294,6 +307,7 @@ def stats(state: EngineState) -> list[records.AttemptStat]:
                 resumed_from=attempt.resumed_from,
                 superseded_steps=following.superseded_steps if following is not None else 0,
                 superseded_s=following.superseded_s if following is not None else 0.0,
+                phases_s=shares[index] if shares else {},
             )
         )
     return out
@@ -350,18 +364,3 @@ def warnings(state: EngineState) -> list[str]:
                 "read; a loop that declares its steps with emit(step=...) numbers them itself"
             )
     return out
-
-
-def time_parts(state: EngineState, now_t: float, final: bool) -> dict[str, float]:
-    """The parts of the time split a resumed run adds (empty for one attempt): ``down`` (between attempts),
-    ``restart`` (from a last step to the next attempt's first, less the downtime and named phases) and
-    ``superseded`` (compute and data wait of the steps done again). While a resumed attempt has not stepped yet, its
-    restart runs up to now; at the end, the time after the run's last step stays ``after_last_step``."""
-    if len(state.attempts) < 2:
-        return {}
-    resume = state.resume
-    restart_s = resume.restart_s
-    if awaiting_step(state) and not final and state.last_step_t is not None:
-        in_phases = sum(state.phase_after_last_s.values())
-        restart_s += max(0.0, (now_t - state.last_step_t) - resume.open_down_s - in_phases)
-    return {"down": resume.down_s, "restart": restart_s, "superseded": resume.superseded_s}

@@ -10,7 +10,7 @@ import msgspec
 
 from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical, is_explicit_train_key
-from trainmeter_core.model.engine import attempts, collectives, nodes
+from trainmeter_core.model.engine import attempts, collectives, hangs, nodes
 from trainmeter_core.model.engine.derived import Derived
 from trainmeter_core.model.engine.profiles import on_profile_import
 from trainmeter_core.model.engine.samples import (
@@ -48,6 +48,7 @@ class _Checkpoint(msgspec.Struct):
 
 
 _RUN_START = records.RunStart
+_ALERT = records.Alert
 _BLOCK = records.Block
 _encoder = msgspec.msgpack.Encoder()
 _decoders: list[msgspec.msgpack.Decoder] = []  # the checkpoint's, built at the first restore (2.5 ms)
@@ -80,6 +81,7 @@ class Engine:
             records.RunStart: self._on_run_start,
             records.RunEnd: self._on_run_end,
             records.ProfileImport: self._on_profile_import,
+            records.Alert: self._on_alert,
         }
 
     #: The kinds ``feed`` reads (set below the class, from the handlers and a job's kinds); a reader may pass the others
@@ -111,6 +113,8 @@ class Engine:
         state = self.state
         seq = record.seq
         if seq is not None:
+            if state.finished and type(record) is _ALERT:
+                return []  # written after run.end from the final snapshot: it changes no number, nor its through_seq
             state.through_seq = seq
         handler = self._handlers.get(type(record))
         if handler is None:
@@ -412,6 +416,10 @@ class Engine:
         self._commit_backward()
         attempts.end(state, record)
         return [] if self._quiet else [build_snapshot(state, self.derived, final=True)]
+
+    def _on_alert(self, record: records.Alert) -> list[records.Snapshot]:
+        hangs.take_alert(self.state, record)  # a hung alert opens the hangs bucket's stall
+        return []
 
     def _on_profile_import(self, record: records.ProfileImport) -> list[records.Snapshot]:
         on_profile_import(self.state.profiles, record)

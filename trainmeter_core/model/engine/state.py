@@ -155,6 +155,7 @@ class AttemptState(msgspec.Struct, kw_only=True):
     superseded_steps: int = 0
     superseded_s: float = 0.0
     superseded_note: str | None = None
+    split_end: dict[str, float] = {}  # the run's time split as it stood at this attempt's end (time_split.py)
 
 
 class Resume(msgspec.Struct, kw_only=True):
@@ -179,7 +180,7 @@ class Resume(msgspec.Struct, kw_only=True):
     )
     open_down_s: float = 0.0  # the downtime inside the join still open (the current attempt has not stepped)
     superseded_steps: int = 0
-    superseded_s: float = 0.0  # compute and data wait of the steps done again
+    superseded_s: float = 0.0  # compute of the steps done again
     superseded_tokens: int = 0
     stepping_s: float = 0.0
     stepping_phase_s: float = 0.0
@@ -188,6 +189,16 @@ class Resume(msgspec.Struct, kw_only=True):
         0.0  # what of stepping_phase_s lies after the latest step (not in a stretch yet)
     )
     wait_after_step_s: float = 0.0
+    # The badput buckets (time_split.py): each attempt's start to its first step, and its last step to its end
+    startup_s: float = 0.0  # Σ, over attempts that stepped, the time from their start to their first step
+    before_step_phase_s: float = (
+        0.0  # Σ the phases inside those stretches (and the current one's, while open)
+    )
+    after_step_s: float = (
+        0.0  # Σ, over ended attempts, the time from their last step to their end, less phases
+    )
+    hang_s: float = 0.0  # Σ the hangs closed (hangs.py), less the phases inside them
+    hang_from_t: float | None = None  # an open hang: the step it stalled after
     marks: list[tuple[int, float, int, int, int, float, float, float]] = []  # rank 0's latest steps
     checkpoint_marks: list[tuple[int, float, int, int, int, float, float, float]] = []  # checkpoints written
 

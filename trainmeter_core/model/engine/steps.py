@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from trainmeter_core.model import formulas, records
-from trainmeter_core.model.engine import attempts
+from trainmeter_core.model.engine import attempts, hangs
 from trainmeter_core.model.engine.derived import MAX_TOKENS_PER_STEP, Derived
 from trainmeter_core.model.engine.state import STEP_WINDOW, EngineState, RankState
 from trainmeter_core.model.engine.training_window import StepSpan
@@ -117,6 +117,8 @@ def take_step(state: EngineState, record: records.Step, derived: Derived) -> flo
         tokens_seen, with_tokens = state.tokens_seen, state.steps_with_tokens
     # The mark a resume can rewind to (attempts.py reads them; appended here, inlined)
     resume = state.resume
+    if resume.hang_from_t is not None:
+        hangs.close(state, t)  # the step after a stall the hung alert fired on
     if first_of_attempt:
         stepping_s = resume.stepping_s
     else:

@@ -1,12 +1,12 @@
-"""Where the run's time went: startup and compile, data wait, checkpoints, eval, profiler, compute; and goodput. Pure:
-the phases into the engine's state (``take_phase``), and the split as a metric family."""
+"""Where the run's time went: productive step time and the badput buckets (badput.py), and goodput. Pure: the phases
+into the engine's state (``take_phase``), and the split as a metric family."""
 
 from __future__ import annotations
 
 import math
 
 from trainmeter_core.model import formulas, records
-from trainmeter_core.model.engine import attempts, nodes
+from trainmeter_core.model.engine import attempts, badput, nodes
 from trainmeter_core.model.engine.builder import EI, NO_STEP, SnapshotBuilder
 from trainmeter_core.model.engine.state import EngineState
 
@@ -15,8 +15,9 @@ _PAUSE_PHASES = ("eval", "checkpoint")
 
 
 def take_phase(state: EngineState, record: records.Phase) -> None:
-    """A phase of rank 0 into the state: its time before the first step (startup), within the window, after the last
-    step, and the pause it makes (eval, checkpoint) for the hung-run rule. A data wait of any rank also goes into that
+    """A phase of rank 0 into the state: its time before the current attempt's first step (out of start-up), before
+    the run's first step and after it by name (its bucket), after the last step, and the pause it makes (eval,
+    checkpoint) for the hung-run rule. A data wait of any rank also goes into that
     rank's own data wait per step (the straggler's cause reads it)."""
     if record.phase == "data_wait":
         _rank_data_wait(state, record)
@@ -26,12 +27,18 @@ def take_phase(state: EngineState, record: records.Phase) -> None:
     state.phases_seen[name] = state.phases_seen.get(name, 0) + 1
     if not -math.inf < record.start_t <= record.end_t < math.inf:
         return  # a span that ends before it starts (or is not finite) holds no time
+    attempt = state.attempts[-1] if state.attempts else None
+    attempt_first_t = attempt.first_step_t if attempt is not None else state.first_step_t
+    before_attempt_t = record.end_t if attempt_first_t is None else min(record.end_t, attempt_first_t)
+    if record.start_t < before_attempt_t:
+        # Before the attempt's first step: no part of its start-up, which is the rest of that time
+        state.resume.before_step_phase_s += before_attempt_t - record.start_t
     if name in _PAUSE_PHASES and (state.pause_end_t is None or record.end_t >= state.pause_end_t):
         state.pause_phase, state.pause_end_t = name, record.end_t
     first = state.first_step_t
     before_end = record.end_t if first is None else min(record.end_t, first)
     if record.start_t < before_end:
-        # Before the first step everything is startup and compile; what a phase says of it names that time.
+        # The phases before the run's first step, by name: each its own bucket there too (badput.py sums both).
         held = state.startup_phase_s
         held[name] = held.get(name, 0.0) + (before_end - record.start_t)
     if first is None or record.end_t <= first:
@@ -58,20 +65,13 @@ def _rank_data_wait(state: EngineState, record: records.Phase) -> None:
 
 
 def time_split(snap: SnapshotBuilder) -> dict[str, float]:
+    """The time split as ``snapshot.phases_s`` and goodput as a metric: productive step time over the allocated time."""
     state = snap.state
+    formula = "productive step time (the steps kept) / elapsed"
     if state.start_t is None or state.now_t is None:
-        snap.put("goodput", "(compute + data wait after the first step) / elapsed", absent=NO_STEP)
+        snap.put("goodput", formula, absent=NO_STEP)
         return {}
-    split = formulas.time_split(
-        start_t=state.start_t,
-        now_t=state.now_t,
-        first_step_t=state.first_step_t,
-        last_step_t=state.last_step_t,
-        phase_s=state.phase_s,
-        phase_after_last_s=state.phase_after_last_s,
-        final=snap.final,
-    )
-    _between_attempts(snap, split)
+    split = badput.split_of(state, state.now_t, snap.final)
     snap.elapsed_s = state.now_t - state.start_t
     # The agent says per probe "attached" or "not attached: <why>" (probe.<part> facts). A part with no phase
     # and no attached probe may be hiding inside compute, and the explain says so.
@@ -87,92 +87,64 @@ def time_split(snap: SnapshotBuilder) -> dict[str, float]:
         note = "stays in compute, its probe never attached: " + "; ".join(unattached)
     if not snap.lean:
         snap.explain["time_split"] = records.Explain(
-            formula="elapsed = startup_compile + data_wait + checkpoint + eval + profiler + compute (+ after_last_step)",
+            formula="elapsed = compute + " + " + ".join(formulas.BADPUT_BUCKETS),
             inputs={name: EI(value=value, unit="s") for name, value in split.items()},
             note=note,
-        )
-    formula = "(compute + data wait after the first step) / elapsed"
-    if "down" in split:
-        formula += (
-            ", the time between and before a resumed run's attempts and its steps done again not counted"
         )
     if state.first_step_t is None or snap.elapsed_s <= 0:
         snap.put("goodput", formula, absent=NO_STEP)
     else:
         inputs = {
             "compute_s": EI(value=split["compute"], unit="s"),
-            "data_wait_s": EI(value=split["data_wait"], unit="s"),
             "elapsed_s": EI(value=snap.elapsed_s, unit="s"),
         }
-        lost_note = lost_time(state.startup_phase_s, split, snap.elapsed_s, inputs)
+        lost_note = lost_time(split, snap.elapsed_s, inputs)
         snap.put(
             "goodput",
             formula,
-            value=formulas.goodput(split["compute"], split["data_wait"], snap.elapsed_s),
+            value=formulas.goodput(split["compute"], snap.elapsed_s),
             note="; ".join(n for n in (lost_note, note) if n),
             inputs=inputs,
         )
     return split
 
 
-def _between_attempts(snap: SnapshotBuilder, split: dict[str, float]) -> None:
-    """A resumed run's parts (down, restart, superseded) taken out of compute, so the parts still add up to elapsed.
-
-    At the end of a run whose last attempt never stepped, the time after the run's last step stays there, less the
-    downtime it holds."""
-    state = snap.state
-    assert state.now_t is not None
-    parts = attempts.time_parts(state, state.now_t, snap.final)
-    if not parts or state.first_step_t is None:
-        return
-    open_down_s = state.resume.open_down_s if attempts.awaiting_step(state) else 0.0
-    if snap.final and open_down_s:
-        split["after_last_step"] = split.get("after_last_step", 0.0) - open_down_s
-        split["compute"] -= parts["down"] - open_down_s + parts["restart"] + parts["superseded"]
-    else:
-        split["compute"] -= parts["down"] + parts["restart"] + parts["superseded"]
-    split.update(parts)
-
-
-# The parts of the time split that goodput does not count, in the words a person reads them, largest first.
-_LOST_PARTS = (
-    ("startup_compile", "start-up and compile before the first step"),
-    ("down", "down between attempts"),
-    ("restart", "restarting from a checkpoint"),
-    ("superseded", "steps done again after resuming"),
-    ("checkpoint", "checkpoints"),
-    ("eval", "eval"),
-    ("profiler", "profiled steps"),
-    ("after_last_step", "after the last step"),
-)
+# The badput buckets in the words a person reads them (goodput's note lists them largest first).
+BUCKET_WORDS = {
+    "startup": "start-up and imports",
+    "compile": "compiling",
+    "data_wait": "data wait",
+    "checkpoint": "checkpoints saved",
+    "checkpoint_load": "checkpoints loaded",
+    "eval": "eval",
+    "profiler": "profiled steps",
+    "hang": "hangs",
+    "superseded": "steps done again after resuming",
+    "down": "down between attempts",
+    "after_last_step": "after the last step",
+    "other": "other (unattributed)",
+}
 
 
 def lost_time(
-    startup_phase_s: dict[str, float],
     split: dict[str, float],
     elapsed_s: float,
     inputs: dict[str, records.ExplainInput],
 ) -> str | None:
-    """What the time goodput does not count was spent on, as a note; each part also goes into ``inputs``."""
+    """What the time goodput does not count was spent on, as a note; each bucket also goes into ``inputs``."""
     parts = []
     lost = 0.0
-    for part, words in _LOST_PARTS:
+    for part in formulas.BADPUT_BUCKETS:
         seconds = split.get(part, 0.0)
-        if seconds <= 0:
-            continue
         lost += seconds
+        if abs(seconds) < 0.05 and part == "other":
+            continue  # rounding, nothing to name
+        if seconds <= 0 and part != "other":
+            continue
         inputs[f"{part}_s"] = EI(value=seconds, unit="s")
-        if part == "startup_compile" and startup_phase_s.get("compile"):
-            # The compile phases the agent saw before the first step are part of start-up: say how much.
-            compile_s = min(startup_phase_s["compile"], seconds)
-            inputs["compile_before_first_step_s"] = EI(value=compile_s, unit="s", source="compile phases")
-            words = f"start-up and compile before the first step ({compile_s:.1f} s of it compiling)"
-        parts.append((seconds, f"{words} {seconds:.1f} s"))
+        parts.append((seconds, f"{BUCKET_WORDS[part]} {seconds:.1f} s"))
     if not parts:
         return None
-    inputs["lost_s"] = EI(value=lost, unit="s", source="elapsed − compute − data wait")
+    inputs["lost_s"] = EI(value=lost, unit="s", source="elapsed − compute")
     named = ", ".join(text for _, text in sorted(parts, key=lambda p: -p[0]))
-    waited = split.get("data_wait", 0.0)
-    # Data wait inside the window counts as training time (SPEC's goodput); say so where there was any.
-    tail = f" (the data wait, {waited:.1f} s, counts as training time)" if waited > 0 else ""
-    return f"lost {lost:.1f} s of {elapsed_s:.1f} s: {named}{tail}"
+    return f"lost {lost:.1f} s of {elapsed_s:.1f} s: {named}"

@@ -104,7 +104,8 @@ class AttemptStat(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     ``gap_s`` is the time from the previous attempt's end (its last tick or step) to this one's start (down);
     ``resumed_from`` the step its training resumed after (None for the first attempt); ``superseded_steps`` how many
-    steps of earlier attempts after that step were done again, and ``superseded_s`` the time they had taken.
+    steps of earlier attempts after that step were done again, and ``superseded_s`` the time they had taken;
+    ``phases_s`` its share of the run's time split (compute and the badput buckets).
     """
 
     attempt: int
@@ -122,6 +123,7 @@ class AttemptStat(msgspec.Struct, kw_only=True, omit_defaults=True):
     resumed_from: int | None = None
     superseded_steps: int = 0
     superseded_s: float = 0.0
+    phases_s: dict[str, float] = {}  # this attempt's share of the time split (the gap before it is its down)
 
 
 class Snapshot(Record, tag="snapshot", kw_only=True):

@@ -61,7 +61,7 @@ class Metric(Record, tag="metric", kw_only=True):
     origin: str = "emit"  # "emit", "wandb", "tensorboard", "tensorboardx", "mlflow", "backward", ...
 
 
-PhaseName = Literal["startup", "compile", "data_wait", "checkpoint", "eval", "profiler"]
+PhaseName = Literal["startup", "compile", "data_wait", "checkpoint", "checkpoint_load", "eval", "profiler"]
 
 
 class Phase(Record, tag="phase", kw_only=True):
