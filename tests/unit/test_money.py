@@ -220,8 +220,8 @@ def test_compare_rows_set_each_runs_money_against_the_first():
     rows = {row["key"]: row for row in money.comparison_rows([first, second], PRICE)}
     assert rows["money.spent"]["values"] == [pytest.approx(0.146386)] * 2
     assert rows["money.spent"]["ratio"][1] == pytest.approx(1.0)
-    assert rows["money.lost.hang"]["values"] == [None, pytest.approx(6 * 7.3193 / 3600)]
-    assert rows["money.lost.hang"]["absent"][0] == "not in this run's time split"
+    # The time split names every bucket (0 s where a run spent none): a bucket at 0 s costs that run nothing.
+    assert rows["money.lost.hang"]["values"] == [0.0, pytest.approx(6 * 7.3193 / 3600)]
     assert "money.lost.eval" not in rows  # neither run spent a second in eval
     assert "money.plan" not in rows  # no run declared a plan
     # both runs still run towards their token budget: the cost to finish, each its own ETA priced
