@@ -277,7 +277,7 @@ def test_with_a_price_each_runs_money_is_its_gpu_hours_priced_against_the_first(
     assert rows["money.spent"]["values"] == [pytest.approx(h * 7.3193) for h in hours]
     assert rows["money.spent"]["unit"] == "EUR"
     assert rows["money.spent"]["ratio"][1] == pytest.approx(hours[1] / hours[0])
-    assert "money.lost.startup_compile" in rows
+    assert "money.lost.startup" in rows
     assert "price 7.3193 EUR/GPU-h from --price-per-gpu-hour" in comparison["notes"]
     plain = json.loads(run_tm(["compare", "--json", *runs], env).stdout)
     assert not [row for row in plain["headline"] if row["key"].startswith("money")]

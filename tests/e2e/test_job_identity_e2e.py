@@ -10,6 +10,8 @@ import json
 
 from tm_runs import log_records, only_run, run_tm
 
+from trainmeter_core.model import money
+
 UID = "0c3b5e2a-1b2c-4d5e-8f90-123456789abc"
 LOOP = """
 import time
@@ -77,7 +79,7 @@ def test_slurm_and_kubernetes_ids_reach_the_run_tm_runs_the_passport_and_the_rep
     )
     assert f"Kubernetes pod uid: {UID} (from {cgroup})" in lines
     assert any(x.startswith("GPU-hours allocated: ") for x in lines)
-    assert "Money: n/a (no price per GPU-hour given: money is a view, priced by whoever looks)" in lines
+    assert f"Money: n/a ({money.NO_PRICE})" in lines
     assert any(x.startswith("Goodput: ") and x.endswith("%") for x in lines)
     # the passport and the report (its static view shows the passport, then the paid time)
     passport = (run_dir / "passport.md").read_text()
@@ -90,7 +92,7 @@ def test_slurm_and_kubernetes_ids_reach_the_run_tm_runs_the_passport_and_the_rep
         "- Kubernetes pod: trainer-0 (from HOSTNAME)",
         f"- Kubernetes pod uid: {UID}",
         "## Paid time",
-        "- Money: n/a (no price per GPU-hour given",
+        "- Money: n/a (no price given: --price-per-gpu-hour",
     ):
         assert said in shown, said  # fmt: skip
 

@@ -168,7 +168,7 @@ def test_the_report_carries_the_live_pages_first_document_the_run_and_a_passport
     # the run's own passport, then where its paid time went (model/paid_time), as tm runs RUN says it
     markdown = report_data(model, WALL0)["passport"]["markdown"]
     assert markdown.startswith("# the run's own passport\n\n## Paid time\n")
-    assert "- Money: n/a (no price per GPU-hour given" in markdown
+    assert "- Money: n/a (no price given: --price-per-gpu-hour" in markdown
 
 
 # ----------------------------------------------------------------------------------------------------------------------

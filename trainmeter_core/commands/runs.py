@@ -54,7 +54,7 @@ def cmd_runs(argv: list[str]) -> int:
             cost = f" {cost:>14}"
         out.line(
             f"{info.name:<48} {info.state:<18} {duration:>9} {steps if steps is not None else '?':>8} steps"
-            f"{attempts}{identity_words(info.job_identity)}"
+            f"{cost}{attempts}{identity_words(info.job_identity)}"
         )
     if price is not None:
         out.line(f"money: spent so far at {price.words()}")
