@@ -3,7 +3,8 @@
 
 Environment: STEPS (default 60); SLOW_RANK: that rank is slowed by SLOW_S seconds (default 0.2) a step, in its
 forward (SLOW_WHERE=forward) or in its DataLoader (SLOW_WHERE=data, the dataset's __getitem__ sleeps); PAUSE_S (0.0)
-slept by every rank after each step; LOSSES: where each rank writes its losses.
+slept by every rank after each step; LOSSES: where each rank writes its losses; ON_GPU=1: each rank says it
+computes on cuda:<its local rank> (a stand-in, for the fake GPUs' tests, of a loop that moved its model there).
 """
 
 import os
@@ -24,6 +25,7 @@ rank = dist.get_rank()
 torch.manual_seed(0)
 torch.set_num_threads(1)
 slowed = rank == slow_rank
+on_gpu = os.environ.get("ON_GPU") == "1"
 
 
 class Batches(torch.utils.data.Dataset):
@@ -62,6 +64,12 @@ for x, y in loader:
     loss.backward()
     opt.step()
     losses.append(loss.item())
+    if on_gpu and len(losses) == 1:
+        # After the model probe said where the model is (the CPU), as it would say cuda:<k> of a model moved there.
+        import trainmeter_agent
+
+        device = {"type": "cuda", "index": int(os.environ["LOCAL_RANK"])}
+        trainmeter_agent._process_agent.fact("device", device, "model")
     if pause_s:
         time.sleep(pause_s)
 if os.environ.get("LOSSES"):

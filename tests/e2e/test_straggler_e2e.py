@@ -1,11 +1,13 @@
 """The straggler under ``tm -- torchrun``: four ranks, gloo on the CPU, a DDP model fed by a DataLoader. The
 collective probe's per-step rows (origin ``collectives``) reach the engine, which names the rank slowed by 200 ms a
 step in its forward (cause: compute) or in its DataLoader (cause: data wait) within 50 steps, and the straggler alert
-names it with that cause; four clean ranks name none. The slowed rank's losses are those of a run without tm.
+names it with that cause; a rank whose (fake) GPU throttles is named with its GPU as the cause; four clean ranks
+name none. The slowed rank's losses are those of a run without tm.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +72,25 @@ def test_four_clean_ranks_name_no_straggler_over_1000_steps(tmp_path, tm_env, to
     steps = {r["rank"] for r in records if r["kind"] == "metric" and r.get("origin") == "collectives"}
     assert steps == set(range(RANKS))  # every rank's waits reached the log
     assert not [a for a in records if a["kind"] == "alert" and a["rule"] == "straggler"]
+
+
+def test_a_rank_whose_gpu_throttles_is_named_with_its_gpu_as_the_cause(tmp_path, tm_env, torch):
+    # Four fake H100s, the slowed rank's GPU held at a thermal slowdown; each rank says it computes on its own GPU.
+    script = tmp_path / "gpus.json"
+    script.write_text(json.dumps({str(SLOW): {"throttle": "thermal"}}))
+    result, run_dir = tm_torchrun(
+        tmp_path,
+        tm_env,
+        STEPS="60",
+        SLOW_RANK=str(SLOW),
+        SLOW_WHERE="forward",
+        ON_GPU="1",
+        TM_FAKE_GPUS="4xH100",
+        TM_FAKE_GPUS_SCRIPT=str(script),
+    )
+    assert result.returncode == 0, result.stderr
+    named_at, named, last = straggler_over_time(run_dir)
+    assert named == SLOW and named_at is not None and named_at <= 50, (named_at, named)
+    cause = last.metrics["straggler_wait_s"].label
+    assert cause.startswith(f"{last.ranks[SLOW].device}") or "throttled (sw_thermal)" in cause, cause
+    assert "throttled (sw_thermal)" in cause, cause
