@@ -6,6 +6,8 @@ Pure: lists in, rows out; no clock, no torch, no thread (the collective probe, `
 
 from __future__ import annotations
 
+import math
+
 # The recorder names dtypes as c10's ScalarType does; the bytes of one element.
 _DTYPE_BYTES = {
     "Float": 4,
@@ -89,6 +91,7 @@ def step_rows(
         previous = end_t
     ends = [end_t for _, end_t in boundaries]
     index = 0
+    durations = wait_durations(entries, waits, offset_s)
     for entry in entries:
         created_t = entry["time_created_ns"] / 1e9 - offset_s
         while index < len(ends) and ends[index] <= created_t:
@@ -114,6 +117,10 @@ def step_rows(
         op = op_name(entry)
         size = collective_bytes(entry)
         row[f"collective_{op}_count"] = row.get(f"collective_{op}_count", 0.0) + 1
+        duration = durations.get(entry["record_id"])
+        if duration is not None:
+            row[f"collective_{op}_time_s"] = row.get(f"collective_{op}_time_s", 0.0) + duration
+            row[f"collective_{op}_timed"] = row.get(f"collective_{op}_timed", 0.0) + 1
         if size is None:
             row["bytes_known"] = False
         else:
@@ -129,6 +136,12 @@ def step_rows(
         figures[(step, group)]["collective_exposed_s"] = exposed_s + waited.get(step, 0.0)
     for (step, group), row in figures.items():
         end_t, first_t = row.pop("end_t"), row.pop("first_t")
+        for key in [k for k in row if k.endswith("_timed")]:
+            op = key[len("collective_") : -len("_timed")]
+            if row.pop(key) != row[f"collective_{op}_count"]:
+                del row[
+                    f"collective_{op}_time_s"
+                ]  # some of its collectives untimed: a time of part of the bytes
         if not row.pop("bytes_known"):
             row = {
                 k: v for k, v in row.items() if not k.endswith("_bytes")
@@ -167,6 +180,26 @@ def exposed_waits(
     return out
 
 
+def wait_durations(
+    entries: list[dict], waits: list[tuple[float, float]], offset_s: float
+) -> dict[int, float]:
+    """The duration of each collective a wait Python made saw through, by ``record_id``: from the collective's launch
+    to the end of the first wait that began after it and before the next collective's launch (a synchronous
+    collective of ``torch.distributed`` waits at once). On this rank's own clock: it holds the rank's wait for the
+    others to arrive. A collective no such wait followed (DDP's reducer waits in C++) has none."""
+    out: dict[int, float] = {}
+    index = 0
+    for i, entry in enumerate(entries):
+        created_t = entry["time_created_ns"] / 1e9 - offset_s
+        next_t = entries[i + 1]["time_created_ns"] / 1e9 - offset_s if i + 1 < len(entries) else math.inf
+        while index < len(waits) and waits[index][0] < created_t:
+            index += 1
+        if index < len(waits) and waits[index][0] < next_t:
+            out[entry["record_id"]] = waits[index][1] - created_t
+            index += 1
+    return out
+
+
 def waits_by_step(waits: list[tuple[float, float]], boundaries: list[tuple[int, float]]) -> dict[int, float]:
     """The time spent in waits that ended in each step (after the previous boundary, by the step's own)."""
     out: dict[int, float] = {}
@@ -187,9 +220,10 @@ def step_summaries(rows: list, group_sizes: dict[str, int]) -> list[tuple[float,
     """One row per step, the collectives of all its groups together, as the engine's straggler and bus bandwidth read
     them (docs/bus.md, "Collective metrics": origin ``collectives``): ``collective_wait_s``, the step's exposed wait
     (the ``collective_exposed_s`` of its group rows added up: a step's is in one of them), absent where no row has
-    one; and per operation and group size, ``coll.<op>.<n>.count`` and ``coll.<op>.<n>.bytes`` (no bytes where a
-    dtype is not known; nothing for a group whose size is not known). The recorder gives no durations on Gloo, so no
-    ``coll.<op>.<n>.time_s``: the bus bandwidth is then absent, with that reason, where it is shown."""
+    one; and per operation and group size, ``coll.<op>.<n>.count``, ``coll.<op>.<n>.bytes`` (what the rank put in:
+    an all_gather's input; no bytes where a dtype is not known; nothing for a group whose size is not known) and
+    ``coll.<op>.<n>.time_s`` where every one of them was timed (``wait_durations``: a wait Python made; the recorder
+    gives no durations on Gloo, so DDP's reducer's all_reduces have none, and their bus bandwidth is absent)."""
     steps: dict[int, tuple[float, dict]] = {}
     for end_t, step, group, values in rows:
         t, summary = steps.setdefault(step, (end_t, {}))
@@ -200,9 +234,18 @@ def step_summaries(rows: list, group_sizes: dict[str, int]) -> list[tuple[float,
         if size is None:
             continue
         for key, value in values.items():
-            if not key.startswith("collective_") or not key.endswith(("_count", "_bytes")) or key in _TOTALS:
+            if not key.startswith("collective_") or key in _TOTALS:
                 continue
-            op, field = key[len("collective_") :].rsplit("_", 1)
+            if key.endswith("_time_s"):
+                op, field = key[len("collective_") : -len("_time_s")], "time_s"
+            elif key.endswith(("_count", "_bytes")):
+                op, field = key[len("collective_") :].rsplit("_", 1)
+                if field == "bytes" and op == "all_gather":
+                    value /= (
+                        size  # the row's is the gathered output (nccl-tests' size); the contract's, the input
+                    )
+            else:
+                continue
             name = f"coll.{op}.{size}.{field}"
             summary[name] = summary.get(name, 0.0) + value
     return [(t, step, summary) for step, (t, summary) in sorted(steps.items()) if summary]

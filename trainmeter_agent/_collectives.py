@@ -60,6 +60,10 @@ class CollectiveProbe:
         self._read_t = 0.0
         self._read_every_s = READ_EVERY_S
         self._stall_step: int | None = None  # the step a stall report went out at
+        # Each process group's size by its name, kept from while the groups live: the last read, at exit, may come
+        # after the loop destroyed them (saw_batch looks again when their number changes: one len() per batch).
+        self._group_sizes: dict[str, int] = {}
+        self._groups_seen = 0
         stall = os.environ.get("TM_COLLECTIVE_STALL_S")
         self.stall_s = float(stall) if stall else STALL_S
 
@@ -91,6 +95,11 @@ class CollectiveProbe:
                     boundaries.append((record.step, record.t))
             if boundaries:
                 self._last_step, self._last_step_t = boundaries[-1]
+            world = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "_world", None)
+            names = getattr(world, "pg_names", None)
+            if names is not None and len(names) != self._groups_seen:
+                self._groups_seen = len(names)
+                self._group_sizes.update(group_sizes())
         except Exception as exc:
             # The outbox's lock is held here, and saying so sends a notice: another thread says it once it is free.
             self.on = False
@@ -243,7 +252,8 @@ class CollectiveProbe:
         for end_t, step, group, values in rows:
             self.agent._queue_metric(end_t, values, step, f"{ORIGIN}:{group}")
         # The step's row for the engine (the straggler, bus bandwidth): every group's collectives together.
-        for end_t, step, values in step_summaries(rows, group_sizes()):
+        self._group_sizes.update(group_sizes())  # (none once the loop destroyed its groups: those kept stay)
+        for end_t, step, values in step_summaries(rows, self._group_sizes):
             self.agent._queue_metric(end_t, values, step, ORIGIN)
 
     def _check_stall(self, now: float) -> None:

@@ -94,3 +94,33 @@ def test_a_rank_whose_gpu_throttles_is_named_with_its_gpu_as_the_cause(tmp_path,
     cause = last.metrics["straggler_wait_s"].label
     assert cause.startswith(f"{last.ranks[SLOW].device}") or "throttled (sw_thermal)" in cause, cause
     assert "throttled (sw_thermal)" in cause, cause
+
+
+def test_the_bus_bandwidth_of_a_synchronous_all_reduce_is_nccl_tests_by_a_hand_count(tmp_path, tm_env, torch):
+    script = Path(__file__).parents[1] / "agent_scripts" / "allreduce_steps.py"
+    run_env = dict(tm_env, TM_DISABLE_COMPONENTS="web", STEPS="40", NUMEL="262144")
+    result = run_tm(["--", *TORCHRUN, str(script)], run_env, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run(tmp_path / "runs")
+    key = f"coll.all_reduce.{RANKS}"
+    rows = [
+        r["values"]
+        for r in log_records(run_dir)
+        if r["kind"] == "metric" and r.get("origin") == "collectives" and r["rank"] == 0
+    ]
+    assert len(rows) >= 30 and all(row[f"{key}.bytes"] == 262144 * 4 for row in rows)
+    # Timed from Python's wait on each, but those before the probe wrapped Work.wait (it does once distributed).
+    timed = [row[f"{key}.time_s"] for row in rows if f"{key}.time_s" in row]
+    assert len(timed) >= len(rows) - 3 and all(0 < t < 5 for t in timed)
+    # By hand: the EMAs (alpha 0.1) of rank 0's bytes and time per step, algbw = S / t, busbw = algbw × 2(n-1)/n.
+    bytes_ema = time_ema = None
+    for row in rows:
+        b, t = row[f"{key}.bytes"], row.get(f"{key}.time_s")
+        bytes_ema = b if bytes_ema is None else bytes_ema + 0.1 * (b - bytes_ema)
+        if t is not None:
+            time_ema = t if time_ema is None else time_ema + 0.1 * (t - time_ema)
+    expected = bytes_ema / time_ema * 2 * (RANKS - 1) / RANKS
+    final = replay.final_snapshot(run_dir)
+    assert final.metrics[f"bus_bandwidth_bps.all_reduce.{RANKS}.rank0"].value == pytest.approx(
+        expected, rel=1e-9
+    )

@@ -3,6 +3,8 @@ which step an entry belongs to, its bytes as nccl-tests counts them, the arrival
 
 from __future__ import annotations
 
+import pytest
+
 from trainmeter_agent._collective_rows import collective_bytes, step_rows
 
 OFFSET_S = 1_000_000.0  # the wall clock's lead over the monotonic one
@@ -107,7 +109,35 @@ def test_a_steps_summary_adds_its_groups_exposed_waits_and_names_each_op_by_its_
     summaries = step_summaries(rows, {"0": 4, "1": 2})
     assert summaries == [
         (10.0, 7, {"collective_wait_s": 0.25, "coll.all_reduce.4.count": 2.0, "coll.all_reduce.4.bytes": 800.0,
-                   "coll.all_gather.2.count": 1.0, "coll.all_gather.2.bytes": 64.0}),
+                   "coll.all_gather.2.count": 1.0, "coll.all_gather.2.bytes": 32.0}),  # its input: 64 / 2
         # group 9's size is not known: its wait counts, its operation is named by no size
         (11.0, 8, {"coll.all_reduce.4.count": 1.0, "collective_wait_s": 0.5}),
     ]  # fmt: skip
+
+
+def test_a_collective_a_python_wait_saw_through_is_timed_from_its_launch_to_the_waits_end():
+    from trainmeter_agent._collective_rows import wait_durations
+
+    entries = [entry(i, i + 1, "all_reduce", t, 256) for i, t in enumerate((1.0, 2.0, 3.0))]
+    # entry 0 waited at once; entry 1 never waited from Python (DDP's reducer waits in C++); entry 2 waited later
+    waits = [(1.001, 1.25), (3.5, 3.75)]
+    assert wait_durations(entries, waits, OFFSET_S) == {0: pytest.approx(0.25), 2: pytest.approx(0.75)}
+
+
+def test_a_steps_time_per_op_is_kept_only_where_every_one_of_its_collectives_was_timed():
+    from trainmeter_agent._collective_rows import step_rows, step_summaries
+
+    entries = [entry(i, i + 1, "all_reduce", t, 256) for i, t in enumerate((1.0, 1.5, 3.0, 3.5))]
+    boundaries = [(1, 2.0), (2, 4.0)]
+    # step 1: both all_reduces waited from Python; step 2: only the first of its two
+    waits = [(1.0, 1.2), (1.5, 1.6), (3.0, 3.4)]
+    rows, _ = step_rows(entries, boundaries, OFFSET_S, (), waits)
+    by_step = {step: values for _, step, _, values in rows}
+    assert by_step[1]["collective_all_reduce_time_s"] == pytest.approx(0.3)
+    assert (
+        "collective_all_reduce_time_s" not in by_step[2] and "collective_all_reduce_timed" not in by_step[2]
+    )
+    summaries = {step: values for _, step, values in step_summaries(rows, {"0": 4})}
+    assert summaries[1]["coll.all_reduce.4.time_s"] == pytest.approx(0.3)
+    assert summaries[1]["coll.all_reduce.4.bytes"] == 2 * 256 * 4
+    assert "coll.all_reduce.4.time_s" not in summaries[2]

@@ -149,8 +149,8 @@ def put_rank(snap: SnapshotBuilder, stat: records.RankStat, kinds: dict[str, Col
             why = (
                 f"rank {rank}'s {kind.op}s reported no bytes"
                 if not kind.bytes_ema
-                else f"rank {rank}'s {kind.op}s reported no duration (torch's flight recorder times collectives "
-                "on NCCL only, none on Gloo)"
+                else f"rank {rank}'s {kind.op}s reported no duration (the probe times a collective Python waited "
+                "on; DDP's reducer waits in C++, and torch's flight recorder gives no durations on Gloo)"
             )
             snap.put(key, formula, absent=why, unit="B/s", label=stat.host)
             continue
