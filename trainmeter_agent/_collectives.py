@@ -60,6 +60,8 @@ class CollectiveProbe:
         self._read_t = 0.0
         self._read_every_s = READ_EVERY_S
         self._stall_step: int | None = None  # the step a stall report went out at
+        # Each group's size as last seen alive: destroy_process_group() forgets them before the read at exit.
+        self._group_sizes: dict[str, int] = {}
         stall = os.environ.get("TM_COLLECTIVE_STALL_S")
         self.stall_s = float(stall) if stall else STALL_S
 
@@ -181,6 +183,7 @@ class CollectiveProbe:
             try:
                 self.agent.check_fault("collectives")
                 now = time.monotonic()
+                self._group_sizes.update(group_sizes())
                 if now - self._read_t >= self._read_every_s:
                     self._read_t = now
                     self.read_steps()
@@ -243,7 +246,8 @@ class CollectiveProbe:
         for end_t, step, group, values in rows:
             self.agent._queue_metric(end_t, values, step, f"{ORIGIN}:{group}")
         # The step's row for the engine (the straggler, bus bandwidth): every group's collectives together.
-        for end_t, step, values in step_summaries(rows, group_sizes()):
+        self._group_sizes.update(group_sizes())
+        for end_t, step, values in step_summaries(rows, self._group_sizes):
             self.agent._queue_metric(end_t, values, step, ORIGIN)
 
     def _check_stall(self, now: float) -> None:
