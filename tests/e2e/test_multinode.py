@@ -38,7 +38,7 @@ OUTAGE_S = 30  # the issue's
 
 
 class Job:
-    """Three tm launchers under torchrun, one per node; their logs and outputs under ``root``."""
+    """A tm launcher under torchrun on each node, ``per_node`` ranks each; their logs and outputs under ``root``."""
 
     per_node = 1  # ranks on each node
 
