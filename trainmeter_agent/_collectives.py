@@ -190,6 +190,7 @@ class CollectiveProbe:
             try:
                 self.agent.check_fault("collectives")
                 now = time.monotonic()
+                self._group_sizes.update(group_sizes())
                 if now - self._read_t >= self._read_every_s:
                     self._read_t = now
                     self.read_steps()

@@ -38,7 +38,9 @@ OUTAGE_S = 30  # the issue's
 
 
 class Job:
-    """Three tm launchers under torchrun, one per node; their logs and outputs under ``root``."""
+    """A tm launcher under torchrun on each node, ``per_node`` ranks each; their logs and outputs under ``root``."""
+
+    per_node = 1  # ranks on each node
 
     def __init__(self, root: Path, nodes: Nodes, **env: str) -> None:
         self.root = root
@@ -90,7 +92,7 @@ class Job:
                 "--node_rank",
                 str(k),
                 "--nproc_per_node",
-                "1",
+                str(self.per_node),
                 "--rdzv-endpoint",
                 f"{self.nodes.tm_address(0)}:{self.port}",
                 str(SCRIPT),

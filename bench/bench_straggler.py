@@ -1,0 +1,152 @@
+"""The straggler under the real ``tm -- torchrun`` (4 ranks, gloo DDP on the CPU, ``tests/agent_scripts/
+ddp_straggler.py``), measured two ways. Prints figures; asserts nothing.
+
+1. Naming: ``--runs`` runs (default 20) of 60 steps, each with a rank k and a cause drawn at random (k slowed 200 ms a
+   step in its forward, cause compute, or in its DataLoader, cause data wait); a run counts as right when a snapshot
+   of its replayed log at step 50 or before names rank k with that cause (``straggler_rank``, the label of
+   ``straggler_wait_s``). Prints each run and how many were right.
+2. Cost: the CPU the collective probe adds to a DDP step, by the slope method: the CPU seconds of every process of
+   the tree (tm, torchrun, the four ranks: ``treecpu.py``) of a short and a long clean run, probe on and off
+   (``TM_NO_COLLECTIVES=1``); (long - short) / (long_steps - short_steps) is each one's CPU per step, and the
+   difference on - off what the probe adds, printed beside the step's wall time (by the same slope) and the tree's
+   CPU per step with the probe off.
+
+Run: ``.venv/bin/python bench/bench_straggler.py [--runs 20] [--seed S] [--short 100 --long 500 --rounds 2]``
+(``--skip-naming`` or ``--skip-cost`` for one part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from treecpu import run_tree
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from trainmeter_core.runlog import replay  # noqa: E402 - after the repository is on the path
+
+SCRIPT = REPO / "tests" / "agent_scripts" / "ddp_straggler.py"
+TM = Path(sys.executable).parent / "tm"
+RANKS = 4
+CAUSES = {"forward": "compute", "data": "data wait"}
+WITHIN_STEPS = 50
+
+
+def tm_torchrun(workdir: Path, **env: str):
+    run_env = dict(
+        os.environ, TM_RUNS_DIR=str(workdir / "runs"), TM_DISABLE_COMPONENTS="web", OMP_NUM_THREADS="1"
+    )
+    run_env.update(env)
+    for name in ("TM_ACTIVE", "TM_AGENT_ENDPOINT", "TM_RUN_DIR", "TM_LAUNCHER_PID"):
+        run_env.pop(name, None)
+    argv = [str(TM), "--", sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    argv += [f"--nproc_per_node={RANKS}", str(SCRIPT)]
+    for attempt in (1, 2):
+        shutil.rmtree(workdir / "runs", ignore_errors=True)
+        done = run_tree(argv, run_env, cwd=str(workdir))
+        if done.returncode == 0:
+            return done
+        # Said, never hidden: a failed run is run once more, its figures left out.
+        print(
+            f"tm -- torchrun failed ({done.returncode}), attempt {attempt}:\n{done.stderr[-2000:]}",
+            flush=True,
+        )
+    raise SystemExit("tm -- torchrun failed twice")
+
+
+def named_within(run_dir: Path, rank: int, cause: str) -> tuple[bool, str]:
+    """Whether a snapshot at step 50 or before names ``rank`` with ``cause``; and what the last one named."""
+    right, last = False, None
+    for snapshot in replay.snapshots(run_dir):
+        last = snapshot
+        named = snapshot.metrics.get("straggler_rank")
+        wait = snapshot.metrics.get("straggler_wait_s")
+        if named is None or named.value is None or wait is None:
+            continue
+        if snapshot.steps <= WITHIN_STEPS and int(named.value) == rank and wait.label == cause:
+            right = True
+    final = last.metrics.get("straggler_rank") if last is not None else None
+    said = "none" if final is None or final.value is None else f"rank {final.value:.0f}"
+    if final is not None and final.value is not None:
+        said += f", {last.metrics['straggler_wait_s'].label}"
+    return right, said
+
+
+def naming(runs: int, seed: int) -> None:
+    draw = random.Random(seed)
+    right = 0
+    for n in range(1, runs + 1):
+        rank, where = draw.randrange(RANKS), draw.choice(sorted(CAUSES))
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            tm_torchrun(workdir, STEPS="60", SLOW_RANK=str(rank), SLOW_WHERE=where)
+            (run_dir,) = [p for p in (workdir / "runs").iterdir() if p.is_dir()]
+            ok, said = named_within(run_dir, rank, CAUSES[where])
+        right += ok
+        print(
+            f"run {n:2d}: rank {rank} slowed in its {where:7s} -> {'right' if ok else 'WRONG'} (the last snapshot: {said})"
+        )
+    print(f"named the right rank and cause within {WITHIN_STEPS} steps: {right} of {runs}")
+
+
+def per_step(short: int, long: int, probe_on: bool) -> tuple[float, float]:
+    """CPU seconds of the whole tree and wall seconds, per step, by the slope between a short and a long run."""
+    figures = []
+    for steps in (short, long):
+        env = {"STEPS": str(steps)}
+        if not probe_on:
+            env["TM_NO_COLLECTIVES"] = "1"
+        with tempfile.TemporaryDirectory() as tmp:
+            figures.append(tm_torchrun(Path(tmp), **env))
+    cpu = (figures[1].cpu_s - figures[0].cpu_s) / (long - short)
+    wall = (figures[1].wall_s - figures[0].wall_s) / (long - short)
+    return cpu, wall
+
+
+def cost(short: int, long: int, rounds: int) -> None:
+    added, shares = [], []
+    for n in range(1, rounds + 1):
+        cpu_off, wall_off = per_step(short, long, False)
+        cpu_on, wall_on = per_step(short, long, True)
+        added.append(cpu_on - cpu_off)
+        shares.append((cpu_on - cpu_off) / cpu_off)
+        print(
+            f"round {n}: per DDP step, the whole tree's CPU: probe off {cpu_off * 1e3:.2f} ms, on {cpu_on * 1e3:.2f} ms,"
+            f" added {(cpu_on - cpu_off) * 1e6:+.0f} µs ({(cpu_on - cpu_off) / cpu_off:+.2%} of the step's CPU);"
+            f" the step's wall time off {wall_off * 1e3:.2f} ms, on {wall_on * 1e3:.2f} ms"
+        )
+    print(
+        f"the probe adds {statistics.median(added) * 1e6:+.0f} µs of CPU per DDP step over {RANKS} ranks"
+        f" ({statistics.median(added) / RANKS * 1e6:+.0f} µs a rank), {statistics.median(shares):+.2%} of the step's"
+        f" CPU (median of {rounds} rounds, {short} and {long} steps)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--short", type=int, default=100)
+    parser.add_argument("--long", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-naming", action="store_true")
+    parser.add_argument("--skip-cost", action="store_true")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"seed {seed}")
+    if not args.skip_naming:
+        naming(args.runs, seed)
+    if not args.skip_cost:
+        cost(args.short, args.long, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

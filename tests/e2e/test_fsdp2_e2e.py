@@ -1,0 +1,110 @@
+"""The collective probe and the straggler under ``tm -- torchrun`` of an FSDP2 model (``fully_shard``), four ranks,
+gloo on the CPU: each step's all_gathers (forward) and all_reduces (backward: gloo has no reduce_scatter) with their
+bytes counted by hand; a rank slowed 200 ms a step in its forward named with cause compute within 50 steps; every
+rank's losses the same with and without tm.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_straggler_e2e import straggler_over_time
+from tm_runs import log_records, only_run, run_tm
+
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+
+SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "fsdp2_loop.py"
+RANKS = 4
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}"]
+# Two FSDP units, Linear(64, 32) and Linear(32, 8), each sharded on dim 0 in four equal shards (no padding): the
+# all_gather of a unit outputs its whole parameters, the all_reduce of its gradient is as large, both float32.
+FIRST_BYTES = (32 * 64 + 32) * 4  # 8320
+SECOND_BYTES = (8 * 32 + 8) * 4  # 1056
+UNIT_BYTES = FIRST_BYTES + SECOND_BYTES  # 9376 a step, each kind
+SLOW = 1
+
+
+def tm_torchrun(tmp_path: Path, tm_env: dict, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    run_env = dict(tm_env, TM_DISABLE_COMPONENTS="web", **env)
+    result = run_tm(["--", *TORCHRUN, str(SCRIPT)], run_env, timeout=120, cwd=tmp_path)
+    return result, only_run(tmp_path / "runs")
+
+
+def losses(prefix: Path) -> dict[int, str]:
+    return {rank: Path(f"{prefix}.rank{rank}").read_text() for rank in range(RANKS)}
+
+
+def test_the_probe_sees_fsdp2s_all_gathers_and_all_reduces_with_their_bytes_and_changes_no_loss(
+    tmp_path, tm_env, torch
+):
+    (tmp_path / "bare").mkdir()
+    bare = subprocess.run(
+        [*TORCHRUN, str(SCRIPT)],
+        env=dict(tm_env, STEPS="20", LOSSES=str(tmp_path / "bare" / "loss")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path / "bare",
+    )
+    assert bare.returncode == 0, bare.stderr
+    # 0.1 s between steps: the probe's thread, which polls each second, sees the group alive before it is destroyed.
+    result, run_dir = tm_torchrun(tmp_path, tm_env, STEPS="20", PAUSE_S="0.1", LOSSES=str(tmp_path / "loss"))
+    assert result.returncode == 0, result.stderr
+    assert losses(tmp_path / "loss") == losses(tmp_path / "bare" / "loss")  # every rank's, to the last bit
+    records = log_records(run_dir)
+    rows: dict[int, dict[int, dict]] = {}
+    for record in records:
+        if record["kind"] == "metric" and record.get("origin") == "collectives:0":
+            rows.setdefault(record["rank"], {})[record["step"]] = record["values"]
+    assert sorted(rows) == list(range(RANKS))
+    for rank, steps in rows.items():
+        assert sorted(steps) == list(range(1, 21)), rank
+        for step, values in steps.items():
+            assert (
+                values["collective_all_gather_count"] == 2.0 and values["collective_all_reduce_count"] == 2.0
+            )
+            assert values["collective_count"] == 4.0, (rank, step, values)
+            assert (
+                values["collective_all_gather_bytes"] == values["collective_all_reduce_bytes"] == UNIT_BYTES
+            )
+            assert values["collective_bytes"] == 2 * UNIT_BYTES
+            assert values["collective_seq_last"] - values["collective_seq_first"] == 3
+            assert values["collective_seq_first"] == 4 * (step - 1) + 1
+    # The engine's row of each step: the count and bytes of each operation by group size (4), no gloo durations.
+    summary = {
+        (r["rank"], r["step"]): r["values"]
+        for r in records
+        if r["kind"] == "metric" and r.get("origin") == "collectives"
+    }
+    assert {rank for rank, _ in summary} == set(range(RANKS))
+    for values in summary.values():
+        assert values["coll.all_gather.4.count"] == values["coll.all_reduce.4.count"] == 2.0
+        # what the rank put in: an all_reduce's buffer, an all_gather's shard (its output / 4)
+        assert (
+            values["coll.all_reduce.4.bytes"] == UNIT_BYTES
+            and values["coll.all_gather.4.bytes"] == UNIT_BYTES / 4
+        )
+        assert not [key for key in values if key.endswith(".time_s")]
+
+
+def test_an_fsdp2_rank_slowed_200_ms_a_step_in_its_forward_is_named_with_cause_compute_within_50_steps(
+    tmp_path, tm_env, torch
+):
+    result, run_dir = tm_torchrun(tmp_path, tm_env, STEPS="60", SLOW_RANK=str(SLOW), SLOW_WHERE="forward")
+    assert result.returncode == 0, result.stderr
+    named_at, named, last = straggler_over_time(run_dir)
+    assert named == SLOW and named_at is not None and named_at <= 50, (named_at, named)
+    assert last.metrics["straggler_rank"].value == SLOW
+    assert "cause: compute" in last.explain["straggler_rank"].note
+    assert last.metrics["straggler_wait_s"].label == "compute"
+    waits = {r.rank: r.collective_wait_s for r in last.ranks}
+    assert len(waits) == RANKS and min(waits, key=waits.get) == SLOW
+    fired = [
+        a
+        for a in log_records(run_dir)
+        if a["kind"] == "alert" and a["rule"] == "straggler" and a["state"] == "fired"
+    ]
+    assert fired and f"rank {SLOW}" in fired[0]["message"] and "compute" in fired[0]["message"], fired
