@@ -73,7 +73,8 @@ def test_the_probe_sees_fsdp2s_all_gathers_and_all_reduces_with_their_bytes_and_
             assert values["collective_bytes"] == 2 * UNIT_BYTES
             assert values["collective_seq_last"] - values["collective_seq_first"] == 3
             assert values["collective_seq_first"] == 4 * (step - 1) + 1
-    # The engine's row of each step: the count and bytes of each operation by group size (4), no gloo durations.
+    # The engine's row of each step: the count and bytes of each operation by group size (4); a time only for the
+    # all_gathers, which FSDP2 waits on from Python (its all_reduces are waited on in C++: the recorder times none).
     summary = {
         (r["rank"], r["step"]): r["values"]
         for r in records
@@ -87,7 +88,13 @@ def test_the_probe_sees_fsdp2s_all_gathers_and_all_reduces_with_their_bytes_and_
             values["coll.all_reduce.4.bytes"] == UNIT_BYTES
             and values["coll.all_gather.4.bytes"] == UNIT_BYTES / 4
         )
-        assert not [key for key in values if key.endswith(".time_s")]
+        assert "coll.all_reduce.4.time_s" not in values
+    timed = [
+        values["coll.all_gather.4.time_s"]
+        for values in summary.values()
+        if "coll.all_gather.4.time_s" in values
+    ]
+    assert len(timed) >= len(summary) // 2 and all(t > 0 for t in timed)
 
 
 def test_an_fsdp2_rank_slowed_200_ms_a_step_in_its_forward_is_named_with_cause_compute_within_50_steps(
