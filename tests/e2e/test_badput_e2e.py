@@ -89,6 +89,7 @@ def injected_s(run_with_sleeps: dict) -> dict[str, float]:
     return slept
 
 
+@pytest.mark.alone  # scripts/test runs it after the parallel suite: another test beside it moves its start-ups
 @pytest.mark.xdist_group("heavy")
 def test_each_bucket_is_the_time_injected_into_it_plus_the_control_runs_and_they_add_up(tm_env, tmp_path):
     require_torch()
