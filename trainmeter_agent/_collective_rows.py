@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import math
 
+#: How far before a collective's launch (its wall time carried onto the monotonic clock) a wait may seem to begin and
+#: still be its own: the two clocks are read together to a few microseconds (``_collectives.clock_offset``).
+WAIT_SLACK_S = 0.001
+
 # The recorder names dtypes as c10's ScalarType does; the bytes of one element.
 _DTYPE_BYTES = {
     "Float": 4,
@@ -192,10 +196,12 @@ def wait_durations(
     for i, entry in enumerate(entries):
         created_t = entry["time_created_ns"] / 1e9 - offset_s
         next_t = entries[i + 1]["time_created_ns"] / 1e9 - offset_s if i + 1 < len(entries) else math.inf
-        while index < len(waits) and waits[index][0] < created_t:
+        # A wait begins microseconds after its collective's launch; the launch is on the wall clock, carried onto the
+        # monotonic one, so a wait may seem to begin a little before it (WAIT_SLACK_S).
+        while index < len(waits) and waits[index][0] < created_t - WAIT_SLACK_S:
             index += 1
-        if index < len(waits) and waits[index][0] < next_t:
-            out[entry["record_id"]] = waits[index][1] - created_t
+        if index < len(waits) and waits[index][0] < next_t - WAIT_SLACK_S:
+            out[entry["record_id"]] = max(0.0, waits[index][1] - created_t)
             index += 1
     return out
 

@@ -20,4 +20,5 @@ for _ in range(int(os.environ.get("STEPS", "40"))):
     opt.step()
     dist.all_reduce(buffer)  # synchronous: torch.distributed waits on its work from Python
     buffer.fill_(1.0)
+dist.barrier()  # every rank done with its collectives before any closes its group (gloo aborts otherwise)
 dist.destroy_process_group()

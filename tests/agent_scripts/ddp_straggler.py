@@ -75,4 +75,5 @@ for x, y in loader:
 if os.environ.get("LOSSES"):
     with open(os.environ["LOSSES"] + f".rank{rank}", "w") as out:
         out.write(" ".join(repr(v) for v in losses) + "\n")
+dist.barrier()  # every rank done with its collectives before any closes its group (gloo aborts otherwise)
 dist.destroy_process_group()
