@@ -201,7 +201,8 @@ def wait_durations(
         while index < len(waits) and waits[index][0] < created_t - WAIT_SLACK_S:
             index += 1
         if index < len(waits) and waits[index][0] < next_t - WAIT_SLACK_S:
-            out[entry["record_id"]] = max(0.0, waits[index][1] - created_t)
+            if waits[index][1] > created_t:  # (one that ended before the launch, as carried, times nothing)
+                out[entry["record_id"]] = waits[index][1] - created_t
             index += 1
     return out
 
