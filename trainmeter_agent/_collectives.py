@@ -61,7 +61,8 @@ class CollectiveProbe:
         self._read_every_s = READ_EVERY_S
         self._stall_step: int | None = None  # the step a stall report went out at
         # Each process group's size by its name, kept from while the groups live: the last read, at exit, may come
-        # after the loop destroyed them (saw_batch looks again when their number changes: one len() per batch).
+        # after the loop destroyed them (saw_batch looks again when their number changes: one len() per batch; each
+        # read looks too, for a group destroyed and another made between two batches).
         self._group_sizes: dict[str, int] = {}
         self._groups_seen = 0
         stall = os.environ.get("TM_COLLECTIVE_STALL_S")
@@ -190,7 +191,6 @@ class CollectiveProbe:
             try:
                 self.agent.check_fault("collectives")
                 now = time.monotonic()
-                self._group_sizes.update(group_sizes())
                 if now - self._read_t >= self._read_every_s:
                     self._read_t = now
                     self.read_steps()
