@@ -56,9 +56,10 @@ def final_with_components(supervisor, hub: Hub, recorder: Recorder, run_dir: Pat
     wants_alert = tm_status != 0 and "alerts" in placed
     if wants_alert:
         # A run that ended badly has an alert to say so, computed from the final snapshot by the alerts component:
-        # it must be listening when the snapshot is published (a short run's components may still be starting).
+        # it must be listening when the snapshot is published (a short run's components may still be starting). Once
+        # its alert came, it acted on the engine's final snapshot already, and may have stopped listening since.
         deadline = time.monotonic() + DIED_ALERT_WAIT_S
-        while not hub.listening("snapshot") and time.monotonic() < deadline:
+        while not hub.late_alerts and not hub.listening("snapshot") and time.monotonic() < deadline:
             time.sleep(0.01)
     snapshot = None
     if not (hub.last_snapshot or {}).get("final") and hub.listening("snapshot"):
