@@ -48,7 +48,10 @@ def naps(monkeypatch):
 
 def test_a_died_alert_already_written_ends_the_wait_though_nobody_listens_for_snapshots_any_more(naps):
     hub = Hub(late_alerts=1, topics={"alert", "run.end"})
-    assert final_snapshot.final_with_components(components("engine", "alerts"), hub, None, None, print, 143) is None
+    assert (
+        final_snapshot.final_with_components(components("engine", "alerts"), hub, None, None, print, 143)
+        is None
+    )
     assert naps == []  # no wait at all
     assert hub.injected == []
 
