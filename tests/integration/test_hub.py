@@ -473,6 +473,7 @@ def test_history_records_are_derived_too_and_after_the_end_only_derived_kinds_an
         records.HistoryDelta(incarnation="e1", n=3),
         records.Alert(rule="died", state="fired", message="the training process died"),
         records.Step(step=99),
+        records.Component(name="alerts", event="stopped", process="components"),  # ComponentContext.done
     ]
     recorder = Recorder(tmp_path)
     hub = Hub(f"ipc://{short_dir}/in", f"ipc://{short_dir}/out", recorder)
@@ -491,7 +492,7 @@ def test_history_records_are_derived_too_and_after_the_end_only_derived_kinds_an
             hub.end(END)
             for record in late:
                 sock.send_multipart([records.topic(records.kind_of(record)), records.encode(record)])
-            wait_for(lambda: hub.late_alerts and hub.late, what="the late records")
+            wait_for(lambda: hub.late_alerts and hub.late and hub.done_components, what="the late records")
         got = []
         while len(got) < 6:
             record = sub.recv(30)
@@ -505,6 +506,9 @@ def test_history_records_are_derived_too_and_after_the_end_only_derived_kinds_an
     # Published: the three derived records, and after run.end the final snapshot, the last delta and the alert.
     assert got == ["history.request", "history.sync", "history", "snapshot", "history", "alert"]
     assert hub.late == 1  # the step after the end: dropped
+    assert hub.done_components == {
+        "alerts"
+    }  # noted for the launcher's wait, neither written nor counted as dropped
     # Written: none of the derived records; after run.end only the alert.
     kinds = [r["kind"] for r in log_records(tmp_path)]
     assert not {"history", "history.request", "history.sync", "snapshot"} & set(kinds)

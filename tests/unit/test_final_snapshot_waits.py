@@ -1,6 +1,7 @@
 """The launcher's wait for the final snapshot and the died alert waits only for what is pending: once the alerts
-component wrote its alert after run.end, it waits no more, even though that component stopped listening since (a
-killed run's tm used to linger 3 s there, counted as the run down between a resume's attempts)."""
+component said it is done (it acted on the final snapshot: ComponentContext.done), it waits no more, whether an alert
+came or not (the died rule's episode may be open since an earlier attempt) and whether anyone still listens for
+snapshots. A killed run's tm used to linger 3 s there, counted as the run down between a resume's attempts."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from trainmeter_core.run import final_snapshot
 
 
 class Hub:
-    """The hub as final_with_components reads it: the last snapshot, the late alerts, who listens."""
+    """The hub as final_with_components reads it: the last snapshot, the components done, who listens."""
 
-    def __init__(self, late_alerts: int, topics: set[str], final: bool = True) -> None:
+    def __init__(self, done: set[str], topics: set[str], final: bool = True) -> None:
         self.last_snapshot = {"final": final}
-        self.late_alerts = late_alerts
+        self.done_components = done
         self.topics = topics
         self.injected: list = []
 
@@ -29,6 +30,12 @@ class Hub:
 
 def components(*names: str):
     return SimpleNamespace(placements=[SimpleNamespace(components=list(names))])
+
+
+def wait(hub: Hub, tm_status: int):
+    return final_snapshot.final_with_components(
+        components("engine", "alerts"), hub, None, None, print, tm_status
+    )
 
 
 @pytest.fixture
@@ -46,24 +53,22 @@ def naps(monkeypatch):
     return slept
 
 
-def test_a_died_alert_already_written_ends_the_wait_though_nobody_listens_for_snapshots_any_more(naps):
-    hub = Hub(late_alerts=1, topics={"alert", "run.end"})
-    assert (
-        final_snapshot.final_with_components(components("engine", "alerts"), hub, None, None, print, 143)
-        is None
-    )
-    assert naps == []  # no wait at all
+@pytest.mark.parametrize(
+    "topics", [{"alert", "run.end"}, {"snapshot"}], ids=["nobody listens", "the web listens"]
+)
+def test_once_the_alerts_component_is_done_nothing_is_waited_for(naps, topics):
+    hub = Hub(done={"alerts"}, topics=topics)
+    assert wait(hub, 143) is None
+    assert naps == []
     assert hub.injected == []
 
 
-def test_with_no_alert_yet_it_waits_for_the_alerts_component_then_for_its_alert(naps):
-    hub = Hub(late_alerts=0, topics={"snapshot"})
-    final_snapshot.final_with_components(components("engine", "alerts"), hub, None, None, print, 143)
-    # listening already; the alert never comes here, so it waits for it until its deadline, and no longer
+def test_with_the_alerts_component_listening_and_not_done_it_waits_until_its_deadline_and_no_longer(naps):
+    hub = Hub(done=set(), topics={"snapshot"})
+    wait(hub, 143)
     assert sum(naps) == pytest.approx(final_snapshot.DIED_ALERT_WAIT_S, abs=0.05)
 
 
 def test_a_run_that_ended_well_waits_for_no_alert(naps):
-    hub = Hub(late_alerts=0, topics=set())
-    final_snapshot.final_with_components(components("engine", "alerts"), hub, None, None, print, 0)
+    wait(Hub(done=set(), topics={"snapshot"}), 0)
     assert naps == []

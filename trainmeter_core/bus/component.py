@@ -7,6 +7,7 @@ by the launcher, never a code change: a component only ever talks through its co
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -49,9 +50,15 @@ class ComponentContext:
     """A component's window on the run: publish, read, the run's facts, and the stop signal."""
 
     def __init__(
-        self, name: str, run_dir: Path, stopping: threading.Event, subscribes: tuple[str, ...] = ()
+        self,
+        name: str,
+        run_dir: Path,
+        stopping: threading.Event,
+        subscribes: tuple[str, ...] = (),
+        process: str = "components",
     ) -> None:
         self.name = name
+        self.process = process  # the placement that runs it (records.Component's ``process``)
         self.run_dir = Path(run_dir)
         self.stopping = stopping
         endpoints = json.loads((self.run_dir / "endpoints.json").read_text())
@@ -85,6 +92,14 @@ class ComponentContext:
             record = self.recv(timeout_s)
             if record is not None:
                 yield record
+
+    def done(self) -> None:
+        """Say on the bus that this component is done with the run (a ``component`` record, event ``stopped``): the
+        alerts component says it once it acted on the final snapshot, and the launcher, which waits for its alert at
+        a run's bad end, waits no longer. The hub notes it after run.end and does not write it."""
+        self.publish(
+            records.Component(name=self.name, event="stopped", process=self.process, child_pid=os.getpid())
+        )
 
     def close(self) -> None:
         self._producer.close(reason="stop")

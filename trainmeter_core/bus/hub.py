@@ -99,6 +99,9 @@ class Hub:
         self.seq_of_end = 0  # run.end's sequence number, once the run has ended
         self.late_alerts = 0  # alerts written after run.end (from the final snapshot)
         self.late = 0  # records that arrived after run.end: published if snapshots, never written
+        # Components that said they are done with the run after its end (a ``component`` record, event ``stopped``,
+        # from ComponentContext.done: the alerts component once it acted on the final snapshot). Noted, not written.
+        self.done_components: set[str] = set()
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tm-hub", daemon=True)
         # Other threads wake the hub's poll through a pipe (zmq sockets may only be touched by the hub's thread).
@@ -406,6 +409,9 @@ class Hub:
         try:
             checked = records.check(payload)
         except records.MalformedRecord:
+            return
+        if checked.kind == "component" and checked.data.get("event") == "stopped":
+            self.done_components.add(str(checked.data.get("name")))
             return
         if checked.kind not in records.DERIVED_KINDS and checked.kind != "alert":
             self.late += 1

@@ -104,6 +104,7 @@ class AlertsComponent(Component):
                 _say(ctx, line, "error")
             reported = len(alerter.errors)
             if record.final:
+                ctx.done()  # its alerts are out: the launcher waits for them no longer
                 return  # nothing follows the final snapshot
 
 

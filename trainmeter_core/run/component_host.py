@@ -66,7 +66,7 @@ def run_component(cls: type[Component], run_dir: Path, process: str, stopping: t
         ctx = None
         started = time.monotonic()
         try:
-            ctx = ComponentContext(cls.name, run_dir, stopping, cls.subscribes)
+            ctx = ComponentContext(cls.name, run_dir, stopping, cls.subscribes, process=process)
             cls().run(ctx)
             return
         except Exception as exc:

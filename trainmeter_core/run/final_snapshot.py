@@ -57,9 +57,14 @@ def final_with_components(supervisor, hub: Hub, recorder: Recorder, run_dir: Pat
     if wants_alert:
         # A run that ended badly has an alert to say so, computed from the final snapshot by the alerts component:
         # it must be listening when the snapshot is published (a short run's components may still be starting). Once
-        # its alert came, it acted on the engine's final snapshot already, and may have stopped listening since.
+        # it said it is done, it acted on the engine's final snapshot already and stopped listening: no alert may come
+        # then (the died rule's episode may be open since an earlier attempt), and waiting for one was 3 s lost.
         deadline = time.monotonic() + DIED_ALERT_WAIT_S
-        while not hub.late_alerts and not hub.listening("snapshot") and time.monotonic() < deadline:
+        while (
+            "alerts" not in hub.done_components
+            and not hub.listening("snapshot")
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.01)
     snapshot = None
     if not (hub.last_snapshot or {}).get("final") and hub.listening("snapshot"):
@@ -74,6 +79,6 @@ def final_with_components(supervisor, hub: Hub, recorder: Recorder, run_dir: Pat
                 time.sleep(FINAL_GRACE_S)  # let the components act on it before they are asked to stop
     if wants_alert and hub.listening("snapshot"):
         deadline = time.monotonic() + DIED_ALERT_WAIT_S
-        while not hub.late_alerts and time.monotonic() < deadline:
+        while "alerts" not in hub.done_components and time.monotonic() < deadline:
             time.sleep(0.02)
     return snapshot
