@@ -84,11 +84,9 @@ class Hub:
         # compares with a killed process's own count on its step page (trainmeter_core/bus/step_page.py).
         self.producer_steps: dict[str, int] = {}
         self.open_producers: set[str] = set()
-        # Processes whose agent said hello (the launcher's silence watch asks).
-        self.hello_pids: set[int] = set()
+        self.hello_pids: set[int] = set()  # processes whose agent said hello (the silence watch asks)
         self.last_snapshot: dict[str, Any] | None = None
-        # Where the agent saw torch.profiler write traces (imported at the end)
-        self.profiler_dirs: list[str] = []
+        self.profiler_dirs: list[str] = []  # where torch.profiler wrote traces (imported at the end)
         self.ticks = after_tick
         self._inbox: deque[records.Record] = deque()
         self._finish: records.RunEnd | None = None
@@ -97,11 +95,8 @@ class Hub:
         self._ended = threading.Event()
         self._stop_requested = False
         self.seq_of_end = 0  # run.end's sequence number, once the run has ended
-        self.late_alerts = 0  # alerts written after run.end (from the final snapshot)
         self.late = 0  # records that arrived after run.end: published if snapshots, never written
-        # Components that said they are done with the run after its end (a ``component`` record, event ``stopped``,
-        # from ComponentContext.done: the alerts component once it acted on the final snapshot). Noted, not written.
-        self.done_components: set[str] = set()
+        self.done_components: set[str] = set()  # done after run.end (ComponentContext.done): not written
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tm-hub", daemon=True)
         # Other threads wake the hub's poll through a pipe (zmq sockets may only be touched by the hub's thread).
@@ -425,7 +420,6 @@ class Hub:
             # An alert computed from the final snapshot (the training process died) is written after run.end.
             self.recorder.put(checked.data)
             self.kinds["alert"] = self.kinds.get("alert", 0) + 1
-            self.late_alerts += 1
         self.out.publish(checked.kind, payload, self.seq)
 
     def _observe(self, kind: str, data: dict[str, Any], remote: bool = False) -> None:
