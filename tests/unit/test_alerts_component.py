@@ -21,6 +21,7 @@ class StandIn:
         self.meta = meta
         self.stopping = threading.Event()
         self.published = []
+        self.said_done = 0
         self._records = deque(logged)
 
     def recv(self, timeout_s):
@@ -33,6 +34,9 @@ class StandIn:
     def publish(self, record):
         self.published.append(record)
         return True
+
+    def done(self):
+        self.said_done += 1
 
 
 @pytest.fixture(autouse=True)
@@ -157,3 +161,4 @@ def test_the_final_snapshot_is_judged_and_ends_the_component(tmp_path):
     (died,) = published(ctx)
     assert (died.rule, died.state, died.numbers["signal"]) == ("died", "fired", 9.0)
     assert len(ctx._records) == 1  # returned after the final snapshot, without reading on
+    assert ctx.said_done == 1  # and said so: the launcher's end waits for its alert no longer
