@@ -1,7 +1,8 @@
 """The straggler across nodes: two "nodes" (network, UTS and time namespaces, ``netns.py``) of two ranks each,
-``tm -- torchrun`` of the straggler's DDP loop; rank 3, on node 1 (its monotonic clock an hour off), slowed 200 ms a
-step in its DataLoader. The job hub's run names it, with cause data wait, within 50 steps, and its straggler alert
-says so, naming its host. Root only, as test_multinode.py."""
+``tm -- torchrun`` of the straggler's DDP loop, and of its FSDP2 loop (``fully_shard``); rank 3, on node 1 (its
+monotonic clock an hour off), slowed 200 ms a step in its DataLoader (DDP) or in its forward (FSDP2). The job hub's
+run names it, with its cause (data wait, compute), within 50 steps, and its straggler alert says so, naming its host.
+Root only, as test_multinode.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch_required import require_torch
 
 pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
 
-SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "ddp_straggler.py"
+SCRIPTS = Path(__file__).parents[1] / "agent_scripts"
 SLOW = 3  # node 1's second rank
 
 
@@ -33,11 +34,16 @@ class TwoByTwo(Job):
     per_node = 2
 
 
-def test_the_job_hub_names_the_rank_on_the_second_node_slowed_in_its_dataloader_with_cause_data_wait(
-    two_nodes, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("script", "where", "cause"),
+    [("ddp_straggler.py", "data", "data wait"), ("fsdp2_loop.py", "forward", "compute")],
+    ids=["ddp-dataloader", "fsdp2-forward"],
+)
+def test_the_job_hub_names_the_rank_on_the_second_node_and_its_cause(
+    two_nodes, tmp_path, monkeypatch, script, where, cause
 ):
-    monkeypatch.setattr("test_multinode.SCRIPT", SCRIPT)
-    job = TwoByTwo(tmp_path, two_nodes, STEPS="60", SLOW_RANK=str(SLOW), SLOW_WHERE="data")
+    monkeypatch.setattr("test_multinode.SCRIPT", SCRIPTS / script)
+    job = TwoByTwo(tmp_path, two_nodes, STEPS="60", SLOW_RANK=str(SLOW), SLOW_WHERE=where)
     job.start()
     try:
         codes = job.wait(240)
@@ -47,8 +53,8 @@ def test_the_job_hub_names_the_rank_on_the_second_node_slowed_in_its_dataloader_
     named_at, named, last = straggler_over_time(job.run_dir(0))
     assert named == SLOW and named_at is not None and named_at <= 50, (named_at, named)
     assert last.metrics["straggler_rank"].value == SLOW
-    assert "cause: data wait" in last.explain["straggler_rank"].note
-    assert last.metrics["straggler_wait_s"].label == "data wait"
+    assert f"cause: {cause}" in last.explain["straggler_rank"].note
+    assert last.metrics["straggler_wait_s"].label == cause
     waits = {r.rank: r.collective_wait_s for r in last.ranks}
     assert sorted(waits) == [0, 1, 2, 3] and min(waits, key=waits.get) == SLOW
     fired = [
@@ -60,4 +66,4 @@ def test_the_job_hub_names_the_rank_on_the_second_node_slowed_in_its_dataloader_
     assert fired[0]["message"].startswith(f"rank {SLOW} on node1 makes the other ranks wait"), fired[0][
         "message"
     ]
-    assert fired[0]["message"].endswith("cause: data wait")
+    assert fired[0]["message"].endswith(f"cause: {cause}")
