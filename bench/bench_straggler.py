@@ -9,9 +9,16 @@ ddp_straggler.py``), measured two ways. Prints figures; asserts nothing.
    the tree (tm, torchrun, the four ranks: ``treecpu.py``) of a short and a long clean run, probe on and off
    (``TM_NO_COLLECTIVES=1``); (long - short) / (long_steps - short_steps) is each one's CPU per step, and the
    difference on - off what the probe adds, printed beside the step's wall time (by the same slope) and the tree's
-   CPU per step with the probe off. ``--ranks`` (default 4) sets the ranks of this part: on a machine with fewer cores
-   than ranks, gloo's ranks wait for each other on shared cores and the noise of the slope hides a 1% figure; fewer
-   ranks than cores measure the same probe work per collective (it grows with a step's collectives, not its ranks).
+   CPU per step with the probe off; the median of the rounds, and the mean with its standard error. Beside it, by the
+   same slope, the parts inside the ranks, free of the other processes' noise: the CPU of the probe's own thread
+   and of the training thread (each rank's ``/proc/self/task/<tid>/schedstat``, nanoseconds, over its steps: the
+   loop's ``THREAD_CPU``), and the share of the long run's steps the probe sent a row for (it reads the flight
+   recorder at most 0.2% of the time, so a loop of thousands of steps a second has rows for some of its steps).
+   ``--ranks`` (default 4) sets the ranks of this part: on a machine with fewer cores than ranks, gloo's ranks wait
+   for each other on shared cores and the noise of the slope hides a 1% figure; fewer ranks than cores measure the
+   same probe work per collective (it grows with a step's collectives, not its ranks). The short run should be long
+   enough to hold the probe's first read (a second after its first step) and a full ring of the recorder (2,000
+   collectives), so that both cancel in the slope: 10,000 steps here.
 
 Run: ``.venv/bin/python bench/bench_straggler.py [--runs 20] [--seed S] [--short 100 --long 500 --rounds 2]``
 (``--skip-naming`` or ``--skip-cost`` for one part, ``--ranks N`` for the cost's ranks).
@@ -20,6 +27,8 @@ Run: ``.venv/bin/python bench/bench_straggler.py [--runs 20] [--seed S] [--short
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import random
 import shutil
@@ -33,6 +42,10 @@ from treecpu import run_tree
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "tests"))
+
+from tm_runs import log_records  # noqa: E402 - after the tests are on the path
+
 from trainmeter_core.runlog import replay  # noqa: E402 - after the repository is on the path
 
 SCRIPT = REPO / "tests" / "agent_scripts" / "ddp_straggler.py"
@@ -40,6 +53,7 @@ TM = Path(sys.executable).parent / "tm"
 RANKS = 4
 CAUSES = {"forward": "compute", "data": "data wait"}
 WITHIN_STEPS = 50
+PROBE, PROBE_THREAD = "collectives", "tm-agent-collectives"  # the probe's rows' origin, its thread's name
 
 
 def tm_torchrun(workdir: Path, ranks: int = RANKS, **env: str):
@@ -99,36 +113,77 @@ def naming(runs: int, seed: int) -> None:
     print(f"named the right rank and cause within {WITHIN_STEPS} steps: {right} of {runs}")
 
 
-def per_step(short: int, long: int, probe_on: bool, ranks: int) -> tuple[float, float]:
-    """CPU seconds of the whole tree and wall seconds, per step, by the slope between a short and a long run."""
-    figures = []
+def thread_cpu_s(prefix: Path, ranks: int) -> dict[str, float]:
+    """The CPU seconds of each named thread, over the run's steps, all ranks added (the loop's ``THREAD_CPU`` files)."""
+    out: dict[str, float] = {}
+    for rank in range(ranks):
+        figures = json.loads(Path(f"{prefix}.rank{rank}").read_text())
+        for name, seconds in figures["threads"].items():
+            out[name] = out.get(name, 0.0) + seconds
+    return out
+
+
+def steps_read(run_dir: Path) -> int:
+    """The steps a ``collectives`` row of the probe came for, all ranks added."""
+    return sum(
+        1 for record in log_records(run_dir) if record["kind"] == "metric" and record.get("origin") == PROBE
+    )
+
+
+def per_step(short: int, long: int, probe_on: bool, ranks: int) -> dict[str, float]:
+    """Per step, by the slope between a short and a long run: the whole tree's CPU seconds (``cpu``), the wall
+    seconds (``wall``), the training threads' and the probe's threads' CPU seconds, all ranks added (``main``,
+    ``probe``: each rank's ``/proc``, from its first step to its last); and the share of the long run's steps the
+    probe sent a row for (``read``)."""
+    figures, threads = [], []
+    read = 0.0
     for steps in (short, long):
         env = {"STEPS": str(steps)}
         if not probe_on:
             env["TM_NO_COLLECTIVES"] = "1"
         with tempfile.TemporaryDirectory() as tmp:
+            env["THREAD_CPU"] = str(Path(tmp) / "threads")
             figures.append(tm_torchrun(Path(tmp), ranks, **env))
-    cpu = (figures[1].cpu_s - figures[0].cpu_s) / (long - short)
-    wall = (figures[1].wall_s - figures[0].wall_s) / (long - short)
-    return cpu, wall
+            threads.append(thread_cpu_s(Path(tmp) / "threads", ranks))
+            if probe_on and steps == long:
+                (run_dir,) = [p for p in (Path(tmp) / "runs").iterdir() if p.is_dir()]
+                read = steps_read(run_dir) / (steps * ranks)
+    span = long - short
+    return {
+        "cpu": (figures[1].cpu_s - figures[0].cpu_s) / span,
+        "wall": (figures[1].wall_s - figures[0].wall_s) / span,
+        "main": (threads[1]["MainThread"] - threads[0]["MainThread"]) / span,
+        "probe": (threads[1].get(PROBE_THREAD, 0.0) - threads[0].get(PROBE_THREAD, 0.0)) / span,
+        "read": read,
+    }
 
 
 def cost(short: int, long: int, rounds: int, ranks: int) -> None:
-    added, shares = [], []
+    added, shares, probe, main_added = [], [], [], []
     for n in range(1, rounds + 1):
-        cpu_off, wall_off = per_step(short, long, False, ranks)
-        cpu_on, wall_on = per_step(short, long, True, ranks)
-        added.append(cpu_on - cpu_off)
-        shares.append((cpu_on - cpu_off) / cpu_off)
+        off = per_step(short, long, False, ranks)
+        on = per_step(short, long, True, ranks)
+        added.append(on["cpu"] - off["cpu"])
+        shares.append((on["cpu"] - off["cpu"]) / off["cpu"])
+        probe.append(on["probe"])
+        main_added.append(on["main"] - off["main"])
         print(
-            f"round {n}: per DDP step, the whole tree's CPU: probe off {cpu_off * 1e3:.2f} ms, on {cpu_on * 1e3:.2f} ms,"
-            f" added {(cpu_on - cpu_off) * 1e6:+.0f} µs ({(cpu_on - cpu_off) / cpu_off:+.2%} of the step's CPU);"
-            f" the step's wall time off {wall_off * 1e3:.2f} ms, on {wall_on * 1e3:.2f} ms"
+            f"round {n}: per DDP step, the whole tree's CPU: probe off {off['cpu'] * 1e3:.3f} ms,"
+            f" on {on['cpu'] * 1e3:.3f} ms, added {added[-1] * 1e6:+.1f} µs ({shares[-1]:+.2%} of the step's CPU);"
+            f" of it the probe's threads {on['probe'] * 1e6:.2f} µs, the training threads"
+            f" {main_added[-1] * 1e6:+.1f} µs (off {off['main'] * 1e6:.1f}, on {on['main'] * 1e6:.1f});"
+            f" the step's wall time off {off['wall'] * 1e3:.3f} ms, on {on['wall'] * 1e3:.3f} ms;"
+            f" steps with the probe's row {on['read']:.1%}",
+            flush=True,
         )
+    mean = statistics.fmean(added)
+    spread = statistics.stdev(added) / math.sqrt(rounds) if rounds > 1 else math.nan
     print(
-        f"the probe adds {statistics.median(added) * 1e6:+.0f} µs of CPU per DDP step over {ranks} ranks"
-        f" ({statistics.median(added) / ranks * 1e6:+.0f} µs a rank), {statistics.median(shares):+.2%} of the step's"
-        f" CPU (median of {rounds} rounds, {short} and {long} steps)"
+        f"the probe adds {statistics.median(added) * 1e6:+.1f} µs of CPU per DDP step over {ranks} ranks"
+        f" ({statistics.median(shares):+.2%} of the step's CPU; median of {rounds} rounds, {short} and {long} steps);"
+        f" mean {mean * 1e6:+.1f} µs, its standard error {spread * 1e6:.1f} µs; the probe's own threads"
+        f" {statistics.median(probe) * 1e6:.2f} µs a step (median), the training threads"
+        f" {statistics.median(main_added) * 1e6:+.1f} µs"
     )
 
 

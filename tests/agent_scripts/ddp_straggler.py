@@ -4,10 +4,14 @@
 Environment: STEPS (default 60); SLOW_RANK: that rank is slowed by SLOW_S seconds (default 0.2) a step, in its
 forward (SLOW_WHERE=forward) or in its DataLoader (SLOW_WHERE=data, the dataset's __getitem__ sleeps); PAUSE_S (0.0)
 slept by every rank after each step; LOSSES: where each rank writes its losses; ON_GPU=1: each rank says it
-computes on cuda:<its local rank> (a stand-in, for the fake GPUs' tests, of a loop that moved its model there).
+computes on cuda:<its local rank> (a stand-in, for the fake GPUs' tests, of a loop that moved its model there);
+THREAD_CPU: where each rank writes, as JSON, the CPU seconds of each of its threads by name (``/proc``'s
+``schedstat``) from its first step to its last, and their count (``bench/bench_straggler.py``'s cost part).
 """
 
+import json
 import os
+import threading
 import time
 
 import torch
@@ -19,6 +23,7 @@ slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
 slow_where = os.environ.get("SLOW_WHERE", "forward")
 slow_s = float(os.environ.get("SLOW_S", "0.2"))
 pause_s = float(os.environ.get("PAUSE_S", "0"))
+thread_cpu = os.environ.get("THREAD_CPU")
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -57,8 +62,26 @@ class Net(torch.nn.Module):
 model = DistributedDataParallel(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 loader = torch.utils.data.DataLoader(Batches(), batch_size=None)
+
+
+def threads_cpu_s() -> dict[str, float]:
+    """Each live thread's CPU seconds, by its name: the kernel's count of its time on a CPU, in nanoseconds
+    (``/proc/self/task/<tid>/schedstat``; ``stat``'s user and system times count in ticks of 10 ms)."""
+    out = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/schedstat") as stat:
+                out[thread.name] = int(stat.read().split()[0]) / 1e9
+        except OSError:
+            continue  # ended meanwhile
+    return out
+
+
 losses = []
+cpu_from: dict[str, float] = {}
 for x, y in loader:
+    if thread_cpu and not losses:
+        cpu_from = threads_cpu_s()
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
@@ -72,6 +95,11 @@ for x, y in loader:
         trainmeter_agent._process_agent.fact("device", device, "model")
     if pause_s:
         time.sleep(pause_s)
+if thread_cpu:
+    cpu_to = threads_cpu_s()
+    spent = {name: cpu_to[name] - cpu_from.get(name, 0.0) for name in cpu_to}
+    with open(f"{thread_cpu}.rank{rank}", "w") as out:
+        json.dump({"steps": len(losses), "threads": spent}, out)
 if os.environ.get("LOSSES"):
     with open(os.environ["LOSSES"] + f".rank{rank}", "w") as out:
         out.write(" ".join(repr(v) for v in losses) + "\n")
