@@ -62,6 +62,28 @@ def op_name(entry: dict) -> str:
     return name.split(":", 1)[-1]
 
 
+#: A row's keys of each operation by the recorder's name of it (``_op_keys``), and the most names kept: an entry's
+#: keys come from a dictionary lookup, not four strings formatted per collective.
+_OP_KEYS: dict[str | None, tuple[str, str, str, str]] = {}
+_OP_KEYS_MAX = 256
+
+
+def _op_keys(profiling_name: str | None) -> tuple[str, str, str, str]:
+    """The row's keys of an operation: its count, time, timed count and bytes."""
+    keys = _OP_KEYS.get(profiling_name)
+    if keys is None:
+        op = (profiling_name or "unknown").split(":", 1)[-1]
+        keys = (
+            f"collective_{op}_count",
+            f"collective_{op}_time_s",
+            f"collective_{op}_timed",
+            f"collective_{op}_bytes",
+        )
+        if len(_OP_KEYS) < _OP_KEYS_MAX:
+            _OP_KEYS[profiling_name] = keys
+    return keys
+
+
 def step_rows(
     entries: list[dict],
     boundaries: list[tuple[int, float]],
@@ -95,9 +117,9 @@ def step_rows(
         previous = end_t
     ends = [end_t for _, end_t in boundaries]
     index = 0
-    durations = wait_durations(entries, waits, offset_s)
-    for entry in entries:
-        created_t = entry["time_created_ns"] / 1e9 - offset_s
+    created = [entry["time_created_ns"] / 1e9 - offset_s for entry in entries]
+    durations = wait_durations(entries, waits, offset_s, created)
+    for entry, created_t in zip(entries, created, strict=True):
         while index < len(ends) and ends[index] <= created_t:
             index += 1
         if index == len(ends):
@@ -118,18 +140,19 @@ def step_rows(
         row["collective_count"] += 1
         launched.setdefault(step, []).append((created_t, group))
         row["collective_seq_last"] = float(entry["collective_seq_id"])
-        op = op_name(entry)
+        count_key, time_key, timed_key, bytes_key = _op_keys(entry.get("profiling_name"))
         size = collective_bytes(entry)
-        row[f"collective_{op}_count"] = row.get(f"collective_{op}_count", 0.0) + 1
-        duration = durations.get(entry["record_id"])
+        row[count_key] = row.get(count_key, 0.0) + 1
+        duration = durations.get(entry["record_id"]) if durations else None
         if duration is not None:
-            row[f"collective_{op}_time_s"] = row.get(f"collective_{op}_time_s", 0.0) + duration
-            row[f"collective_{op}_timed"] = row.get(f"collective_{op}_timed", 0.0) + 1
+            row[time_key] = row.get(time_key, 0.0) + duration
+            row[timed_key] = row.get(timed_key, 0.0) + 1
+            row["timed"] = True
         if size is None:
             row["bytes_known"] = False
         else:
             row["collective_bytes"] += size
-            row[f"collective_{op}_bytes"] = row.get(f"collective_{op}_bytes", 0.0) + size
+            row[bytes_key] = row.get(bytes_key, 0.0) + size
     tails = exposed_waits(launched, backwards, boundaries)
     waited = waits_by_step(waits, boundaries)
     for step, times in launched.items():
@@ -140,7 +163,9 @@ def step_rows(
         figures[(step, group)]["collective_exposed_s"] = exposed_s + waited.get(step, 0.0)
     for (step, group), row in figures.items():
         end_t, first_t = row.pop("end_t"), row.pop("first_t")
-        for key in [k for k in row if k.endswith("_timed")]:
+        # Only a row with a timed collective has counts of them to compare (none in a DDP step: its waits are C++'s).
+        timed_keys = [k for k in row if k.endswith("_timed")] if row.pop("timed", False) else []
+        for key in timed_keys:
             op = key[len("collective_") : -len("_timed")]
             if row.pop(key) != row[f"collective_{op}_count"]:
                 del row[
@@ -185,17 +210,22 @@ def exposed_waits(
 
 
 def wait_durations(
-    entries: list[dict], waits: list[tuple[float, float]], offset_s: float
+    entries: list[dict], waits: list[tuple[float, float]], offset_s: float, created: list[float] | None = None
 ) -> dict[int, float]:
     """The duration of each collective a wait Python made saw through, by ``record_id``: from the collective's launch
     to the end of the first wait that began after it and before the next collective's launch (a synchronous
     collective of ``torch.distributed`` waits at once). On this rank's own clock: it holds the rank's wait for the
-    others to arrive. A collective no such wait followed (DDP's reducer waits in C++) has none."""
+    others to arrive. A collective no such wait followed (DDP's reducer waits in C++) has none. ``created``: each
+    entry's launch on the monotonic clock, where the caller has them already."""
     out: dict[int, float] = {}
+    if not waits:
+        return out
+    if created is None:
+        created = [entry["time_created_ns"] / 1e9 - offset_s for entry in entries]
     index = 0
     for i, entry in enumerate(entries):
-        created_t = entry["time_created_ns"] / 1e9 - offset_s
-        next_t = entries[i + 1]["time_created_ns"] / 1e9 - offset_s if i + 1 < len(entries) else math.inf
+        created_t = created[i]
+        next_t = created[i + 1] if i + 1 < len(entries) else math.inf
         # A wait begins microseconds after its collective's launch; the launch is on the wall clock, carried onto the
         # monotonic one, so a wait may seem to begin a little before it (WAIT_SLACK_S).
         while index < len(waits) and waits[index][0] < created_t - WAIT_SLACK_S:
@@ -241,21 +271,39 @@ def step_summaries(rows: list, group_sizes: dict[str, int]) -> list[tuple[float,
         if size is None:
             continue
         for key, value in values.items():
-            if not key.startswith("collective_") or key in _TOTALS:
+            summed = _SUMMARY_KEYS.get((key, size), _NOT_YET)
+            if summed is _NOT_YET:
+                summed = _summary_key(key, size)
+                if len(_SUMMARY_KEYS) < _SUMMARY_KEYS_MAX:
+                    _SUMMARY_KEYS[(key, size)] = summed
+            if summed is None:
                 continue
-            if key.endswith("_time_s"):
-                op, field = key[len("collective_") : -len("_time_s")], "time_s"
-            elif key.endswith(("_count", "_bytes")):
-                op, field = key[len("collective_") :].rsplit("_", 1)
-                if field == "bytes" and op == "all_gather":
-                    value /= (
-                        size  # the row's is the gathered output (nccl-tests' size); the contract's, the input
-                    )
-            else:
-                continue
-            name = f"coll.{op}.{size}.{field}"
+            name, gathered = summed
+            if gathered:
+                value /= (
+                    size  # the row's is the gathered output (nccl-tests' size); the contract's, the input
+                )
             summary[name] = summary.get(name, 0.0) + value
     return [(t, step, summary) for step, (t, summary) in sorted(steps.items()) if summary]
 
 
 _TOTALS = ("collective_count", "collective_bytes")
+#: A group row's key and its group's size -> the summary's name of it and whether it is an all_gather's bytes (None
+#: for a key the summary leaves out); the most pairs kept. One lookup per key, not its name taken apart per row.
+_SUMMARY_KEYS: dict[tuple[str, int], tuple[str, bool] | None] = {}
+_SUMMARY_KEYS_MAX = 4096
+_NOT_YET = object()
+
+
+def _summary_key(key: str, size: int) -> tuple[str, bool] | None:
+    """``coll.<op>.<size>.<field>`` for a row's ``collective_<op>_<field>`` (count, bytes, time_s), and whether its
+    value is an all_gather's bytes; None for the totals, the sequence numbers, the arrival and the exposed wait."""
+    if not key.startswith("collective_") or key in _TOTALS:
+        return None
+    if key.endswith("_time_s"):
+        op, field = key[len("collective_") : -len("_time_s")], "time_s"
+    elif key.endswith(("_count", "_bytes")):
+        op, field = key[len("collective_") :].rsplit("_", 1)
+    else:
+        return None
+    return f"coll.{op}.{size}.{field}", field == "bytes" and op == "all_gather"
