@@ -7,7 +7,8 @@ in the backward. Each unit's parameters are sharded on dim 0 across the N ranks.
 
 Environment: STEPS (default 60); SLOW_RANK: that rank is slowed by SLOW_S seconds (default 0.2) a step, in its
 forward (SLOW_WHERE=forward) or in its DataLoader (SLOW_WHERE=data); PAUSE_S (0.0) slept by every rank after each
-step; LOSSES: where each rank writes its losses.
+step; LOSSES: where each rank writes its losses; SLEEP_RANK sleeps SLEEP_S seconds in step SLEEP_STEP between its
+forward and its backward: alive, it never enters that step's all_reduce, which the other ranks wait in.
 """
 
 import gc
@@ -23,6 +24,9 @@ slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
 slow_where = os.environ.get("SLOW_WHERE", "forward")
 slow_s = float(os.environ.get("SLOW_S", "0.2"))
 pause_s = float(os.environ.get("PAUSE_S", "0"))
+sleep_rank = int(os.environ.get("SLEEP_RANK", "-1"))
+sleep_step = int(os.environ.get("SLEEP_STEP", "-1"))
+sleep_s = float(os.environ.get("SLEEP_S", "0"))
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -68,6 +72,8 @@ losses = []
 for x, y in loader:
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
+    if rank == sleep_rank and len(losses) + 1 == sleep_step:
+        time.sleep(sleep_s)  # alive, not entering the all_reduce the others wait in
     loss.backward()
     opt.step()
     losses.append(loss.item())

@@ -1,7 +1,8 @@
 """The collective probe and the straggler under ``tm -- torchrun`` of an FSDP2 model (``fully_shard``), four ranks,
 gloo on the CPU: each step's all_gathers (forward) and all_reduces (backward: gloo has no reduce_scatter) with their
-bytes counted by hand; a rank slowed 200 ms a step in its forward named with cause compute within 50 steps; every
-rank's losses the same with and without tm.
+bytes counted by hand; a rank slowed 200 ms a step in its forward, then in its DataLoader, named with its cause within
+50 steps; the hung alert naming the rank that, alive, never entered step 20's all_reduce, with every rank's stacks;
+every rank's losses the same with and without tm.
 """
 
 from __future__ import annotations
@@ -116,3 +117,45 @@ def test_an_fsdp2_rank_slowed_200_ms_a_step_is_named_with_its_cause_within_50_st
         if a["kind"] == "alert" and a["rule"] == "straggler" and a["state"] == "fired"
     ]
     assert fired and f"rank {SLOW}" in fired[0]["message"] and cause in fired[0]["message"], fired
+
+
+def test_hung_names_the_fsdp2_rank_that_never_entered_the_all_reduce_of_step_20_with_every_ranks_stacks(
+    tmp_path, tm_env, torch
+):
+    (tmp_path / "tm.toml").write_text("[alerts.hung]\ncollective_floor_s = 4\nclear_after_s = 1\n")
+    result, run_dir = tm_torchrun(
+        tmp_path,
+        tm_env,
+        STEPS="24",
+        SLEEP_RANK=str(SLOW),
+        SLEEP_STEP="20",
+        SLEEP_S="12",
+        PAUSE_S="0.01",
+        TM_COLLECTIVE_STALL_S="1.5",
+    )
+    assert result.returncode == 0, result.stderr  # tm never killed nor signalled the job
+    records = log_records(run_dir)
+    fired = [r for r in records if r["kind"] == "alert" and r["rule"] == "hung" and r["state"] == "fired"]
+    assert len(fired) == 1, [r["message"] for r in fired]
+    (alert,) = fired
+    # Step 20 is all_gather, all_gather (its forward, which rank 1 ran too), then the backward's all_reduces: the
+    # others wait in the first of those, the third collective of the step in the default group.
+    last_of_19 = next(
+        r["values"]["collective_seq_last"]
+        for r in records
+        if r["kind"] == "metric" and r.get("origin") == "collectives:0" and r["rank"] == 0 and r["step"] == 19
+    )
+    seq = int(last_of_19) + 3
+    assert alert["subject"] == f"rank {SLOW}"
+    assert alert["numbers"]["seq"] == seq
+    assert alert["message"].startswith(
+        f"ranks 0, 2, 3 wait in all_reduce #{seq} of group 0 (default_pg) for "
+    )
+    assert f"rank {SLOW}, alive, never entered it" in alert["message"]
+    stacks = alert["attachments"]
+    assert sorted(stacks) == [f"rank {rank} stacks" for rank in range(RANKS)]
+    assert "time.sleep(sleep_s)" in stacks[f"rank {SLOW} stacks"]
+    for rank in (0, 2, 3):
+        assert "loss.backward()" in stacks[f"rank {rank} stacks"]
+    for text in stacks.values():
+        assert 'Thread "MainThread"' in text and 'Thread "tm-agent-collectives"' in text
