@@ -19,6 +19,16 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 # The model's gradients: Linear(64, 32) and Linear(32, 8), weights and biases, float32, in DDP's one bucket.
 GRAD_BYTES = (64 * 32 + 32 + 32 * 8 + 8) * 4  # 2344 floats = 9376 bytes
 LATE_S = 0.4
+# The hang of the acceptance: rank 1, alive, sleeps 12 s in step 20 before the collective the others wait in; the
+# ranks report a stall after 1.5 s and the hung rule's collective floor is 4 s, so that it fires within the test.
+HUNG_TOML = "[alerts.hung]\ncollective_floor_s = 4\nclear_after_s = 1\n"
+HANG_ENV = {
+    "STEPS": "24",
+    "SLEEP_RANK": "1",
+    "SLEEP_STEP": "20",
+    "SLEEP_S": "12",
+    "TM_COLLECTIVE_STALL_S": "1.5",
+}
 
 
 def tm_torchrun(tmp_path: Path, tm_env: dict, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
@@ -86,16 +96,8 @@ def test_the_probe_sees_ddps_all_reduce_each_step_with_its_bytes_and_exposed_wai
 def test_hung_names_the_rank_that_never_entered_the_all_reduce_of_step_20_with_every_ranks_stacks(
     tmp_path, tm_env, torch
 ):
-    (tmp_path / "tm.toml").write_text("[alerts.hung]\ncollective_floor_s = 4\nclear_after_s = 1\n")
-    result, records = tm_torchrun(
-        tmp_path,
-        tm_env,
-        STEPS="24",
-        SLEEP_RANK="1",
-        SLEEP_STEP="20",
-        SLEEP_S="12",
-        TM_COLLECTIVE_STALL_S="1.5",
-    )
+    (tmp_path / "tm.toml").write_text(HUNG_TOML)
+    result, records = tm_torchrun(tmp_path, tm_env, **HANG_ENV)
     assert result.returncode == 0, result.stderr  # tm never killed nor signalled the job
     fired = [r for r in records if r["kind"] == "alert" and r["rule"] == "hung" and r["state"] == "fired"]
     assert len(fired) == 1, [r["message"] for r in fired]

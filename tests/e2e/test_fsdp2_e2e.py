@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_collectives import HANG_ENV, HUNG_TOML
 from test_straggler_e2e import straggler_over_time
 from tm_runs import log_records, only_run, run_tm
 
@@ -124,17 +125,9 @@ def test_an_fsdp2_rank_slowed_200_ms_a_step_is_named_with_its_cause_within_50_st
 def test_hung_names_the_fsdp2_rank_that_never_entered_the_all_reduce_of_step_20_with_every_ranks_stacks(
     tmp_path, tm_env, torch
 ):
-    (tmp_path / "tm.toml").write_text("[alerts.hung]\ncollective_floor_s = 4\nclear_after_s = 1\n")
-    result, run_dir = tm_torchrun(
-        tmp_path,
-        tm_env,
-        STEPS="24",
-        SLEEP_RANK=str(SLOW),
-        SLEEP_STEP="20",
-        SLEEP_S="12",
-        PAUSE_S="0.01",
-        TM_COLLECTIVE_STALL_S="1.5",
-    )
+    (tmp_path / "tm.toml").write_text(HUNG_TOML)
+    assert HANG_ENV["SLEEP_RANK"] == str(SLOW)
+    result, run_dir = tm_torchrun(tmp_path, tm_env, PAUSE_S="0.01", **HANG_ENV)
     assert result.returncode == 0, result.stderr  # tm never killed nor signalled the job
     records = log_records(run_dir)
     fired = [r for r in records if r["kind"] == "alert" and r["rule"] == "hung" and r["state"] == "fired"]
