@@ -18,10 +18,13 @@ ddp_straggler.py``), measured two ways. Prints figures; asserts nothing.
    for each other on shared cores and the noise of the slope hides a 1% figure; fewer ranks than cores measure the
    same probe work per collective (it grows with a step's collectives, not its ranks). The short run should be long
    enough to hold the probe's first read (a second after its first step) and a full ring of the recorder (2,000
-   collectives), so that both cancel in the slope: 10,000 steps here.
+   collectives), so that both cancel in the slope: 10,000 steps here. ``--pin`` runs tm's processes on the first CPU
+   and torchrun with its ranks on the others (``taskset``): on the 2-core machine this was measured on, one rank's
+   training thread then took 255-260 µs a step from run to run, against 275-285 µs moving between the cores.
 
 Run: ``.venv/bin/python bench/bench_straggler.py [--runs 20] [--seed S] [--short 100 --long 500 --rounds 2]``
-(``--skip-naming`` or ``--skip-cost`` for one part, ``--ranks N`` for the cost's ranks).
+(``--skip-naming`` or ``--skip-cost`` for one part, ``--ranks N`` for the cost's ranks, ``--pin`` to keep them off
+tm's core).
 """
 
 from __future__ import annotations
@@ -56,15 +59,26 @@ WITHIN_STEPS = 50
 PROBE, PROBE_THREAD = "collectives", "tm-agent-collectives"  # the probe's rows' origin, its thread's name
 
 
-def tm_torchrun(workdir: Path, ranks: int = RANKS, **env: str):
+def pinned(argv: list[str], ranks_argv: list[str]) -> list[str]:
+    """``argv`` (tm and its ``--``) on this process's first CPU, and ``ranks_argv`` (torchrun and so its ranks) on the
+    others (``taskset``): no rank shares a core with tm's processes or moves between cores."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs or more")
+    others = ",".join(str(cpu) for cpu in cpus[1:])
+    return ["taskset", "-c", str(cpus[0]), *argv, "taskset", "-c", others, *ranks_argv]
+
+
+def tm_torchrun(workdir: Path, ranks: int = RANKS, pin: bool = False, **env: str):
     run_env = dict(
         os.environ, TM_RUNS_DIR=str(workdir / "runs"), TM_DISABLE_COMPONENTS="web", OMP_NUM_THREADS="1"
     )
     run_env.update(env)
     for name in ("TM_ACTIVE", "TM_AGENT_ENDPOINT", "TM_RUN_DIR", "TM_LAUNCHER_PID"):
         run_env.pop(name, None)
-    argv = [str(TM), "--", sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    argv += [f"--nproc_per_node={ranks}", str(SCRIPT)]
+    ranks_argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    ranks_argv.append(str(SCRIPT))
+    argv = pinned([str(TM), "--"], ranks_argv) if pin else [str(TM), "--", *ranks_argv]
     for attempt in (1, 2):
         shutil.rmtree(workdir / "runs", ignore_errors=True)
         done = run_tree(argv, run_env, cwd=str(workdir))
@@ -130,7 +144,7 @@ def steps_read(run_dir: Path) -> int:
     )
 
 
-def per_step(short: int, long: int, probe_on: bool, ranks: int) -> dict[str, float]:
+def per_step(short: int, long: int, probe_on: bool, ranks: int, pin: bool) -> dict[str, float]:
     """Per step, by the slope between a short and a long run: the whole tree's CPU seconds (``cpu``), the wall
     seconds (``wall``), the training threads' and the probe's threads' CPU seconds, all ranks added (``main``,
     ``probe``: each rank's ``/proc``, from its first step to its last); and the share of the long run's steps the
@@ -143,7 +157,7 @@ def per_step(short: int, long: int, probe_on: bool, ranks: int) -> dict[str, flo
             env["TM_NO_COLLECTIVES"] = "1"
         with tempfile.TemporaryDirectory() as tmp:
             env["THREAD_CPU"] = str(Path(tmp) / "threads")
-            figures.append(tm_torchrun(Path(tmp), ranks, **env))
+            figures.append(tm_torchrun(Path(tmp), ranks, pin, **env))
             threads.append(thread_cpu_s(Path(tmp) / "threads", ranks))
             if probe_on and steps == long:
                 (run_dir,) = [p for p in (Path(tmp) / "runs").iterdir() if p.is_dir()]
@@ -158,11 +172,11 @@ def per_step(short: int, long: int, probe_on: bool, ranks: int) -> dict[str, flo
     }
 
 
-def cost(short: int, long: int, rounds: int, ranks: int) -> None:
+def cost(short: int, long: int, rounds: int, ranks: int, pin: bool) -> None:
     added, shares, probe, main_added = [], [], [], []
     for n in range(1, rounds + 1):
-        off = per_step(short, long, False, ranks)
-        on = per_step(short, long, True, ranks)
+        off = per_step(short, long, False, ranks, pin)
+        on = per_step(short, long, True, ranks, pin)
         added.append(on["cpu"] - off["cpu"])
         shares.append((on["cpu"] - off["cpu"]) / off["cpu"])
         probe.append(on["probe"])
@@ -195,6 +209,11 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=RANKS, help="ranks of the cost part (the naming has 4)")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the cost's tm on the first CPU, torchrun and its ranks on the others",
+    )
     parser.add_argument("--skip-naming", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args()
@@ -203,7 +222,7 @@ def main() -> None:
     if not args.skip_naming:
         naming(args.runs, seed)
     if not args.skip_cost:
-        cost(args.short, args.long, args.rounds, args.ranks)
+        cost(args.short, args.long, args.rounds, args.ranks, args.pin)
 
 
 if __name__ == "__main__":
