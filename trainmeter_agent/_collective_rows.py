@@ -58,8 +58,11 @@ def collective_bytes(entry: dict) -> int | None:
 
 def op_name(entry: dict) -> str:
     """``all_reduce`` from the recorder's ``gloo:all_reduce`` / ``nccl:all_reduce``."""
-    name = entry.get("profiling_name") or "unknown"
-    return name.split(":", 1)[-1]
+    return _op(entry.get("profiling_name"))
+
+
+def _op(profiling_name: str | None) -> str:
+    return (profiling_name or "unknown").split(":", 1)[-1]
 
 
 #: A row's keys of each operation by the recorder's name of it (``_op_keys``), and the most names kept: an entry's
@@ -72,7 +75,7 @@ def _op_keys(profiling_name: str | None) -> tuple[str, str, str, str]:
     """The row's keys of an operation: its count, time, timed count and bytes."""
     keys = _OP_KEYS.get(profiling_name)
     if keys is None:
-        op = (profiling_name or "unknown").split(":", 1)[-1]
+        op = _op(profiling_name)
         keys = (
             f"collective_{op}_count",
             f"collective_{op}_time_s",
@@ -280,9 +283,8 @@ def step_summaries(rows: list, group_sizes: dict[str, int]) -> list[tuple[float,
                 continue
             name, gathered = summed
             if gathered:
-                value /= (
-                    size  # the row's is the gathered output (nccl-tests' size); the contract's, the input
-                )
+                # The row's is the gathered output (nccl-tests' size); the contract's, the input.
+                value /= size
             summary[name] = summary.get(name, 0.0) + value
     return [(t, step, summary) for step, (t, summary) in sorted(steps.items()) if summary]
 
