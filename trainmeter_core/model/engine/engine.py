@@ -10,7 +10,7 @@ import msgspec
 
 from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical, is_explicit_train_key
-from trainmeter_core.model.engine import attempts, collectives, hangs, nodes
+from trainmeter_core.model.engine import attempts, block_take, collectives, hangs, nodes
 from trainmeter_core.model.engine.derived import Derived
 from trainmeter_core.model.engine.profiles import on_profile_import
 from trainmeter_core.model.engine.samples import (
@@ -158,7 +158,56 @@ class Engine:
 
     def _on_block(self, block: records.Block, snapshots: bool) -> list[records.Snapshot]:
         """A block's rows, fed in order as if each had come alone (none makes a snapshot); ``through_seq`` ends at its
-        last row's. A block whose columns disagree with its rows (none that a hub passed) is passed over whole."""
+        last row's. A block whose columns disagree with its rows (none that a hub passed) is passed over whole.
+
+        Rank 0's steady steps, their losses and data waits go in by ``block_take`` without a record built for any;
+        every other row by its handler, as ``feed`` would (the rows are built then)."""
+        state = self.state
+        if not block_take.eligible(state, block) or state.start_t is None:
+            return self._on_rows(block, snapshots)
+        try:
+            records.block.validate(block)
+        except records.MalformedRecord:
+            return self._on_rows(block, snapshots)
+        order, loss = block.order, block.loss
+        first_seq = None if block.seq is None else block.seq - block.rows
+        rows: list[records.Record] | None = None
+        end = len(order)
+        at = s = p = r = 0  # the next letter, step, phase and row
+        derived, history, keeps = self.derived, self._history, self._keeps
+        while at < end:
+            if block_take.steady(state, derived, block):
+                stop, p_stop = block_take.fast_stop(block, at, p)
+                if stop > at:
+                    block_take.take_run(state, derived, history, keeps, block, at, stop, s, p)
+                    steps = order.count("s", at, stop)
+                    r += stop - at + steps - loss[s : s + steps].count(None)
+                    s += steps
+                    p = p_stop
+                    at = stop
+                    if first_seq is not None:
+                        state.through_seq = first_seq + r
+                    continue
+            # One letter's rows by their handlers (a step's loss before it)
+            if rows is None:
+                rows = records.block.expand(block)
+            letter = order[at]
+            count = 2 if letter == "s" and loss[s] is not None else 1
+            for row in rows[r : r + count]:
+                if row.seq is not None:
+                    state.through_seq = row.seq
+                self._handlers[type(row)](row)
+            r += count
+            at += 1
+            if letter == "s":
+                s += 1
+            elif letter == "p":
+                p += 1
+        return []
+
+    def _on_rows(self, block: records.Block, snapshots: bool) -> list[records.Snapshot]:
+        """A block's rows, each fed by its handler (a job's rows, an attempt on another clock, another rank's: each
+        through ``feed``)."""
         try:
             rows = records.block.expand(block)
         except (IndexError, TypeError, ValueError):
