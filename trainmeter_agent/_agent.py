@@ -145,6 +145,7 @@ class Agent(StepRecords, EmitCalls):
     def _reset_buffers(self) -> None:
         self._overhead_s = 0.0
         self._overhead_steps = 0
+        self._overhead_fact_t = float("-inf")  # when the last overhead fact went out (its step's time)
         self._step_owner = None
         self._last_emitted_step: int | None = None
         self._last_emitted_step_t: float | None = None

@@ -8,6 +8,7 @@ it does take the steady rows: most of each run's steps go in by it."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from blocks import WALL0, blockify, training_run
@@ -94,13 +95,19 @@ def random_run(rng: random.Random, steps: int) -> list[records.Record]:
     return out
 
 
-def _fed(log: list, history: type[History]) -> tuple[Engine, list[bytes]]:
+def _fed(log: list, history: Callable[[], History]) -> tuple[Engine, list[bytes]]:
     engine = Engine(history=history())
     made = [records.encode(snapshot) for record in log for snapshot in engine.feed(record)]
     return engine, made
 
 
-@pytest.mark.parametrize("history", [History, NoHistory])
+def small_history() -> History:
+    """A history that spills 32 points to its next tier once it holds 64, and so its last tier too in a run of a few
+    hundred steps."""
+    return History(capacity=64, merge=2, tiers=3)
+
+
+@pytest.mark.parametrize("history", [History, NoHistory, small_history])
 @pytest.mark.parametrize("seed", range(40))
 def test_random_runs_blocks_leave_the_state_their_rows_leave(seed, history, monkeypatch):
     rng = random.Random(seed)

@@ -157,3 +157,29 @@ def test_merging_raw_points_equals_merging_them_as_buckets_of_one_bit_for_bit():
         _merge_into(merged_raw, raw, 0, n, group, raw=True)
         _merge_into(merged_buckets, as_buckets, 0, n, group, raw=False)
         assert [column.tobytes() for column in merged_raw] == [column.tobytes() for column in merged_buckets]
+
+
+def _points(n: int, start: int = 0) -> list[tuple[float, float, float, float, float]]:
+    """n points of one series: step, tokens, flop (NaN now and then), wall and a value with dips and spikes."""
+    return [
+        (float(i), float(64 * i), math.nan if i % 7 == 0 else 1e3 * i, 1.7e9 + i / 4, math.sin(i) * (i % 13))
+        for i in range(start, start + n)
+    ]
+
+
+def test_points_added_in_one_go_leave_the_history_adding_them_one_by_one_leaves_across_every_tier():
+    # A small history: its first tier spills every 32 points, its last halves itself often (2,000 points cross both).
+    one_by_one, in_runs = History(capacity=64, merge=2, tiers=3), History(capacity=64, merge=2, tiers=3)
+    start = 0
+    for run in (1, 0, 63, 64, 65, 200, 7, 1000, 31, 569):
+        points = _points(run, start)
+        start += run
+        for point in points:
+            one_by_one.add_point("loss", *point)
+        in_runs.add_points(
+            "loss", *(list(axis) for axis in zip(*points, strict=True)) if points else ([],) * 5
+        )
+        one_by_one.add_point("lr", float(start), math.nan, math.nan, 1.7e9, 1e-3)
+        in_runs.add_points("lr", [float(start)], [math.nan], [math.nan], [1.7e9], [1e-3])
+    assert start == 2000 and in_runs.added_points("loss") == 2000
+    assert msgspec.msgpack.encode(in_runs.to_state()) == msgspec.msgpack.encode(one_by_one.to_state())

@@ -41,3 +41,25 @@ def test_a_copy_ignores_what_it_already_has_and_stays_untouched_by_a_delta_out_o
     assert replica.apply(records.HistoryDelta(incarnation="e2", n=6)) == "out of step"  # another engine's
     assert replica.apply(records.HistoryDelta(incarnation="e1", n=7)) == "out of step"  # delta 6 is missing
     assert replica.history.added_points("x") == 1
+
+
+def test_runs_of_points_reach_a_copy_as_the_engine_holds_them_each_series_in_its_order():
+    engine = JournaledHistory(capacity=64, merge=2, tiers=3)
+    replica = HistoryReplica()
+    replica.load(History(capacity=64, merge=2, tiers=3), "e1", 0)
+    for n in range(1, 6):
+        for k in range(0, 40 * n, 50):
+            step = float(1000 * n + k)
+            engine.add_point("tm:goodput", step, NAN, NAN, step, 0.5)
+        losses = [float(1000 * n + k) for k in range(40 * n)]
+        engine.add_points("train_loss", losses, losses, [NAN] * len(losses), losses, [1 / s for s in losses])
+        engine.add_points("step_time", losses, losses, losses, losses, [0.01] * len(losses))
+        engine.add_points("nothing", [], [], [], [], [])  # no point: nothing journaled
+        names, points = engine.take()
+        assert "nothing" not in names and len(points) == 40 * n * 2 + len(range(0, 40 * n, 50))
+        losses_sent = [p[1] for p in points if names[p[0]] == "train_loss"]
+        assert losses_sent == losses  # each series' points in the order added
+        delta = records.HistoryDelta(incarnation="e1", n=n, series=names, points=points)
+        assert replica.apply(delta) == "applied"
+    assert engine.journaled() == 0
+    assert records.encode(replica.history.to_state()) == records.encode(engine.to_state())

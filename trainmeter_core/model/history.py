@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -104,6 +104,32 @@ class History:
         append_value(value)
         entry.added += 1
         if len(values) > self._capacity:
+            self._spill(entry, 0)
+
+    def add_points(
+        self,
+        series: str,
+        step: Sequence[float],
+        tokens: Sequence[float],
+        flop: Sequence[float],
+        wall: Sequence[float],
+        value: Sequence[float],
+    ) -> None:
+        """Points of one series in order, an axis a sequence (of one length): the history ``add_point`` leaves for each
+        in turn, in one go (each raw array extended once, then spilled as often as its length says, in the same
+        chunks: a spill only ever takes the oldest ``merge`` × groups of points)."""
+        if not value:
+            return
+        appends = self._appends.get(series)
+        if appends is None:
+            appends = self._raw_appends(series)
+        entry = appends[6]
+        raw = entry.tiers[0]
+        for column, points in zip(raw, (step, tokens, flop, wall, value), strict=True):
+            column.extend(points)
+        entry.added += len(value)
+        values = raw[4]
+        while len(values) > self._capacity:
             self._spill(entry, 0)
 
     def _raw_appends(self, series: str) -> tuple:
@@ -227,6 +253,17 @@ class NoHistory(History):
         self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
     ) -> None:
         pass  # History.add ends here too
+
+    def add_points(
+        self,
+        series: str,
+        step: Sequence[float],
+        tokens: Sequence[float],
+        flop: Sequence[float],
+        wall: Sequence[float],
+        value: Sequence[float],
+    ) -> None:
+        pass
 
     def to_state(self) -> HistoryState:
         raise ValueError("this engine kept no history (NoHistory): its state is no checkpoint")

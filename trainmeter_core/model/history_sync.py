@@ -9,7 +9,9 @@ step leaves it as it was and says so.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from itertools import repeat
+from typing import Any, Literal
 
 from trainmeter_core.model import records
 from trainmeter_core.model.history import History
@@ -24,7 +26,9 @@ class JournaledHistory(History):
 
     def __init__(self, capacity: int = 4096, merge: int = 16, tiers: int = 3) -> None:
         super().__init__(capacity, merge, tiers)
-        self._journal: list[tuple[str, float, float, float, float, float]] = []
+        # In the order added: a point (its series, then its axes and value as floats), or a run of points of one series
+        # (``add_points``: its series, then each axis and the values as a list)
+        self._journal: list[tuple[str, Any, Any, Any, Any, Any]] = []
 
     def add_point(
         self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
@@ -32,21 +36,37 @@ class JournaledHistory(History):
         super().add_point(series, step, tokens, flop, wall, value)
         self._journal.append((series, step, tokens, flop, wall, value))
 
+    def add_points(
+        self,
+        series: str,
+        step: Sequence[float],
+        tokens: Sequence[float],
+        flop: Sequence[float],
+        wall: Sequence[float],
+        value: Sequence[float],
+    ) -> None:
+        super().add_points(series, step, tokens, flop, wall, value)
+        if value:
+            self._journal.append((series, list(step), list(tokens), list(flop), list(wall), list(value)))
+
     def take(self) -> tuple[list[str], list[tuple[int, float, float, float, float, float]]]:
         """The points added since the last ``take`` (series names once, points by name index); empties the journal."""
         index: dict[str, int] = {}
-        points = []
+        points: list[tuple[int, float, float, float, float, float]] = []
         for series, step, tokens, flop, wall, value in self._journal:
             i = index.get(series)
             if i is None:
                 i = index[series] = len(index)
-            points.append((i, step, tokens, flop, wall, value))
+            if type(value) is list:
+                points.extend(zip(repeat(i), step, tokens, flop, wall, value))
+            else:
+                points.append((i, step, tokens, flop, wall, value))
         self._journal.clear()
         return list(index), points
 
     def journaled(self) -> int:
         """How many points wait for the next ``take``."""
-        return len(self._journal)
+        return sum(len(value) if type(value) is list else 1 for *_, value in self._journal)
 
     def forget(self) -> None:
         """Drop the journal (what it holds reaches replicas another way: a full history)."""

@@ -178,7 +178,11 @@ def take_run(
     else:
         h_value = h_t = h_wall = h_x_step = h_x_tokens = h_x_flop = 0.0
         h_step = None
-    add_point = history.add_point
+    # The history's points of these rows, by series and axis, added in one go at the end (History.add_points): the
+    # loss's and rank 0's step time's, the series that got its first point first (its place in the history's map)
+    loss_x, loss_tokens, loss_flop, loss_wall, loss_value = [], [], [], [], []  # type: ignore[var-annotated]
+    step_x, step_tokens, step_flop, step_wall, step_value = [], [], [], [], []  # type: ignore[var-annotated]
+    loss_first: bool | None = None
     stepped = False
 
     for letter in block.order[start:stop]:
@@ -236,7 +240,13 @@ def take_run(
                 else:
                     committed, c_value, c_step, c_t = True, h_value, h_step, h_t
                 if keeps:
-                    add_point(_LOSS, h_x_step, h_x_tokens, h_x_flop, h_wall, h_value)
+                    loss_x.append(h_x_step)
+                    loss_tokens.append(h_x_tokens)
+                    loss_flop.append(h_x_flop)
+                    loss_wall.append(h_wall)
+                    loss_value.append(h_value)
+                    if loss_first is None:
+                        loss_first = True
             holding = True
             h_value, h_step = loss, step
             h_t = loss_t_col[s]
@@ -266,7 +276,13 @@ def take_run(
             else:
                 committed, c_value, c_step, c_t = True, h_value, h_step, h_t
             if keeps:
-                add_point(_LOSS, h_x_step, h_x_tokens, h_x_flop, h_wall, h_value)
+                loss_x.append(h_x_step)
+                loss_tokens.append(h_x_tokens)
+                loss_flop.append(h_x_flop)
+                loss_wall.append(h_wall)
+                loss_value.append(h_value)
+                if loss_first is None:
+                    loss_first = True
             holding = False
         # take_step, for the step clock's rank past its attempt's first step, of a steady (not profiled) step
         t = step_t_col[s]
@@ -325,20 +341,25 @@ def take_run(
         if after_others or after_wait is not None:
             after_others, after_wait, cleared = False, None, True
         if keeps and interval is not None:
+            step_x.append(float(step))
             if with_tokens:
-                add_point(
-                    _RANK_0_STEP_TIME,
-                    float(step),
-                    float(tokens_seen),
-                    tokens_seen * x_flop,
-                    t + shift,
-                    interval,
-                )
+                step_tokens.append(float(tokens_seen))
+                step_flop.append(tokens_seen * x_flop)
             else:
-                add_point(_RANK_0_STEP_TIME, float(step), _NAN, _NAN, t + shift, interval)
+                step_tokens.append(_NAN)
+                step_flop.append(_NAN)
+            step_wall.append(t + shift)
+            step_value.append(interval)
+            if loss_first is None:
+                loss_first = False
         rank_last_t, last_step = t, step
         stepped = True
 
+    if loss_first is not None:
+        loss_points = (_LOSS, loss_x, loss_tokens, loss_flop, loss_wall, loss_value)
+        step_points = (_RANK_0_STEP_TIME, step_x, step_tokens, step_flop, step_wall, step_value)
+        for points in (loss_points, step_points) if loss_first else (step_points, loss_points):
+            history.add_points(*points)
     # Every value into the state, once (a field whose value did not change is not stored: see steps.step_tokens)
     if stepped:
         last_step_wall = last_step_t + shift
