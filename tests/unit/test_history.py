@@ -176,9 +176,8 @@ def test_points_added_in_one_go_leave_the_history_adding_them_one_by_one_leaves_
         start += run
         for point in points:
             one_by_one.add_point("loss", *point)
-        in_runs.add_points(
-            "loss", *(list(axis) for axis in zip(*points, strict=True)) if points else ([],) * 5
-        )
+        columns = [[point[axis] for point in points] for axis in range(5)]
+        in_runs.add_points("loss", *columns)
         one_by_one.add_point("lr", float(start), math.nan, math.nan, 1.7e9, 1e-3)
         in_runs.add_points("lr", [float(start)], [math.nan], [math.nan], [1.7e9], [1e-3])
     assert start == 2000 and in_runs.added_points("loss") == 2000
