@@ -15,7 +15,7 @@ import secrets
 import time
 from pathlib import Path
 
-from trainmeter_core.bus.component import ALL_KINDS_WITH_BLOCKS, Component, ComponentContext
+from trainmeter_core.bus.component import Component, ComponentContext
 from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.model.history_sync import JournaledHistory
@@ -101,7 +101,10 @@ class LiveEngine:
 
 class EngineComponent(Component):
     name = "engine"
-    subscribes = ALL_KINDS_WITH_BLOCKS  # steps in bulk: a block is fed whole
+    #: Every kind the engine feeds, a block as it is (steps in bulk: a block is fed whole), the dashboard's request for
+    #: the whole history and the hub's counts (the hand-over reads how far the recorder flushed); not the snapshots and
+    #: history deltas it publishes itself: a tight loop's delta holds two points a step, 1 ms of decoding a tick.
+    subscribes = tuple(sorted(Engine.FED_KINDS | {"history.request", "bus.stats"}))
     shared = True
 
     def run(self, ctx: ComponentContext) -> None:
