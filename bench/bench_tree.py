@@ -7,7 +7,8 @@ run by that same Python).
 The slope method (issue 42): each variant runs the loop for ``--short`` (2,000) and ``--long`` (8,000) steps; its CPU per
 step is (CPU of the long run - CPU of the short run) / (long - short), so the start-up and the end, the same in both,
 cancel. The variants alternate within a round, ``--rounds`` rounds; a figure is the median over the rounds of that
-round's slope. Added per step: tm's slope minus the plain loop's (tm's Python), 0.0.7's slope minus the plain loop's
+round's slope (the added CPU also as the rounds' mean with its standard error: on a shared machine the rounds spread
+over tens of µs, more than the 5% target, so it takes many rounds to say whether it is met). Added per step: tm's slope minus the plain loop's (tm's Python), 0.0.7's slope minus the plain loop's
 run by 0.0.7's Python.
 
 The CPU of a run's whole process tree: see ``treecpu.py`` (the bench becomes a child subreaper, so every process of the
@@ -187,9 +188,9 @@ def report(slopes: dict, runs: dict, args, killed: int, took_s: float, load_befo
         added[name] = med(whole)
         print(
             f"  {name:<6} adds {med(whole):8.1f} µs per step = {med(whole) / base_us:6.1%} of its plain loop "
-            f"(rounds {min(whole):.1f} to {max(whole):.1f}); of it the training process "
+            f"(rounds {min(whole):.1f} to {max(whole):.1f}; mean {_mean_se(whole)}); of it the training process "
             f"{med(own):.1f} µs ({med(own) / base_us:.1%}), {name}'s other processes {med(others):.1f} µs "
-            f"({med(others) / base_us:.1%})"
+            f"({med(others) / base_us:.1%}; mean {_mean_se(others)})"
         )
         tails = ", ".join(f"{r['tail_short']:.2f}/{r['tail_long']:.2f}" for r in slopes[name])
         print(f"         time after the loop's last line, short/long run: {tails} s")
@@ -203,6 +204,13 @@ def report(slopes: dict, runs: dict, args, killed: int, took_s: float, load_befo
         print(
             f"  {killed} process(es) of the trees still ran after the command and were killed, then counted"
         )
+
+
+def _mean_se(values: list[float]) -> str:
+    """The mean with its standard error (the rounds' spread over the square root of their count), in µs."""
+    if len(values) < 2:
+        return f"{values[0]:.1f} µs (one round: no error)"
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values) / len(values) ** 0.5:.1f} µs"
 
 
 def _spread(rows: list[dict], key: str) -> str:
