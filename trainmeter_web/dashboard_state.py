@@ -173,7 +173,7 @@ class DashboardState:
             self.needs_history = True
             self._held.append(delta)
             return False
-        if outcome == "applied" and delta.points:
+        if outcome == "applied" and (delta.points or delta.runs):
             self.version += 1
             return True
         return False

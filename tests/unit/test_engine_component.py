@@ -76,7 +76,7 @@ def test_a_checkpoint_first_publishes_the_points_not_yet_in_a_delta_so_it_holds_
     assert kinds == ["snapshot", "history", "snapshot", "history", "history", "history.sync"]
     extra, sync = ctx.records[-2:]
     # after tick 2 (at step 10): step 11's time on rank 0, and its loss and lr
-    assert extra.n == 3 and len(extra.points) == 3
+    assert extra.n == 3 and [len(run[1]) for run in extra.runs] == [1, 1, 1] and not extra.points
     assert sorted(extra.series) == ["lr", "tm:rank:0:step_time_s", "train_loss"]
     assert (sync.incarnation, sync.n, sync.checkpoint) == (live.incarnation, 3, CHECKPOINT)
     saved = load_history(tmp_path)

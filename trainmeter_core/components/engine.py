@@ -89,10 +89,10 @@ class LiveEngine:
 
     def delta(self) -> records.HistoryDelta:
         """The points added since the previous delta, as the next delta."""
-        names, points = self.history.take()
+        names, runs = self.history.take()
         self.n += 1
         return records.HistoryDelta(
-            incarnation=self.incarnation, n=self.n, through_seq=self.through_seq, series=names, points=points
+            incarnation=self.incarnation, n=self.n, through_seq=self.through_seq, series=names, runs=runs
         )
 
     def pending_points(self) -> bool:

@@ -10,7 +10,6 @@ step leaves it as it was and says so.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
 from typing import Any, Literal
 
 from trainmeter_core.model import records
@@ -49,20 +48,34 @@ class JournaledHistory(History):
         if value:
             self._journal.append((series, list(step), list(tokens), list(flop), list(wall), list(value)))
 
-    def take(self) -> tuple[list[str], list[tuple[int, float, float, float, float, float]]]:
-        """The points added since the last ``take`` (series names once, points by name index); empties the journal."""
+    def take(
+        self,
+    ) -> tuple[list[str], list[tuple[int, list[float], list[float], list[float], list[float], list[float]]]]:
+        """The points added since the last ``take``: the series' names, then each series' points as one run (its
+        index, then its steps, tokens, flops, walls and values as columns), the runs in the order their series first
+        gained a point; empties the journal."""
         index: dict[str, int] = {}
-        points: list[tuple[int, float, float, float, float, float]] = []
+        runs: list[tuple[int, list[float], list[float], list[float], list[float], list[float]]] = []
         for series, step, tokens, flop, wall, value in self._journal:
             i = index.get(series)
             if i is None:
                 i = index[series] = len(index)
+                runs.append((i, [], [], [], [], []))
+            _, steps, tokens_, flops, walls, values = runs[i]
             if type(value) is list:
-                points.extend(zip(repeat(i), step, tokens, flop, wall, value))
+                steps.extend(step)
+                tokens_.extend(tokens)
+                flops.extend(flop)
+                walls.extend(wall)
+                values.extend(value)
             else:
-                points.append((i, step, tokens, flop, wall, value))
+                steps.append(step)
+                tokens_.append(tokens)
+                flops.append(flop)
+                walls.append(wall)
+                values.append(value)
         self._journal.clear()
-        return list(index), points
+        return list(index), runs
 
     def journaled(self) -> int:
         """How many points wait for the next ``take``."""
@@ -106,8 +119,14 @@ class HistoryReplica:
         names = delta.series
         if not all(0 <= point[0] < len(names) for point in delta.points):
             return "out of step"  # a point names a series the delta does not list: not the engine's
+        for i, steps, *columns in delta.runs:
+            if not 0 <= i < len(names) or any(len(column) != len(steps) for column in columns):
+                return "out of step"  # a run names a series the delta does not list, or its columns disagree
         add = self.history.add_point
         for i, step, tokens, flop, wall, value in delta.points:
             add(names[i], step, tokens, flop, wall, value)
+        add_points = self.history.add_points
+        for i, steps, tokens, flops, walls, values in delta.runs:
+            add_points(names[i], steps, tokens, flops, walls, values)
         self.n = delta.n
         return "applied"

@@ -165,14 +165,17 @@ class HistoryDelta(Record, tag="history", kw_only=True):
     """The history points the engine added since its previous ``history`` record, published after each snapshot and
     never written (replay recomputes them). A replica that applied deltas 1 to ``n - 1`` of this ``incarnation`` and
     applies this one holds what the engine holds; a gap in ``n`` or another incarnation calls for a ``history.request``.
-    A point is ``[series index, step, tokens, flop, wall, value]``; an axis the engine did not know is NaN (``null`` in
-    JSON)."""
+    The engine sends a series' points as one run, ``[series index, steps, tokens, flops, walls, values]``: columns of
+    one length, in the order it added them, the runs in the order their series first gained a point. A point of
+    ``points`` is ``[series index, step, tokens, flop, wall, value]``, as an engine before the runs sent every point; a
+    replica applies ``points`` first, then ``runs``. An axis the engine did not know is NaN (``null`` in JSON)."""
 
     incarnation: str  # one engine process's life: a restarted engine starts a new one and counts ``n`` from 1
     n: int
     through_seq: int | None = None  # the last hub sequence number the history reflects
     series: list[str] = []  # the names the points refer to, by index
     points: list[tuple[int, float, float, float, float, float]] = []
+    runs: list[tuple[int, list[float], list[float], list[float], list[float], list[float]]] = []
 
 
 class HistoryRequest(Record, tag="history.request", kw_only=True):
