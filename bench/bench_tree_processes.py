@@ -8,7 +8,11 @@ With ``--idle``: what tm's whole tree spends per second of a run that makes no s
 under ``tm --no-web`` for 1 and 4 s, every process counted through a subreaper, ``treecpu.py``): the part of the
 per-step slope that grows with the run's time rather than its steps (ticks, snapshots, samplers).
 
-usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle]
+With ``--whole``: tm's processes over their whole lives, the end of the run included: the tree's CPU (every process,
+through a subreaper, ``treecpu.py``) less the training process's own, which ``/usr/bin/time`` around it reports at its
+exit (its exit and the agent's last flush are its own here, not "other processes" as in ``bench_tree.py``).
+
+usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle] [--whole]
 Prints figures; asserts nothing.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -63,6 +68,11 @@ def main() -> None:
     parser.add_argument(
         "--idle", action="store_true", help="tm's whole tree per second of a run with no step"
     )
+    parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="tm's processes over their whole lives (the training process by /usr/bin/time)",
+    )
     args = parser.parse_args()
     runs = tempfile.mkdtemp(prefix="tm-bench-procs-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TM_") and k != "PYTHONPATH"}
@@ -73,9 +83,13 @@ def main() -> None:
     print(
         f"load average {load}; reproduce: {sys.executable} bench/bench_tree_processes.py --rounds {args.rounds} "
         f"--short {args.short} --long {args.long} --drain {args.drain}{' --idle' if args.idle else ''}"
+        f"{' --whole' if args.whole else ''}"
     )
     if args.idle:
         idle(tm, env, args.rounds)
+        return
+    if args.whole:
+        whole(tm, env, args)
         return
     seen: dict[int, list[dict]] = {args.short: [], args.long: []}
     for _ in range(args.rounds):
@@ -110,6 +124,28 @@ def idle(tm: str, env: dict, rounds: int) -> None:
     rounds_ms = ", ".join(f"{s * 1000:.1f}" for s in slopes)
     print(
         f"tm's whole tree, a run with no step: {statistics.median(slopes) * 1000:.1f} ms of CPU a second (rounds {rounds_ms})"
+    )
+
+
+def whole(tm: str, env: dict, args: argparse.Namespace) -> None:
+    """tm's processes, CPU per step over their whole lives: the tree less the training process (``/usr/bin/time``)."""
+    become_subreaper()
+    slopes = []
+    for _ in range(args.rounds):
+        others = {}
+        for steps in (args.short, args.long):
+            argv = [tm, "-q", "--no-web", "--", "/usr/bin/time", "-f", "TIMECPU %U %S"]
+            argv += [sys.executable, "-c", LOOP, str(steps)]
+            run = run_tree(argv, env)
+            found = re.search(r"TIMECPU ([\d.]+) ([\d.]+)", run.stderr + run.stdout)
+            if run.returncode != 0 or found is None:
+                raise SystemExit(f"failed ({run.returncode}): {run.stderr.strip()[-400:]}")
+            others[steps] = run.cpu_s - (float(found.group(1)) + float(found.group(2)))
+        slopes.append((others[args.long] - others[args.short]) / (args.long - args.short) * 1e6)
+    rounds = ", ".join(f"{s:.1f}" for s in slopes)
+    print(
+        f"tm's processes over their whole lives: {statistics.median(slopes):.1f} µs per step (rounds {rounds}; "
+        "/usr/bin/time counts in 10 ms, the kernel in ticks: about 2 µs a step at the defaults)"
     )
 
 
