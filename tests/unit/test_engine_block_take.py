@@ -2,8 +2,9 @@
 included, byte for byte as its rows fed one by one leave it, over random runs of every shape it meets: steps without
 a loss, non-finite losses, losses of another step, data waits that end before they start, checkpoints and evals
 between steps, metrics emitted (the loss among them, from then on the loop's own), declared and absurd token counts,
-clocks that go backwards, a hang the alert opened, a resumed attempt on the same clock, blocks of every length. And
-it does take the steady rows: most of each run's steps go in by it."""
+clocks that go backwards, a hang the alert opened, a resumed attempt on the same clock, the collective probe's row
+after each step, a second rank's blocks between rank 0's, blocks of every length. And it does take the steady rows:
+most of rank 0's steps in blocks go in by it."""
 
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ def _start(t: float, attempt: int = 1) -> records.RunStart:
 
 
 def random_run(rng: random.Random, steps: int) -> list[records.Record]:
-    """One rank-0 loop's records in hub order, numbered, with a random mix of what a run can send between steps."""
+    """One rank-0 loop's records in hub order, numbered, with a random mix of what a run can send between steps; in
+    some runs the collective probe's row after each step, and in some a second rank's steps, ten at a time."""
     out: list[records.Record] = [_start(0.5)]
+    collectives = rng.random() < 0.3
+    second_rank = rng.random() < 0.3
+    rank1: list[records.Record] = []  # rank 1's records since it last joined the log
     if rng.random() < 0.7:
         out.append(records.Fact(t=0.6, name="model.params", value=1_000_000, provenance="detected",
                                 origin="agent:model", **AGENT))  # fmt: skip
@@ -74,6 +79,49 @@ def random_run(rng: random.Random, steps: int) -> list[records.Record]:
                                 agent_us=3.0 if step % 16 == 0 else None, micro_batches=1, tokens=tokens,
                                 tokens_source="input_ids", dp=1, tokens_global=tokens, t=t + 0.008,
                                 **AGENT))  # fmt: skip
+        if collectives:
+            values = {
+                "collective_wait_s": rng.choice([0.0, 0.001, 0.003]),
+                "coll.all_reduce.2.bytes": 4096.0,
+                "coll.all_reduce.2.time_s": 0.0005,
+                "coll.all_reduce.2.count": 1.0,
+            }
+            out.append(records.Metric(values=values, origin="collectives", step=step, t=t + 0.0085, **AGENT))
+        if second_rank:
+            other = {**AGENT, "rank": 1, "pid": 8}
+            rank1.append(
+                records.Phase(
+                    phase="data_wait",
+                    start_t=t,
+                    end_t=t + 0.0007,
+                    step=step - 1,
+                    probe="dataloader",
+                    t=t + 0.0007,
+                    **other,
+                )
+            )
+            rank1.append(
+                records.Metric(
+                    values={"train_loss": 4.0 / step}, step=step, origin="backward", t=t + 0.0061, **other
+                )
+            )
+            rank1.append(
+                records.Step(
+                    step=step,
+                    step_time_s=0.0101,
+                    optimizers=1,
+                    micro_batches=1,
+                    tokens=1024,
+                    tokens_source="input_ids",
+                    dp=2,
+                    tokens_global=2048,
+                    t=t + 0.0081,
+                    **other,
+                )
+            )
+            if step % 10 == 0:
+                out.extend(rank1)
+                rank1.clear()
         if step % 10 == 0 or (emits_loss_at is not None and i >= emits_loss_at and rng.random() < 0.5):
             values = {"lr": 1e-3 / step}
             if emits_loss_at is not None and i >= emits_loss_at:
@@ -130,7 +178,9 @@ def test_random_runs_blocks_leave_the_state_their_rows_leave(seed, history, monk
         assert records.encode(by_block.state) == records.encode(by_row.state)
     else:
         assert by_block.state_bytes() == by_row.state_bytes()
-    steps_in_blocks = sum(item.order.count("s") for item in blocked if type(item) is records.Block)
+    steps_in_blocks = sum(
+        item.order.count("s") for item in blocked if type(item) is records.Block and not item.rank
+    )  # rank 0's: another rank's go to the handlers
     if steps_in_blocks >= 100 and "train_loss" not in by_row.state.emit_series:
         # The steady steps went in by block_take (a block of 2 rows holds at most one step, with its loss).
         assert sum(taken) >= 0.5 * steps_in_blocks, (sum(taken), steps_in_blocks)
