@@ -171,8 +171,15 @@ class Engine:
             return self._on_rows(block, snapshots)
         order, loss = block.order, block.loss
         first_seq = None if block.seq is None else block.seq - block.rows
-        rows: list[records.Record] | None = None
         end = len(order)
+        rows: list[records.Record] | None = None
+        if block_take.fast_stop(block, 0, 0)[0] < end or not block_take.steady(state, self.derived, block):
+            # Some of its rows go to their handlers: built before the state changes, so that a block whose columns
+            # cannot be read as rows is passed over whole, as by the rows' way
+            try:
+                rows = records.block.expand(block)
+            except (IndexError, TypeError, ValueError):
+                return []
         at = s = p = r = 0  # the next letter, step, phase and row
         derived, history, keeps = self.derived, self._history, self._keeps
         while at < end:
@@ -188,9 +195,9 @@ class Engine:
                     if first_seq is not None:
                         state.through_seq = first_seq + r
                     continue
-            # One letter's rows by their handlers (a step's loss before it)
-            if rows is None:
-                rows = records.block.expand(block)
+            # One letter's rows by their handlers (a step's loss before it). The state turned unsteady inside a run
+            # of steady letters only by a handler's row, so the rows were built.
+            assert rows is not None
             letter = order[at]
             count = 2 if letter == "s" and loss[s] is not None else 1
             for row in rows[r : r + count]:
@@ -206,8 +213,8 @@ class Engine:
         return []
 
     def _on_rows(self, block: records.Block, snapshots: bool) -> list[records.Snapshot]:
-        """A block's rows, each fed by its handler (a job's rows, an attempt on another clock, another rank's: each
-        through ``feed``)."""
+        """A block's rows one by one: through ``feed`` for a job's, an attempt's on another clock or the run's first;
+        else straight to their handlers."""
         try:
             rows = records.block.expand(block)
         except (IndexError, TypeError, ValueError):
