@@ -149,6 +149,19 @@ def _fed(log: list, history: Callable[[], History]) -> tuple[Engine, list[bytes]
     return engine, made
 
 
+def counted_take_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``block_take.take_run`` counted: the steps of each run of letters it takes, in a list that grows as it does."""
+    taken: list[int] = []
+    take_run = block_take.take_run
+
+    def counting(state, derived, history, keeps, block, start, stop, s, p):
+        taken.append(block.order.count("s", start, stop))
+        take_run(state, derived, history, keeps, block, start, stop, s, p)
+
+    monkeypatch.setattr(block_take, "take_run", counting)
+    return taken
+
+
 def small_history() -> History:
     """A history that spills 32 points to its next tier once it holds 64, and so its last tier too in a run of a few
     hundred steps."""
@@ -161,17 +174,9 @@ def test_random_runs_blocks_leave_the_state_their_rows_leave(seed, history, monk
     rng = random.Random(seed)
     rows = random_run(rng, rng.choice([30, 120, 400]))
     blocked = blockify(rows, at_most=rng.choice([2, 3, 7, 64, 1000]))
-    taken = []
-    take_run = block_take.take_run
-
-    def counting(state, derived, hist, keeps, block, start, stop, s, p):
-        taken.append(block.order.count("s", start, stop))
-        take_run(state, derived, hist, keeps, block, start, stop, s, p)
-
-    monkeypatch.setattr(block_take, "take_run", counting)
+    taken = counted_take_runs(monkeypatch)
     by_block, snapshots_by_block = _fed(blocked, history)
-    monkeypatch.setattr(block_take, "take_run", take_run)
-    by_row, snapshots_by_row = _fed(rows, history)
+    by_row, snapshots_by_row = _fed(rows, history)  # rows alone: block_take never sees one
     assert snapshots_by_block == snapshots_by_row
     assert by_block.state.through_seq == by_row.state.through_seq == rows[-1].seq
     if history is NoHistory:
@@ -189,14 +194,7 @@ def test_random_runs_blocks_leave_the_state_their_rows_leave(seed, history, monk
 def test_a_steady_runs_steps_go_in_by_block_take_from_its_second_step_on(monkeypatch):
     rows = training_run(300)  # ticks every 25 steps, a learning rate emitted every 10
     blocked = blockify(rows)
-    taken = []
-    take_run = block_take.take_run
-
-    def counting(state, derived, hist, keeps, block, start, stop, s, p):
-        taken.append(block.order.count("s", start, stop))
-        take_run(state, derived, hist, keeps, block, start, stop, s, p)
-
-    monkeypatch.setattr(block_take, "take_run", counting)
+    taken = counted_take_runs(monkeypatch)
     engine, _ = _fed(blocked, History)
     # The first step (the clock's first of its attempt) by its handler, every other by block_take.
     assert sum(taken) == 299

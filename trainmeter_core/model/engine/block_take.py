@@ -222,46 +222,9 @@ def take_run(
 
         step = steps_col[s]
         loss = loss_col[s]
-        if loss is not None:
-            # Engine._on_metric for the loss read at backward(): the held one is over, and stands; this one is held.
-            if holding:
-                # Engine._commit_held and _on_loss
-                loss_seen = True
-                if -inf < h_value < inf:
-                    if h_value > tick_max:
-                        tick_max = h_value
-                else:
-                    loss_nonfinite += 1
-                    if tick_nonfinite_step is None:
-                        x_step = h_x_step if keeps or held is not None else float(h_step)  # type: ignore[arg-type]
-                        tick_nonfinite_step = h_step if x_step != x_step else int(x_step)
-                if held is not None:
-                    series_point, committed, held = held.point, False, None
-                else:
-                    committed, c_value, c_step, c_t = True, h_value, h_step, h_t
-                if keeps:
-                    loss_x.append(h_x_step)
-                    loss_tokens.append(h_x_tokens)
-                    loss_flop.append(h_x_flop)
-                    loss_wall.append(h_wall)
-                    loss_value.append(h_value)
-                    if loss_first is None:
-                        loss_first = True
-            holding = True
-            h_value, h_step = loss, step
-            h_t = loss_t_col[s]
-            h_wall = h_t + shift
-            h_tokens_seen, h_with_tokens = tokens_seen, with_tokens
-            if keeps:
-                h_x_step = float(step)
-                if with_tokens:
-                    h_x_tokens, h_x_flop = float(tokens_seen), tokens_seen * x_flop
-                else:
-                    h_x_tokens = h_x_flop = _NAN
-            else:
-                h_x_step = _NAN  # float(step), computed where it is read (the end, a non-finite loss)
-        elif holding and h_step is not None and h_step < step:
-            # Engine._on_step: the held loss of an earlier step is over, and stands
+        if holding and (loss is not None or (h_step is not None and h_step < step)):
+            # The held loss is over, and stands (Engine._commit_held and _on_loss): a loss read at backward() came
+            # (Engine._on_metric), or this step is later than the held loss's (Engine._on_step)
             loss_seen = True
             if -inf < h_value < inf:
                 if h_value > tick_max:
@@ -284,6 +247,21 @@ def take_run(
                 if loss_first is None:
                     loss_first = True
             holding = False
+        if loss is not None:
+            # This step's loss is held until its iteration is over (Engine._on_metric)
+            holding = True
+            h_value, h_step = loss, step
+            h_t = loss_t_col[s]
+            h_wall = h_t + shift
+            h_tokens_seen, h_with_tokens = tokens_seen, with_tokens
+            if keeps:
+                h_x_step = float(step)
+                if with_tokens:
+                    h_x_tokens, h_x_flop = float(tokens_seen), tokens_seen * x_flop
+                else:
+                    h_x_tokens = h_x_flop = _NAN
+            else:
+                h_x_step = _NAN  # float(step), computed where it is read (the end, a non-finite loss)
         # take_step, for the step clock's rank past its attempt's first step, of a steady (not profiled) step
         t = step_t_col[s]
         interval = step_time_col[s]
