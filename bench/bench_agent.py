@@ -592,6 +592,7 @@ def main() -> None:
         f"{_load()}; reproduce: {sys.executable} bench/bench_agent.py --rounds {args.rounds} "
         f"--iterations {args.iterations} --peer-venv {args.peer_venv}"
         + (" --breakdown-only" if args.breakdown_only else "")
+        + (" --loops-only" if args.loops_only else "")
     )
     socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-bench-")
     endpoint = f"ipc://{socket_dir}/in"
