@@ -7,7 +7,7 @@ that over runs of every shape it takes). Pure: no I/O, no clock.
 It takes a run of letters only when the state is the steady one these rows meet in a running loop: a run on the hub's
 clock (no job, no other attempt's clock), past the step clock's first step of its attempt, the block's rank being rank
 0 and the clock, no hang open, the loss's series neither emitted nor tapped by the loop. The engine feeds every other
-row, and every row of another state, by its handler (``fast_run`` says which)."""
+row, and every row of another state, by its handler (``eligible``, ``steady`` and ``fast_stop`` say which)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,6 @@ def take_run(
     window_tokens, window_no_tokens = state.window_tokens, state.window_steps_without_tokens
     tokens_ema, interval_ema = state.tokens_ema, state.interval_ema_s
     last_step_t: float = state.last_step_t  # type: ignore[assignment]  # the run stepped
-    last_step_wall = state.last_step_wall
     tokens_seen, with_tokens = state.tokens_seen, state.steps_with_tokens
     last_tokens, last_source, mismatch = (
         state.last_tokens_per_step,
@@ -340,14 +339,13 @@ def take_run(
             history.add_points(*points)
     # Every value into the state, once (a field whose value did not change is not stored: see steps.step_tokens)
     if stepped:
-        last_step_wall = last_step_t + shift
         rank.steps, rank.last_t, rank.last_step = rank_steps, rank_last_t, last_step
         rank.step_time_ema_s = step_ema
         span.last_t = span_last_t
         state.steps, state.last_step = steps, last_step
         state.window_tokens, state.window_steps_without_tokens = window_tokens, window_no_tokens
         state.tokens_ema, state.interval_ema_s = tokens_ema, interval_ema
-        state.last_step_t, state.last_step_wall = last_step_t, last_step_wall
+        state.last_step_t, state.last_step_wall = last_step_t, last_step_t + shift  # its wall, as a row's
         state.tokens_seen, state.steps_with_tokens = tokens_seen, with_tokens
         if state.dp_assumed:
             state.dp_assumed = False
