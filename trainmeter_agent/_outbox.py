@@ -13,7 +13,6 @@ would delay a signal meant to kill a process stuck in native code) and never rai
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
 
@@ -31,19 +30,8 @@ MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
 #: iteration in three runs, within their noise. The cost of a look: one lock, two attributes, one clock read.
 QUIET_MAX_S = 1.0
 
-# The row letters of a block's ``order`` (records.block: STEP, PHASE, METRIC), as bytes.
-_STEP, _PHASE, _METRIC = ord("s"), ord("p"), ord("m")
-# A step row's flags: its loss read at backward(), its agent time.
-_HAS_LOSS, _HAS_AGENT_US = 1, 2
-#: A step's row: step, t, step_time_s, optimizers, agent_us, micro_batches, tokens, loss, loss_t, flags.
-STEP_ROW = struct.Struct("=qddqdqqddB")
-#: A phase's row: start_t, end_t, step, whether it has a step.
-PHASE_ROW = struct.Struct("=ddqB")
-#: A metric's row: t, step, whether it has a step.
-METRIC_ROW = struct.Struct("=dqB")
-# The hot rows' stores and sizes as globals: one lookup each, not two.
-_pack_step, _STEP_B = STEP_ROW.pack_into, STEP_ROW.size
-_pack_phase, _PHASE_B = PHASE_ROW.pack_into, PHASE_ROW.size
+# The row letters of a block's ``order`` (records.block: STEP, PHASE, METRIC).
+_STEP, _PHASE, _METRIC = "s", "p", "m"
 
 
 def _sleeps(window_s: float) -> tuple[float, ...]:
@@ -57,22 +45,14 @@ def _sleeps(window_s: float) -> tuple[float, ...]:
     return tuple(sleeps)
 
 
-def _columns_of(row: struct.Struct, packed: bytearray, count: int, fields: int) -> list[list]:
-    """The first ``count`` packed rows as one list per field."""
-    if not count:
-        return [[] for _ in range(fields)]
-    return [
-        list(column) for column in zip(*row.iter_unpack(memoryview(packed)[: count * row.size]), strict=True)
-    ]
-
-
 class Outbox:
     """Rows in columns and whole records, in arrival order; ``send(batch, steps)`` is the agent's, called by whichever
     thread closes the window, with the records of the window (blocks among them) and the steps they hold.
 
-    The loop's rows are stores into arrays allocated once (``_columns``): a row allocates nothing that lives on. Every
-    put and flush holds one lock, so that the loop, another thread that emits and the flush thread never interleave
-    (uncontended, the lock is one C call each way).
+    The loop's rows are stores into lists allocated once (``_columns``), one per field: a row keeps the values the
+    loop made anyway until its window is cut, which hands them to the block and empties the slots, so nothing a row
+    stored outlives its window. Every put and flush holds one lock, so that the loop, another thread that emits and
+    the flush thread never interleave (uncontended, the lock is one C call each way).
     """
 
     def __init__(self, send, window_s: float = WINDOW_S, max_records: int = MAX_RECORDS) -> None:
@@ -98,26 +78,39 @@ class Outbox:
         self.ready = False  # the flush thread flushes only once the agent may send (hello went out)
 
     def _columns(self, capacity: int) -> None:
-        """The columns, room for ``capacity`` rows of each kind (a window holds at most that many rows in all)."""
+        """The columns, room for ``capacity`` rows of each kind (a window holds at most that many rows in all): one
+        list per field, filled from the front and emptied at each cut."""
         self._capacity = capacity
-        self._order = bytearray(capacity)
+        self._nones = [None] * capacity  # what a cut writes back over the rows it took
+        self._order = [None] * capacity
         self._rows = 0
-        # Steps: one packed row each (STEP_ROW), and what a block says once for its steps.
+        # Steps, and what a block says once for its steps
         self._s = 0
-        self._step_rows = bytearray(STEP_ROW.size * capacity)
+        self._step = [None] * capacity
+        self._step_t = [None] * capacity
+        self._step_time_s = [None] * capacity
+        self._optimizers = [None] * capacity
+        self._agent_us = [None] * capacity
+        self._micro_batches = [None] * capacity
+        self._tokens = [None] * capacity
+        self._loss = [None] * capacity
+        self._loss_t = [None] * capacity
         self._tokens_source: str | None = None
         self._dp: int | None = None
         self._loss_origin = "backward"
-        # Phases: times and step packed (PHASE_ROW); names and probes are the probes' own constant strings.
+        # Phases: names and probes are the probes' own constant strings
         self._p = 0
-        self._phase_rows = bytearray(PHASE_ROW.size * capacity)
-        self._phase: list = [None] * capacity
-        self._phase_probe: list = [None] * capacity
-        # Metrics: time and step packed (METRIC_ROW); each row's values are the caller's dict until it leaves.
+        self._phase_start_t = [None] * capacity
+        self._phase_end_t = [None] * capacity
+        self._phase_step = [None] * capacity
+        self._phase = [None] * capacity
+        self._phase_probe = [None] * capacity
+        # Metrics: each row's values are the caller's dict until it leaves
         self._m = 0
-        self._metric_rows = bytearray(METRIC_ROW.size * capacity)
-        self._metric_values: list = [None] * capacity
-        self._metric_origin: list = [None] * capacity
+        self._metric_t = [None] * capacity
+        self._metric_step = [None] * capacity
+        self._metric_values = [None] * capacity
+        self._metric_origin = [None] * capacity
 
     def open_page(self, window_records: int) -> None:
         """Map this process's step page (``trainmeter_core.bus.step_page``): the slots the rows write from now on."""
@@ -134,8 +127,11 @@ class Outbox:
         return self._queued
 
     # -- the loop's rows --------------------------------------------------------------------------------------------
-    # Each row is one packed store (``Struct.pack_into``, one C call, nothing allocated) under the lock, and the
-    # window's bookkeeping written out in place: on a tight loop every call and line of an iteration shows.
+    # Each row is a store per field into its list, under the lock, and the window's bookkeeping written out in place:
+    # on a tight loop every call and line of an iteration shows, and a store into a list runs in the interpreter's own
+    # loop, where a packed row (``Struct.pack_into``, which the rows were until issue 42's last stops) or an
+    # ``array`` store calls C code that torch's work between two rows has pushed out of the caches: 1.6 µs more a row
+    # in the loop (``bench/bench_hook_parts.py``), against 0.2 µs in a bare microbenchmark.
 
     def put_step(
         self,
@@ -164,29 +160,15 @@ class Outbox:
                 s = 0
             if not s:
                 self._tokens_source, self._dp, self._loss_origin = tokens_source, dp, loss_origin
-            flags = 0
-            if agent_us is None:
-                agent_us = 0.0
-            else:
-                flags = _HAS_AGENT_US
-            if loss is None:
-                loss = loss_t = 0.0
-            else:
-                flags |= _HAS_LOSS
-            _pack_step(
-                self._step_rows,
-                s * _STEP_B,
-                step,
-                t,
-                step_time_s,
-                optimizers,
-                agent_us,
-                micro_batches,
-                tokens,
-                loss,
-                loss_t,
-                flags,
-            )
+            self._step[s] = step
+            self._step_t[s] = t
+            self._step_time_s[s] = step_time_s
+            self._optimizers[s] = optimizers
+            self._agent_us[s] = agent_us
+            self._micro_batches[s] = micro_batches
+            self._tokens[s] = tokens
+            self._loss[s] = loss
+            self._loss_t[s] = loss_t if loss is not None else None  # no time without its loss
             self._s = s + 1
             steps = self.steps + 1
             self.steps = steps
@@ -213,10 +195,9 @@ class Outbox:
         lock.acquire()  # acquire and release: half the cost of a with block
         try:
             p = self._p
-            if step is None:
-                _pack_phase(self._phase_rows, p * _PHASE_B, start_t, end_t, 0, 0)
-            else:
-                _pack_phase(self._phase_rows, p * _PHASE_B, start_t, end_t, step, 1)
+            self._phase_start_t[p] = start_t
+            self._phase_end_t[p] = end_t
+            self._phase_step[p] = step
             self._phase[p] = phase
             self._phase_probe[p] = probe
             self._p = p + 1
@@ -240,10 +221,8 @@ class Outbox:
         """A metric's row: the values (already real numbers), the step that labels them, who sent them."""
         with self._lock:
             m = self._m
-            if step is None:
-                METRIC_ROW.pack_into(self._metric_rows, m * METRIC_ROW.size, t, 0, 0)
-            else:
-                METRIC_ROW.pack_into(self._metric_rows, m * METRIC_ROW.size, t, step, 1)
+            self._metric_t[m] = t
+            self._metric_step[m] = step
             self._metric_values[m] = values
             self._metric_origin[m] = origin
             self._m = m + 1
@@ -312,48 +291,61 @@ class Outbox:
         self._send(batch)
 
     def _cut(self) -> None:
-        """The rows written so far become one block at the end of the batch; the columns start over."""
+        """The rows written so far become one block at the end of the batch; the columns start over, emptied (they
+        keep no value of a window that left alive)."""
         from trainmeter_core.model import records
 
         s, p, m, rows = self._s, self._p, self._m, self._rows
-        steps = _columns_of(STEP_ROW, self._step_rows, s, 10)
-        step, step_t, step_time_s, optimizers, agent_us, micro_batches, tokens, loss, loss_t, flags = steps
-        losses = [value if flag & _HAS_LOSS else None for value, flag in zip(loss, flags, strict=True)]
-        start_t, end_t, phase_step, phase_has_step = _columns_of(PHASE_ROW, self._phase_rows, p, 4)
-        metric_t, metric_step, metric_has_step = _columns_of(METRIC_ROW, self._metric_rows, m, 3)
+        loss = self._loss[:s]
         block = records.Block(
-            rows=rows + sum(1 for value in losses if value is not None),
-            order=self._order[:rows].decode("ascii"),
-            step=step,
-            step_t=step_t,
-            step_time_s=step_time_s,
-            optimizers=optimizers,
-            agent_us=[
-                value if flag & _HAS_AGENT_US else None for value, flag in zip(agent_us, flags, strict=True)
-            ],
-            micro_batches=micro_batches,
-            tokens=tokens,
+            rows=rows + s - loss.count(None),  # a step's row stands for two records when it holds a loss
+            order="".join(self._order[:rows]),
+            step=self._step[:s],
+            step_t=self._step_t[:s],
+            step_time_s=self._step_time_s[:s],
+            optimizers=self._optimizers[:s],
+            agent_us=self._agent_us[:s],
+            micro_batches=self._micro_batches[:s],
+            tokens=self._tokens[:s],
             tokens_source=self._tokens_source if s else None,
             dp=self._dp if s else None,
-            loss=losses,
-            loss_t=[value if flag & _HAS_LOSS else None for value, flag in zip(loss_t, flags, strict=True)],
+            loss=loss,
+            loss_t=self._loss_t[:s],
             loss_origin=self._loss_origin,
             phase=self._phase[:p],
-            phase_start_t=start_t,
-            phase_end_t=end_t,
-            phase_step=[
-                value if has else None for value, has in zip(phase_step, phase_has_step, strict=True)
-            ],
+            phase_start_t=self._phase_start_t[:p],
+            phase_end_t=self._phase_end_t[:p],
+            phase_step=self._phase_step[:p],
             phase_probe=self._phase_probe[:p],
-            metric_t=metric_t,
+            metric_t=self._metric_t[:m],
             metric_values=self._metric_values[:m],
-            metric_step=[
-                value if has else None for value, has in zip(metric_step, metric_has_step, strict=True)
-            ],
+            metric_step=self._metric_step[:m],
             metric_origin=self._metric_origin[:m],
         )
-        for i in range(m):
-            self._metric_values[i] = None  # the block holds them now: the columns keep no caller's dict alive
+        nones = self._nones
+        self._order[:rows] = nones[:rows]
+        if s:
+            empty = nones[:s]
+            for column in (
+                self._step,
+                self._step_t,
+                self._step_time_s,
+                self._optimizers,
+                self._agent_us,
+                self._micro_batches,
+                self._tokens,
+                self._loss,
+                self._loss_t,
+            ):
+                column[:s] = empty
+        if p:
+            empty = nones[:p]
+            for column in (self._phase_start_t, self._phase_end_t, self._phase_step):
+                column[:p] = empty  # (the names and probes are constant strings: left in place)
+        if m:
+            empty = nones[:m]
+            for column in (self._metric_t, self._metric_step, self._metric_values, self._metric_origin):
+                column[:m] = empty  # the block holds them now: the columns keep no caller's dict alive
         self._batch.append(block)
         self._s = self._p = self._m = self._rows = 0
 
