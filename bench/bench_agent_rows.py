@@ -18,7 +18,7 @@ import time
 from time import perf_counter_ns
 
 from bench_agent import _hub_stand_in, _load
-from tight_loop import DATA_AND_MODEL
+from tight_loop import made_here
 
 
 def main() -> None:
@@ -36,21 +36,11 @@ def main() -> None:
     os.environ.update(TM_AGENT="1", TM_AGENT_ENDPOINT=endpoint, TM_LAUNCHER_PID=str(os.getpid()))
     import torch
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
     import trainmeter_agent
     from trainmeter_agent._outbox import Outbox
 
     agent = trainmeter_agent._start()
-    scope: dict = {"torch": torch}
-    exec(DATA_AND_MODEL, scope)
-    loader, model, optimizer = scope["loader"], scope["model"], scope["optimizer"]
-
-    def forever():
-        while True:
-            yield from loader
-
-    batches = forever()
+    _, model, optimizer, batches = made_here(torch)
 
     def block(n: int) -> float:
         started = time.process_time()

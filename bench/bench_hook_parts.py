@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 
-from tight_loop import DATA_AND_MODEL
+from tight_loop import made_here
 
 import trainmeter_agent._loss as loss_module
 from trainmeter_agent._compiling import eager_flag_holder
@@ -82,17 +82,7 @@ def main() -> None:
 
     import torch
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    scope: dict = {"torch": torch}
-    exec(DATA_AND_MODEL, scope)
-    loader, model, optimizer = scope["loader"], scope["model"], scope["optimizer"]
-
-    def batches():
-        while True:
-            yield from loader
-
-    source = batches()
+    _, model, optimizer, source = made_here(torch)
     cross_entropy = torch.nn.functional.cross_entropy
 
     def run(n: int) -> float:

@@ -9,3 +9,19 @@ loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_
 model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 """
+
+
+def made_here(torch) -> tuple:
+    """The loop made in this process, as the scripts around ``DATA_AND_MODEL`` make it (one thread, seed 0): its
+    loader, model, optimizer and an endless iterator over the loader's batches."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    scope: dict = {"torch": torch}
+    exec(DATA_AND_MODEL, scope)
+    loader = scope["loader"]
+
+    def forever():
+        while True:
+            yield from loader
+
+    return loader, scope["model"], scope["optimizer"], forever()
