@@ -32,6 +32,20 @@ QUIET_MAX_S = 1.0
 
 # The row letters of a block's ``order`` (records.block: STEP, PHASE, METRIC).
 _STEP, _PHASE, _METRIC = "s", "p", "m"
+# The block's columns of each kind of row (records.Block's fields): the outbox keeps each as a list ``_<name>``.
+_STEP_COLUMNS = (
+    "step",
+    "step_t",
+    "step_time_s",
+    "optimizers",
+    "agent_us",
+    "micro_batches",
+    "tokens",
+    "loss",
+    "loss_t",
+)
+_PHASE_COLUMNS = ("phase", "phase_start_t", "phase_end_t", "phase_step", "phase_probe")
+_METRIC_COLUMNS = ("metric_t", "metric_values", "metric_step", "metric_origin")
 
 
 def _sleeps(window_s: float) -> tuple[float, ...]:
@@ -79,38 +93,26 @@ class Outbox:
 
     def _columns(self, capacity: int) -> None:
         """The columns, room for ``capacity`` rows of each kind (a window holds at most that many rows in all): one
-        list per field, filled from the front and emptied at each cut."""
+        list per field (``_step``, ``_phase_start_t``, ...), filled from the front and emptied at each cut."""
         self._capacity = capacity
         self._nones = [None] * capacity  # what a cut writes back over the rows it took
         self._order = [None] * capacity
         self._rows = 0
-        # Steps, and what a block says once for its steps
-        self._s = 0
-        self._step = [None] * capacity
-        self._step_t = [None] * capacity
-        self._step_time_s = [None] * capacity
-        self._optimizers = [None] * capacity
-        self._agent_us = [None] * capacity
-        self._micro_batches = [None] * capacity
-        self._tokens = [None] * capacity
-        self._loss = [None] * capacity
-        self._loss_t = [None] * capacity
+        # Rows of each kind so far, and what a block says once for its steps. A phase's name and probe are the probe's
+        # own constant strings; a metric's values are the caller's dict until it leaves.
+        self._s = self._p = self._m = 0
         self._tokens_source: str | None = None
         self._dp: int | None = None
         self._loss_origin = "backward"
-        # Phases: names and probes are the probes' own constant strings
-        self._p = 0
-        self._phase_start_t = [None] * capacity
-        self._phase_end_t = [None] * capacity
-        self._phase_step = [None] * capacity
-        self._phase = [None] * capacity
-        self._phase_probe = [None] * capacity
-        # Metrics: each row's values are the caller's dict until it leaves
-        self._m = 0
-        self._metric_t = [None] * capacity
-        self._metric_step = [None] * capacity
-        self._metric_values = [None] * capacity
-        self._metric_origin = [None] * capacity
+        kinds = []
+        for names in (_STEP_COLUMNS, _PHASE_COLUMNS, _METRIC_COLUMNS):
+            columns = []
+            for name in names:
+                column = [None] * capacity
+                setattr(self, "_" + name, column)  # the puts store through these attributes
+                columns.append((name, column))
+            kinds.append(tuple(columns))
+        self._kinds = tuple(kinds)  # the (name, list) pairs of steps, phases and metrics, for the cut
 
     def open_page(self, window_records: int) -> None:
         """Map this process's step page (``trainmeter_core.bus.step_page``): the slots the rows write from now on."""
@@ -296,56 +298,23 @@ class Outbox:
         from trainmeter_core.model import records
 
         s, p, m, rows = self._s, self._p, self._m, self._rows
-        loss = self._loss[:s]
+        nones = self._nones
+        taken: dict[str, list] = {}
+        for count, columns in zip((s, p, m), self._kinds, strict=True):
+            empty = nones[:count]
+            for name, column in columns:
+                taken[name] = column[:count]
+                column[:count] = empty  # the block holds them now: no value of a window outlives it here
+        losses = s - taken["loss"].count(None)  # a step's row stands for two records when it holds a loss
         block = records.Block(
-            rows=rows + s - loss.count(None),  # a step's row stands for two records when it holds a loss
+            rows=rows + losses,
             order="".join(self._order[:rows]),
-            step=self._step[:s],
-            step_t=self._step_t[:s],
-            step_time_s=self._step_time_s[:s],
-            optimizers=self._optimizers[:s],
-            agent_us=self._agent_us[:s],
-            micro_batches=self._micro_batches[:s],
-            tokens=self._tokens[:s],
             tokens_source=self._tokens_source if s else None,
             dp=self._dp if s else None,
-            loss=loss,
-            loss_t=self._loss_t[:s],
             loss_origin=self._loss_origin,
-            phase=self._phase[:p],
-            phase_start_t=self._phase_start_t[:p],
-            phase_end_t=self._phase_end_t[:p],
-            phase_step=self._phase_step[:p],
-            phase_probe=self._phase_probe[:p],
-            metric_t=self._metric_t[:m],
-            metric_values=self._metric_values[:m],
-            metric_step=self._metric_step[:m],
-            metric_origin=self._metric_origin[:m],
+            **taken,
         )
-        nones = self._nones
         self._order[:rows] = nones[:rows]
-        if s:
-            empty = nones[:s]
-            for column in (
-                self._step,
-                self._step_t,
-                self._step_time_s,
-                self._optimizers,
-                self._agent_us,
-                self._micro_batches,
-                self._tokens,
-                self._loss,
-                self._loss_t,
-            ):
-                column[:s] = empty
-        if p:
-            empty = nones[:p]
-            for column in (self._phase_start_t, self._phase_end_t, self._phase_step):
-                column[:p] = empty  # (the names and probes are constant strings: left in place)
-        if m:
-            empty = nones[:m]
-            for column in (self._metric_t, self._metric_step, self._metric_values, self._metric_origin):
-                column[:m] = empty  # the block holds them now: the columns keep no caller's dict alive
         self._batch.append(block)
         self._s = self._p = self._m = self._rows = 0
 
