@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import sys
 
 import pytest
 from steady_blocks import steady_block
@@ -193,6 +194,23 @@ def test_a_typed_block_is_written_beside_mappings_in_seq_order(tmp_path):
     recorder.close()
     assert [r.seq for r in read_log(tmp_path, blocks=True)] == [1, 7, 8]
     assert recorder.flushed_seq == 8
+
+
+def test_a_typed_block_leaves_its_line_in_the_queue_and_is_free_as_soon_as_it_is_put(tmp_path):
+    # The queue keeps the block's line, not the block (its lists would stay in the garbage collector's lists for as
+    # long as it waits): a change to the block after put_block is not in the log, and nothing holds it.
+    recorder = Recorder(tmp_path, reserve_b=0)
+    block = steady_block(1, 2)
+    block.seq = 6
+    expected = block_line(block)
+    references = sys.getrefcount(block)
+    assert recorder.put_block(block)
+    assert sys.getrefcount(block) == references
+    block.step[0], block.loss[1] = 99, 7.5
+    recorder.start()
+    recorder.close()
+    assert (tmp_path / "events-0001.jsonl").read_bytes() == expected
+    assert recorder.flushed_seq == 6
 
 
 def test_a_flush_asked_for_writes_everything_queued_at_once_instead_of_at_the_next_batch(

@@ -64,7 +64,9 @@ class Recorder:
         self._queued_records = 0
         self._taken_records = 0
         self.warn = warn or (lambda msg: print(f"tm: {msg}", file=sys.stderr))
-        self._queue: deque[dict[str, Any] | records.Block] = deque()
+        self._queue: deque[dict[str, Any] | tuple[bytes, int, int]] = (
+            deque()
+        )  # records; blocks' lines, seq, rows
         self.queue_dropped = 0
         self.flushed_seq: int | None = None
         self.queued_seq: int | None = None  # the last sequence number put in the queue
@@ -100,14 +102,21 @@ class Recorder:
         return True
 
     def put_block(self, block: records.Block) -> bool:
-        """Queue a block the hub decoded typed and numbered (its ``seq`` set); written as ``put`` writes its mapping
-        (``block_line``). Never blocks; False (its rows counted) when the queue is full."""
+        """Queue a block the hub decoded typed and numbered (its ``seq`` set), as its line (``block_line``, written
+        as ``put`` writes its mapping). Never blocks; False (its rows counted) when the queue is full.
+
+        The line is made here, on the caller's thread, so the queue holds bytes: a decoded block is a score of lists
+        the garbage collector looks through element by element as long as they live, and a job hub's queue under load
+        holds thousands (collections took 12 to 16% of its time, ``bench/bench_jobhub.py``). Made on the writer's thread,
+        the line costs the same, later."""
+        rows = block.rows
         if self._queued_records - self._taken_records >= self.queue_limit:
-            self.queue_dropped += block.rows
+            self.queue_dropped += rows
             return False
-        self._queued_records += block.rows
-        self._queue.append(block)
-        self.queued_seq = block.seq
+        seq = block.seq
+        self._queued_records += rows
+        self._queue.append((block_line(block), seq, rows))
+        self.queued_seq = seq
         return True
 
     def flush(self, timeout_s: float) -> bool:
@@ -188,10 +197,9 @@ class Recorder:
             try:
                 while queue:
                     data = queue.popleft()
-                    if type(data) is not dict:
-                        self._taken_records += data.rows
-                        line = block_line(data)  # a block: kept in the reserve
-                        seq = data.seq
+                    if type(data) is tuple:  # a block's line: kept in the reserve
+                        line, seq, rows = data
+                        self._taken_records += rows
                     elif self.reserve_active and data.get("kind") not in KEPT_IN_RESERVE:
                         self._taken_records += 1
                         self.reserve_skipped += 1
