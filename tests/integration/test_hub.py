@@ -603,3 +603,37 @@ def test_the_runs_steps_are_its_lowest_ranks_so_a_node_without_rank_0_counts_its
                 push.send_multipart([b"step", records.encode(record)])
         wait_for(lambda: hub.kinds.get("step") == 8, what="the eight step records")
         assert (hub.steps, hub.skipped_steps) == (5, 1)
+
+
+def test_a_subscriber_listens_for_one_more_kind_and_stops_without_missing_the_kinds_it_had(
+    short_dir, tmp_path
+):
+    with running_hub(short_dir, tmp_path, tick_s=0.05) as hub:
+        with bus.Subscriber(hub.out_endpoint, kinds=["alert"]) as sub, raw_push(hub.in_endpoint) as push:
+            # It had alerts: nothing to add, and nothing for stop_listening to take away
+            assert not sub.listen_for("alert")
+            assert sub.listen_for("tick")
+            first = None
+            deadline = time.monotonic() + 60
+            while not isinstance(first, records.Tick) and time.monotonic() < deadline:
+                first = sub.recv(timeout_s=1)
+            assert isinstance(first, records.Tick)
+            # In the hub's order: an alert published after the first tick received always comes.
+            alert = records.Alert(rule="r", state="fired", message="m", source="engine", pid=7)
+            push.send_multipart([b"alert", records.encode(alert)])
+            sub.stop_listening("tick")
+            sub.stop_listening("alert")  # not one listen_for added: stays
+            seen = []
+            deadline = time.monotonic() + 60
+            # Twenty ticks' time after it stopped listening (a busy machine stretches it), then whatever is queued
+            while (hub.ticks < first.n + 20 or len(seen) < 1) and time.monotonic() < deadline:
+                record = sub.recv(timeout_s=0.1)
+                if record is not None:
+                    seen.append(record)
+            while (record := sub.recv(timeout_s=0.2)) is not None:
+                seen.append(record)
+            alerts = [r for r in seen if isinstance(r, records.Alert)]
+            assert len(alerts) == 1 and alerts[0].seq > first.seq
+            # Ticks already on their way when it stopped listening may come, not the twenty after
+            late_ticks = [r for r in seen if isinstance(r, records.Tick)]
+            assert hub.ticks >= first.n + 20 and len(late_ticks) <= 5

@@ -9,6 +9,7 @@ from collections import deque
 from pathlib import Path
 
 from trainmeter_core.api import alerts_until_stopped
+from trainmeter_core.bus import component
 from trainmeter_core.model import records
 
 
@@ -146,3 +147,78 @@ def test_on_a_job_hub_another_nodes_start_and_crash_change_nothing(tmp_path):
     ctx = Ctx(tmp_path, [])
     ctx.meta = {"host": "node0"}
     assert got(ctx) == [(2, "rule1"), (5, "rule2")]
+
+
+class ListeningCtx(Ctx):
+    """A context that can receive one more kind, as ComponentContext can: the ticks a sink asks for while it has no
+    live alert to tell where its subscription took effect."""
+
+    def __init__(self, run_dir: Path, live, name: str = "ledger") -> None:
+        super().__init__(run_dir, live, name)
+        self.listening: list[str] = []
+        self.asked: list[tuple[str, str]] = []
+
+    def listen_for(self, kind: str) -> bool:
+        self.asked.append(("listen", kind))
+        self.listening.append(kind)
+        return True
+
+    def stop_listening(self, kind: str) -> None:
+        self.asked.append(("stop", kind))
+        self.listening.remove(kind)
+
+
+def tick(n: int) -> records.Tick:
+    return records.Tick(n=n, interval_s=1.0)
+
+
+def test_the_first_tick_fills_in_the_missed_alerts_then_and_the_stop_reads_no_log(tmp_path):
+    log = Log(tmp_path)
+    log.add(run_start(1), alert(1))
+
+    def first_tick():
+        # Published after the sink read the log and before its subscription took effect: only the log has alert 2.
+        log.add(records.Step(step=1), alert(2), tick(1))
+        return live(tick(1), 5)
+
+    def after():
+        # Logged after the point the tick marks but never received (a gap on the bus): not read from the log again.
+        log.add(alert(3), tick(2))
+        return live(tick(2), 7)
+
+    ctx = ListeningCtx(tmp_path, [first_tick, after, live(alert(4), 8)])
+    log_reads = []
+    original = component._logged_alerts
+
+    def counted(*args, **kwargs):
+        log_reads.append(kwargs)
+        return original(*args, **kwargs)
+
+    component._logged_alerts = counted
+    try:
+        assert got(ctx) == [(2, "rule1"), (4, "rule2"), (8, "rule4")]
+    finally:
+        component._logged_alerts = original
+    assert ctx.asked == [("listen", "tick"), ("stop", "tick")]
+    assert log_reads == [
+        {},
+        {"after_seq": 2, "before_seq": 5},
+    ]  # the first read, the missed ones; none at the stop
+
+
+def test_a_live_alert_before_any_tick_stops_the_ticks_too(tmp_path):
+    log = Log(tmp_path)
+    log.add(run_start(1))
+
+    def logged_and_live(record: records.Record):
+        def item():
+            (seq,) = log.add(record)
+            return live(record, seq)
+
+        return item
+
+    ctx = ListeningCtx(
+        tmp_path, [logged_and_live(alert(1)), logged_and_live(tick(1)), logged_and_live(alert(2))]
+    )
+    assert got(ctx) == [(2, "rule1"), (4, "rule2")]
+    assert ctx.asked == [("listen", "tick"), ("stop", "tick")] and ctx.listening == []

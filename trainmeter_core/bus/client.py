@@ -234,6 +234,7 @@ class Subscriber:
         self._row_kinds = (
             records.ROW_KINDS if self.kinds is None else frozenset(self.kinds & records.ROW_KINDS)
         )
+        self._listened: set[str] = set()  # kinds listen_for added
         self.blocks = blocks or (self.kinds is not None and "block" in self.kinds)
         self._takes_blocks = self.blocks or bool(self._row_kinds)
         self._ctx = zmq.Context(io_threads=1)
@@ -337,6 +338,24 @@ class Subscriber:
             except (IndexError, TypeError, ValueError):  # columns shorter than the rows they say: not a block
                 self.malformed += 1
         return block.seq + 1
+
+    def listen_for(self, kind: str) -> bool:
+        """Receive records of one more kind from now on; False when this subscriber has it already (every kind, or
+        this one), and ``stop_listening`` then leaves it be. Messages come in the hub's order whatever their kind, so
+        a record of this kind received says that every kind asked for before it reaches this subscriber from there."""
+        if self.kinds is None or kind in self.kinds:
+            return False
+        self.kinds.add(kind)
+        self._listened.add(kind)
+        self._sock.setsockopt(_zmq().SUBSCRIBE, records.topic(kind))
+        return True
+
+    def stop_listening(self, kind: str) -> None:
+        """Receive no more records of a kind ``listen_for`` added (any other stays)."""
+        if kind in self._listened:
+            self._listened.discard(kind)
+            self.kinds.discard(kind)  # type: ignore[union-attr]  # listen_for added it: kinds is a set
+            self._sock.setsockopt(_zmq().UNSUBSCRIBE, records.topic(kind))
 
     def close(self) -> None:
         self._sock.close(linger=0)

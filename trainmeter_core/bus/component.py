@@ -86,6 +86,16 @@ class ComponentContext:
             return None
         return self._subscriber.recv(min(timeout_s, STOP_CHECK_S))
 
+    def listen_for(self, kind: str) -> bool:
+        """Receive records of one more kind than ``subscribes`` names, from now on (``Subscriber.listen_for``); False
+        when the component receives it already, or receives nothing."""
+        return self._subscriber is not None and self._subscriber.listen_for(kind)
+
+    def stop_listening(self, kind: str) -> None:
+        """Receive no more records of a kind ``listen_for`` added."""
+        if self._subscriber is not None:
+            self._subscriber.stop_listening(kind)
+
     def records(self, timeout_s: float = 0.5) -> Iterator[records.Record | records.Unknown]:
         """Records of the subscribed kinds until the component is asked to stop."""
         while not self.stopping.is_set():
@@ -107,6 +117,10 @@ class ComponentContext:
             self._subscriber.close()
 
 
+#: The hub's once-a-second record, received by an alert sink until one comes (``alerts_until_stopped``)
+TICK = "tick"
+
+
 def alerts_until_stopped(ctx: ComponentContext) -> Iterator[records.Alert]:
     """Every alert of the run, once each and in order: first those already in the run log, then the bus's until the
     component is asked to stop, then those that arrive while the bus drains.
@@ -115,12 +129,22 @@ def alerts_until_stopped(ctx: ComponentContext) -> Iterator[records.Alert]:
     come from the log. Those of an earlier attempt of a resumed run are not repeated; nor, for a component tm
     restarted after a crash, those logged before the crash (its earlier incarnation had them). A context without a
     run directory (a test's stand-in) has no log: it gives the bus's alone.
+
+    Where its subscription took effect is learned from the first alert or hub ``tick`` (once a second) it receives,
+    whichever comes first: the alerts logged between the log's first read and that point are read from the log then,
+    while it is short. Without that point (a run over within a second, or a context that cannot ``listen_for``) they
+    are read at the stop, from a log as long as the run.
     """
     delivered = 0
     for alert in _logged_alerts(ctx):
         delivered = alert.seq or delivered
         yield alert
-    joined = False  # a live alert came: anything between the log's part and it is filled in from the log
+    # The hub's ticks say where the subscription took effect before any alert may: received until one comes.
+    listen_for = getattr(ctx, "listen_for", None)
+    ticks = listen_for is not None and listen_for(TICK)
+    joined = (
+        False  # a live alert or tick came: anything between the log's part and it is filled in from the log
+    )
     drain_until = last_t = None
     while True:
         now = time.monotonic()
@@ -129,19 +153,26 @@ def alerts_until_stopped(ctx: ComponentContext) -> Iterator[records.Alert]:
         if drain_until is not None and (now >= drain_until or now - last_t >= STOP_QUIET_S):  # type: ignore[operator]
             break
         record = ctx.recv(0.1)
-        if not isinstance(record, records.Alert):
+        alert = isinstance(record, records.Alert)
+        if not alert and not (ticks and type(record) is records.Tick):
             continue
-        last_t = time.monotonic()
-        if record.seq is not None:
-            if record.seq <= delivered:
-                continue  # read from the log already
-            if not joined:
-                joined = True
-                for alert in _logged_alerts(ctx, after_seq=delivered, before_seq=record.seq):
-                    delivered = alert.seq or delivered
-                    yield alert
-            delivered = record.seq
-        yield record
+        seq = record.seq  # type: ignore[union-attr]  # an alert or a tick
+        if seq is not None and seq <= delivered:
+            continue  # an alert read from the log already
+        if alert:
+            last_t = time.monotonic()
+        if seq is not None and not joined:
+            joined = True
+            if ticks:
+                ctx.stop_listening(TICK)
+                ticks = False
+            for logged in _logged_alerts(ctx, after_seq=delivered, before_seq=seq):
+                delivered = logged.seq or delivered
+                yield logged
+        if seq is not None:
+            delivered = seq
+        if alert:
+            yield record  # type: ignore[misc]
     if not joined:
         # None came live: any raised between the first read of the log and the subscription are in the log by now.
         for alert in _logged_alerts(ctx, after_seq=delivered):
