@@ -1,16 +1,19 @@
 """Which of tm's processes spends the "other processes" CPU of ``bench_tree.py``: the tight loop under ``tm --no-web``
 for ``--short`` and ``--long`` steps; after its last step the loop waits ``--drain`` seconds (for tm's processes to
 take what it sent), then reads ``/proc`` for the launcher (its parent) and every process under it. Per process, the
-slope between the two runs' CPU times per step, the median of ``--rounds`` rounds. The kernel counts CPU in clock ticks
-(10 ms), so a figure is good to about 10 ms / (long - short) steps (1.7 µs at the defaults).
+slope between the two runs' CPU times per step, the median of ``--rounds`` rounds. A process's CPU is the sum of its
+live threads' ``schedstat`` (nanoseconds; a thread that already ended is not in it, and tm's processes keep theirs);
+where that cannot be read, ``/proc/PID/stat``'s clock ticks (10 ms: good to about 10 ms / (long - short) steps, 1.7 µs
+at the defaults), and the figure says which.
 
 With ``--idle``: what tm's whole tree spends per second of a run that makes no step (``python -c "time.sleep(T)"``
 under ``tm --no-web`` for 1 and 4 s, every process counted through a subreaper, ``treecpu.py``): the part of the
 per-step slope that grows with the run's time rather than its steps (ticks, snapshots, samplers).
 
 With ``--whole``: tm's processes over their whole lives, the end of the run included: the tree's CPU (every process,
-through a subreaper, ``treecpu.py``) less the training process's own, which ``/usr/bin/time`` around it reports at its
-exit (its exit and the agent's last flush are its own here, not "other processes" as in ``bench_tree.py``).
+through a subreaper, ``treecpu.py``) less the training process's own, which ``bash``'s ``times`` around it reports at
+its exit to the millisecond (its exit and the agent's last flush are its own here, not "other processes" as in
+``bench_tree.py``).
 
 usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle] [--whole]
 Prints figures; asserts nothing.
@@ -43,19 +46,28 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     except OSError:
         continue
     fields = stat.rsplit(")", 1)[1].split()
-    procs[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, " ".join(cmd[1:3])[:60])
+    # The CPU time of its live threads to the nanosecond (the first field of each one's schedstat); a process whose
+    # threads cannot be read that way counts in clock ticks, and the figure says so.
+    try:
+        seconds = sum(int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
+                      for tid in os.listdir(f"/proc/{pid}/task")) / 1e9
+        clock = "schedstat"
+    except (OSError, ValueError, IndexError):
+        seconds, clock = (int(fields[11]) + int(fields[12])) / tick, "ticks"
+    procs[int(pid)] = (int(fields[1]), seconds, " ".join(cmd[1:3])[:60], clock)
 def under_launcher(pid):
     while pid > 1:
         if pid == launcher:
             return True
         pid = procs.get(pid, (0,))[0]
     return False
-cpu = {}
-for pid, (parent, seconds, name) in procs.items():
+cpu, clocks = {}, set()
+for pid, (parent, seconds, name, clock) in procs.items():
     if pid == launcher or (pid != os.getpid() and under_launcher(pid)):
         name = "launcher (hub, recorder)" if pid == launcher else name
         cpu[name] = cpu.get(name, 0.0) + seconds
-print("TREE " + json.dumps(cpu))
+        clocks.add(clock)
+print("TREE " + json.dumps({"cpu": cpu, "clocks": sorted(clocks)}))
 """
 
 
@@ -71,7 +83,7 @@ def main() -> None:
     parser.add_argument(
         "--whole",
         action="store_true",
-        help="tm's processes over their whole lives (the training process by /usr/bin/time)",
+        help="tm's processes over their whole lives (the training process by bash's times)",
     )
     args = parser.parse_args()
     runs = tempfile.mkdtemp(prefix="tm-bench-procs-")
@@ -92,6 +104,7 @@ def main() -> None:
         whole(tm, env, args)
         return
     seen: dict[int, list[dict]] = {args.short: [], args.long: []}
+    clocks: set[str] = set()
     for _ in range(args.rounds):
         for steps in (args.short, args.long):
             argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", LOOP + READ_TREE, str(steps)]
@@ -99,9 +112,18 @@ def main() -> None:
             lines = [line for line in done.stdout.splitlines() if line.startswith("TREE ")]
             if done.returncode != 0 or not lines:
                 raise SystemExit(f"failed ({done.returncode}): {done.stderr.strip()[-400:]}")
-            seen[steps].append(json.loads(lines[0][5:]))
+            tree = json.loads(lines[0][5:])
+            seen[steps].append(tree["cpu"])
+            clocks.update(tree["clocks"])
     names = sorted(set().union(*(run.keys() for runs_ in seen.values() for run in runs_)))
-    print(f"CPU per step of tm's processes by the slope between {args.short:,} and {args.long:,} steps:")
+    how = (
+        "each live thread's schedstat, to the nanosecond"
+        if clocks == {"schedstat"}
+        else "clock ticks (10 ms) for some: schedstat could not be read"
+    )
+    print(
+        f"CPU per step of tm's processes by the slope between {args.short:,} and {args.long:,} steps ({how}):"
+    )
     for name in names:
         slopes = [
             (long_run.get(name, 0.0) - short_run.get(name, 0.0)) / (args.long - args.short) * 1e6
@@ -127,25 +149,31 @@ def idle(tm: str, env: dict, rounds: int) -> None:
     )
 
 
+# The training process run by bash, which prints its children's CPU (user, system) to the millisecond once it ended:
+# getrusage's totals, counted by the kernel to the nanosecond (``/usr/bin/time``, used before, prints 10 ms).
+_CHILD_TIMES = '"$@"; status=$?; echo TIMECPU >&2; times >&2; exit $status'
+
+
 def whole(tm: str, env: dict, args: argparse.Namespace) -> None:
-    """tm's processes, CPU per step over their whole lives: the tree less the training process (``/usr/bin/time``)."""
+    """tm's processes, CPU per step over their whole lives: the tree less the training process (bash's ``times``)."""
     become_subreaper()
     slopes = []
     for _ in range(args.rounds):
         others = {}
         for steps in (args.short, args.long):
-            argv = [tm, "-q", "--no-web", "--", "/usr/bin/time", "-f", "TIMECPU %U %S"]
+            argv = [tm, "-q", "--no-web", "--", "bash", "-c", _CHILD_TIMES, "bash"]
             argv += [sys.executable, "-c", LOOP, str(steps)]
             run = run_tree(argv, env)
-            found = re.search(r"TIMECPU ([\d.]+) ([\d.]+)", run.stderr + run.stdout)
+            found = re.search(r"TIMECPU\n\S+ \S+\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s", run.stderr)
             if run.returncode != 0 or found is None:
                 raise SystemExit(f"failed ({run.returncode}): {run.stderr.strip()[-400:]}")
-            others[steps] = run.cpu_s - (float(found.group(1)) + float(found.group(2)))
+            minutes_user, user, minutes_system, system = (float(x) for x in found.groups())
+            others[steps] = run.cpu_s - (60 * minutes_user + user + 60 * minutes_system + system)
         slopes.append((others[args.long] - others[args.short]) / (args.long - args.short) * 1e6)
     rounds = ", ".join(f"{s:.1f}" for s in slopes)
     print(
         f"tm's processes over their whole lives: {statistics.median(slopes):.1f} µs per step (rounds {rounds}; "
-        "/usr/bin/time counts in 10 ms, the kernel in ticks: about 2 µs a step at the defaults)"
+        "the training process's CPU from bash's times, to the millisecond: 0.2 µs a step at the defaults)"
     )
 
 
