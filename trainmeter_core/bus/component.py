@@ -142,9 +142,8 @@ def alerts_until_stopped(ctx: ComponentContext) -> Iterator[records.Alert]:
     # The hub's ticks say where the subscription took effect before any alert may: received until one comes.
     listen_for = getattr(ctx, "listen_for", None)
     ticks = listen_for is not None and listen_for(TICK)
-    joined = (
-        False  # a live alert or tick came: anything between the log's part and it is filled in from the log
-    )
+    # A live alert or tick came: anything between the log's part and it is filled in from the log
+    joined = False
     drain_until = last_t = None
     while True:
         now = time.monotonic()

@@ -64,9 +64,8 @@ class Recorder:
         self._queued_records = 0
         self._taken_records = 0
         self.warn = warn or (lambda msg: print(f"tm: {msg}", file=sys.stderr))
-        self._queue: deque[dict[str, Any] | tuple[bytes, int, int]] = (
-            deque()
-        )  # records; blocks' lines, seq, rows
+        # Records (checked mappings), and blocks as (line, seq, rows)
+        self._queue: deque[dict[str, Any] | tuple[bytes, int, int]] = deque()
         self.queue_dropped = 0
         self.flushed_seq: int | None = None
         self.queued_seq: int | None = None  # the last sequence number put in the queue
@@ -107,8 +106,8 @@ class Recorder:
 
         The line is made here, on the caller's thread, so the queue holds bytes: a decoded block is a score of lists
         the garbage collector looks through element by element as long as they live, and a job hub's queue under load
-        holds thousands (collections took 12 to 16% of its time, ``bench/bench_jobhub.py``). Made on the writer's thread,
-        the line costs the same, later."""
+        holds thousands (collections took 12 to 16% of its time, ``bench/bench_jobhub.py``). Made on the writer's
+        thread, the line would cost the same, later."""
         rows = block.rows
         if self._queued_records - self._taken_records >= self.queue_limit:
             self.queue_dropped += rows
