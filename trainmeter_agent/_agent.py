@@ -21,7 +21,7 @@ from trainmeter_agent._launcher_env import env_int, hello_record, launcher_alive
 from trainmeter_agent._loss import ATTACHED as LOSS_ATTACHED
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
 from trainmeter_agent._outbox import Outbox
-from trainmeter_agent._step_records import StepRecords
+from trainmeter_agent._step_records import StepRecords, overhead_sums
 
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
 PROBES = ("torch_import", "steps", "grad_scaler", "emit", "bus", "exit")
@@ -143,9 +143,10 @@ class Agent(StepRecords, EmitCalls):
         self._steady_loss = loss if steady and self._loss_on and loss._said is LOSS_ATTACHED else None
 
     def _reset_buffers(self) -> None:
-        self._overhead_s = 0.0
-        self._overhead_steps = 0
-        self._overhead_fact_t = float("-inf")  # when the last overhead fact went out (its step's time)
+        # The agent's own cost since its last overhead fact (µs, timed steps) and when that fact went out (its step's
+        # time), in one array: its doubles are stored in place, so that what a step adds leaves no object behind
+        # (tests/e2e/test_agent_steady_alloc.py), whenever the fact (at most once a second) last went out.
+        self._overhead = overhead_sums()
         self._step_owner = None
         self._last_emitted_step: int | None = None
         self._last_emitted_step_t: float | None = None

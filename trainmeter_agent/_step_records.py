@@ -7,7 +7,9 @@ the probes' state itself instead of calling them, and ``tests/e2e/test_agent_dep
 
 from __future__ import annotations
 
+import math
 import time
+from array import array
 
 from trainmeter_agent._iterations import AGENT_US_EVERY
 from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
@@ -17,6 +19,15 @@ from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
 #: every process of tm (the engine works out what the facts imply again: 0.26 ms, about 1 µs a step at 4,000 steps/s).
 OVERHEAD_FIRST, OVERHEAD_EVERY = AGENT_US_EVERY, 16 * AGENT_US_EVERY
 OVERHEAD_MIN_S = 1.0
+
+# The agent's overhead sums (``overhead_sums``): the µs of its timed steps since the last overhead fact, how many, and
+# the time of that fact's step
+_SUM_US, _STEPS, _FACT_T = 0, 1, 2
+
+
+def overhead_sums() -> array:
+    """The agent's overhead sums before any step: nothing timed, no fact yet."""
+    return array("d", (0.0, 0.0, -math.inf))
 
 
 class StepRecords:
@@ -130,10 +141,11 @@ class StepRecords:
             LOSS_ORIGIN,
         )
         if agent_us is not None:
-            self._overhead_s += agent_us
-            self._overhead_steps += 1
+            overhead = self._overhead
+            overhead[_SUM_US] += agent_us
+            overhead[_STEPS] += 1.0
             if step == OVERHEAD_FIRST or (  # timed steps, both
-                step % OVERHEAD_EVERY == 0 and t - self._overhead_fact_t >= OVERHEAD_MIN_S
+                step % OVERHEAD_EVERY == 0 and t - overhead[_FACT_T] >= OVERHEAD_MIN_S
             ):
                 self._overhead_fact(step, t)
         return True
@@ -143,20 +155,24 @@ class StepRecords:
         agent_us = fields.get("agent_us")
         if agent_us is not None and not fields.get("profiled"):
             # A counted step holds the FLOP counter's one-off cost, not the agent's steady one.
-            self._overhead_s += agent_us
-            self._overhead_steps += 1
+            overhead = self._overhead
+            overhead[_SUM_US] += agent_us
+            overhead[_STEPS] += 1.0
         step = fields["step"]
         t = fields.get("t") or time.monotonic()
         if step == OVERHEAD_FIRST or (
-            step % OVERHEAD_EVERY == 0 and t - self._overhead_fact_t >= OVERHEAD_MIN_S
+            step % OVERHEAD_EVERY == 0 and t - self._overhead[_FACT_T] >= OVERHEAD_MIN_S
         ):
             self._overhead_fact(step, t)
 
     def _overhead_fact(self, step: int, t: float) -> None:
-        if not self._overhead_steps:
+        overhead = self._overhead
+        steps = int(overhead[_STEPS])
+        if not steps:
             return  # no timed iteration since the last one (AGENT_US_EVERY)
-        mean_us = self._overhead_s / self._overhead_steps
+        mean_us = overhead[_SUM_US] / steps
         dropped = getattr(self.producer, "dropped", 0)
-        note = f"mean over {self._overhead_steps} steps up to {step}; records dropped so far: {dropped}"
+        note = f"mean over {steps} steps up to {step}; records dropped so far: {dropped}"
         self.fact("agent_overhead_us", mean_us, "steps", unit="us/step", note=note)
-        self._overhead_s, self._overhead_steps, self._overhead_fact_t = 0.0, 0, t
+        overhead[_SUM_US] = overhead[_STEPS] = 0.0
+        overhead[_FACT_T] = t
