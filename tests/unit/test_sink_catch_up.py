@@ -172,7 +172,7 @@ def tick(n: int) -> records.Tick:
     return records.Tick(n=n, interval_s=1.0)
 
 
-def test_the_first_tick_fills_in_the_missed_alerts_then_and_the_stop_reads_no_log(tmp_path):
+def test_the_first_tick_fills_in_the_missed_alerts_then_and_the_stop_reads_no_log(tmp_path, monkeypatch):
     log = Log(tmp_path)
     log.add(run_start(1), alert(1))
 
@@ -194,11 +194,8 @@ def test_the_first_tick_fills_in_the_missed_alerts_then_and_the_stop_reads_no_lo
         log_reads.append(kwargs)
         return original(*args, **kwargs)
 
-    component._logged_alerts = counted
-    try:
-        assert got(ctx) == [(2, "rule1"), (4, "rule2"), (8, "rule4")]
-    finally:
-        component._logged_alerts = original
+    monkeypatch.setattr(component, "_logged_alerts", counted)
+    assert got(ctx) == [(2, "rule1"), (4, "rule2"), (8, "rule4")]
     assert ctx.asked == [("listen", "tick"), ("stop", "tick")]
     assert log_reads == [
         {},
