@@ -22,14 +22,24 @@ def _header(record: records.Record) -> tuple:
 
 
 def _steady(step: records.Step) -> bool:
-    """Whether a block's columns can say everything a step says."""
+    """Whether a block's columns can say everything a step says: its token count, or only why it has none."""
+    if step.tokens is None:
+        counted = (
+            step.tokens_source is None
+            and step.tokens_global is None
+            and list(step.absent) == ["tokens"]
+            and bool(step.absent["tokens"])
+        )
+    else:
+        counted = step.tokens_source is not None and not step.absent
     return (
-        not step.skipped
+        counted
+        and not step.skipped
         and not step.profiled
         and step.resumed_from is None
-        and None not in (step.step_time_s, step.micro_batches, step.tokens, step.tokens_source, step.dp)
+        and None not in (step.step_time_s, step.micro_batches, step.dp)
         and step.optimizers is not None
-        and step.tokens_global == step.tokens * step.dp
+        and (step.tokens is None or step.tokens_global == step.tokens * step.dp)
     )
 
 
@@ -74,8 +84,10 @@ def block_of(
             put("loss_t", None)
         if type(row) is records.Step:
             order.append("s")
-            for name in ("step", "step_time_s", "optimizers", "agent_us", "micro_batches", "tokens"):
+            for name in ("step", "step_time_s", "optimizers", "agent_us", "micro_batches"):
                 put(name, getattr(row, name))
+            if row.tokens is not None:
+                put("tokens", row.tokens)
             put("step_t", row.t)
         elif type(row) is records.Phase:
             order.append("p")
@@ -97,6 +109,7 @@ def block_of(
         rows=len(rows),
         order="".join(order),
         tokens_source=steps[0].tokens_source if steps else None,
+        tokens_absent=steps[0].absent.get("tokens") if steps else None,
         dp=steps[0].dp if steps else None,
         loss_origin=losses[0].origin if losses else "backward",
         t=t,
@@ -149,7 +162,9 @@ def blockify(
     run: list[records.Record] = []
 
     def close() -> None:
-        steps = {(step.tokens_source, step.dp) for step in run if type(step) is records.Step}
+        steps = {
+            (step.tokens_source, step.dp, step.tokens is None) for step in run if type(step) is records.Step
+        }
         if len(run) >= 2 and len(steps) <= 1 and holds(run):
             out.append(block_of(run))
         else:

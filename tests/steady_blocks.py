@@ -97,8 +97,19 @@ def malformed_block(rng, host: str = "h") -> tuple[str, bytes]:
         data["order"] = data["order"].replace("p", "x", 1)
         why = "a letter no row is"
     elif choice == 8:
-        del data["tokens_source"]
-        why = "steps without tokens_source"
+        variant = rng.randrange(4)
+        if variant != 1:
+            del data["tokens_source"]
+        if variant:
+            data["tokens_absent"] = "" if variant == 3 else "no ids"
+        if variant == 3:
+            data["tokens"] = []
+        why = (
+            "steps without tokens_source",
+            "both a tokens_source and a tokens_absent",
+            "tokens_absent beside a tokens column",
+            "tokens_absent without a reason",
+        )[variant]
     elif choice == 9:
         data["loss"][0] = None  # its time stays: a time without its loss
         data["rows"] -= 1

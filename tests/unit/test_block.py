@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 
+import msgspec
 import pytest
 from steady_blocks import malformed_block, steady_block
 
@@ -102,6 +103,30 @@ def test_a_step_without_a_loss_is_one_record_and_the_rank_and_drop_count_ride_on
     assert all(r.rank == 3 and r.dropped == 11 for r in built)
     assert built[1].start_t == 98.9 and built[1].t == built[1].end_t == 98.95
     assert built[0].values == {"lr": 0.001} and built[0].origin == "emit" and built[0].step == 2
+
+
+def test_steps_without_tokens_have_no_column_and_each_record_says_why_in_its_own_absent():
+    why = "no integer id tensor seen in the model's inputs: pass --tokens-per-step"
+    block = msgspec.structs.replace(
+        one_step(2.5), rows=3, order="ss", tokens=[], tokens_source=None, tokens_absent=why,
+        step=[7, 8], step_t=[99.5, 99.75], step_time_s=[0.25, 0.25], optimizers=[1, 1], agent_us=[None, None],
+        micro_batches=[2, 2], loss=[2.5, None], loss_t=[99.25, None],
+    )  # fmt: skip
+    records.block.validate(block)
+    loss, step, after = records.block.expand(block)
+    assert step == records.Step(
+        step=7, t=99.5, wall=4999.5, step_time_s=0.25, optimizers=1, micro_batches=2, dp=4,
+        absent={"tokens": why}, v=records.SCHEMA_VERSION, source="agent", host="n1", pid=42,
+    )  # fmt: skip
+    assert after.step == 8 and after.tokens is None and after.absent == {"tokens": why}
+    assert after.absent is not step.absent  # each record's own: a reader that changes one changes no other
+    assert loss.values == {"train_loss": 2.5} and loss.absent == {}
+    # On the wire and in the log: the reason once, no tokens column
+    line = records.to_log_line({**records.to_builtins(block), "seq": 3})
+    assert line.count(b"no integer id") == 1 and b'"tokens":' not in line
+    assert records.block.expand(records.from_log_line(line)) == records.block.expand(
+        msgspec.structs.replace(block, seq=3)
+    )
 
 
 def test_a_numbered_blocks_rows_end_at_its_seq_and_its_counts_are_its_rows():

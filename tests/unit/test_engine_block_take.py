@@ -2,9 +2,9 @@
 included, byte for byte as its rows fed one by one leave it, over random runs of every shape it meets: steps without
 a loss, non-finite losses, losses of another step, data waits that end before they start, checkpoints and evals
 between steps, metrics emitted (the loss among them, from then on the loop's own), declared and absurd token counts,
-clocks that go backwards, a hang the alert opened, a resumed attempt on the same clock, the collective probe's row
-after each step, a second rank's blocks between rank 0's, blocks of every length. And it does take the steady rows:
-most of rank 0's steps in blocks go in by it."""
+steps without any (a model fed no token ids), clocks that go backwards, a hang the alert opened, a resumed attempt on
+the same clock, the collective probe's row after each step, a second rank's blocks between rank 0's, blocks of every
+length. And it does take the steady rows: most of rank 0's steps in blocks go in by it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from trainmeter_core.model.engine import Engine, block_take
 from trainmeter_core.model.history import History, NoHistory
 
 AGENT = {"source": "agent", "host": "h", "pid": 7, "rank": 0}
+NO_TOKENS = "no integer id tensor seen in the model's inputs: pass --tokens-per-step"
 
 
 def _start(t: float, attempt: int = 1) -> records.RunStart:
@@ -34,6 +35,8 @@ def random_run(rng: random.Random, steps: int) -> list[records.Record]:
     some runs the collective probe's row after each step, and in some a second rank's steps, ten at a time."""
     out: list[records.Record] = [_start(0.5)]
     collectives = rng.random() < 0.3
+    # The share of steps whose model saw no token ids (a float-input loop's: all; a loop that changes inputs: some)
+    tokenless = rng.choice([0.0, 0.0, 0.0, 1.0, 0.2])
     second_rank = rng.random() < 0.3
     rank1: list[records.Record] = []  # rank 1's records since it last joined the log
     if rng.random() < 0.7:
@@ -75,10 +78,13 @@ def random_run(rng: random.Random, steps: int) -> list[records.Record]:
                                       t=t + 0.006, **AGENT))  # fmt: skip
         step_time = rng.choice([0.01, 0.01, 0.012, 0.0, -0.01])
         tokens = rng.choice([1024, 1024, 1024, 0, 10**15])
+        if rng.random() < tokenless:
+            counts = {"absent": {"tokens": NO_TOKENS}}
+        else:
+            counts = {"tokens": tokens, "tokens_source": "input_ids", "tokens_global": tokens}
         out.append(records.Step(step=step, step_time_s=step_time, optimizers=1,
-                                agent_us=3.0 if step % 16 == 0 else None, micro_batches=1, tokens=tokens,
-                                tokens_source="input_ids", dp=1, tokens_global=tokens, t=t + 0.008,
-                                **AGENT))  # fmt: skip
+                                agent_us=3.0 if step % 16 == 0 else None, micro_batches=1, dp=1, t=t + 0.008,
+                                **counts, **AGENT))  # fmt: skip
         if collectives:
             values = {
                 "collective_wait_s": rng.choice([0.0, 0.001, 0.003]),

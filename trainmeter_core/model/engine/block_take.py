@@ -108,6 +108,7 @@ def take_run(
     loss_col, loss_t_col = block.loss, block.loss_t
     phase_start_col, phase_end_col = block.phase_start_t, block.phase_end_t
     dp = block.dp
+    counted = block.tokens_absent is None  # else no step here has a token count (and the column is empty)
     shift = block.wall - block.t  # a row's wall: its t on the wall clock (records.block.expand)
     alpha = EMA_ALPHA
     inf = _INF
@@ -264,7 +265,7 @@ def take_run(
         # take_step, for the step clock's rank past its attempt's first step, of a steady (not profiled) step
         t = step_t_col[s]
         interval = step_time_col[s]
-        tokens = tokens_col[s] * dp  # step_tokens: the block's tokens_global
+        tokens = tokens_col[s] * dp if counted else None  # step_tokens: the block's tokens_global
         s += 1
         rank_steps += 1
         if wait_open is not None:
@@ -277,11 +278,11 @@ def take_run(
         else:
             step_ema = float(interval) if step_ema is None else step_ema + alpha * (interval - step_ema)
         if declared is not None:
-            if not 0 <= tokens < most_tokens:
+            if tokens is not None and not 0 <= tokens < most_tokens:
                 tokens = None
             mismatch = tokens if tokens is not None and tokens != declared else None
             tokens, last_tokens, last_source = declared, declared, "declared --tokens-per-step"
-        elif 0 <= tokens < most_tokens:
+        elif tokens is not None and 0 <= tokens < most_tokens:
             last_tokens, last_source = tokens, "tokens_global"
         elif other_tokens is not None:
             tokens, last_tokens, last_source = other_tokens, other_tokens, "tokens_per_step fact"

@@ -8,7 +8,9 @@ The columns, one entry per row of their kind; ``order`` says how the rows interl
 they happened: ``s`` a step (preceded, when its ``loss`` entry is not None, by the ``train_loss`` metric the loop
 passed to ``backward()``, which is then one more record), ``p`` a phase, ``m`` a metric. What every row of a kind
 shares (the tokens' source, the data-parallel degree, the loss's origin) is said once for the block; a block holds
-only steps that share it (the agent starts another block where it changes).
+only steps that share it (the agent starts another block where it changes). So is a token count's absence: a loop
+whose model sees no integer ids (a vision model, a regression) has steps without tokens, and their block says why
+once (``tokens_absent``) with no ``tokens`` column, where each step record sent alone says it in its ``absent``.
 
 Each row's ``t`` is its own time; its ``wall`` is that time carried onto the wall clock by the block's own ``t`` and
 ``wall`` (the two clocks read together when the block left), as a record built by the agent would have had it.
@@ -51,8 +53,9 @@ class Block(Record, tag="block", kw_only=True):
     optimizers: list[int] = []
     agent_us: list[float | None] = []
     micro_batches: list[int] = []
-    tokens: list[int] = []
+    tokens: list[int] = []  # empty where tokens_absent says why no step of the block has a count
     tokens_source: TokenSource | None = None
+    tokens_absent: str | None = None
     dp: int | None = None
     # The loss read at backward() for each step (None: none was read there), its time, and its origin
     loss: list[float | None] = []
@@ -100,13 +103,19 @@ def validate(block: Block) -> None:
         (phases, ("phase", "phase_start_t", "phase_end_t", "phase_step", "phase_probe")),
         (metrics, ("metric_t", "metric_values", "metric_step", "metric_origin")),
     )
+    counted = block.tokens_absent is None  # else its steps have no tokens column
     for count, names in columns:
         for name in names:
             length = len(getattr(block, name))
-            if length != count:
+            if length != count and (counted or name != "tokens"):
                 raise MalformedRecord(f"block: {name} has {length} entries for {count} rows")
-    if steps and (block.tokens_source is None or block.dp is None):
-        raise MalformedRecord("block: steps without tokens_source or dp")
+    if steps and block.dp is None:
+        raise MalformedRecord("block: steps without dp")
+    if counted:
+        if steps and block.tokens_source is None:
+            raise MalformedRecord("block: steps without tokens_source, and no tokens_absent to say why")
+    elif block.tokens or block.tokens_source is not None or not block.tokens_absent:
+        raise MalformedRecord("block: tokens_absent needs a reason, no tokens and no tokens_source")
     loss, loss_t = block.loss, block.loss_t
     losses = len(loss) - loss.count(None)
     if block.rows != len(order) + losses:
@@ -152,6 +161,9 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
     if block.dropped:
         header["dropped"] = block.dropped
     step_proto = Step(step=0, tokens_source=block.tokens_source, dp=block.dp, **header)
+    no_tokens = (
+        block.tokens_absent
+    )  # the reason each step's record gives in its absent, or None: each has its count
     metric_proto = Metric(values={}, **header)
     phase_proto = Phase(phase="startup", start_t=0.0, end_t=0.0, **header)
     dp = block.dp
@@ -185,23 +197,39 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
                 seq += 1
             if want_step and (seq is None or seq > after_seq):
                 t = block.step_t[s]
-                tokens = block.tokens[s]
-                append(
-                    _copy(
-                        step_proto,
-                        step=block.step[s],
-                        step_time_s=block.step_time_s[s],
-                        optimizers=block.optimizers[s],
-                        agent_us=block.agent_us[s],
-                        micro_batches=block.micro_batches[s],
-                        tokens=tokens,
-                        tokens_global=tokens * dp,
-                        t=t,
-                        wall=t + shift,
-                        seq=seq,
-                        absent={},
+                if no_tokens is None:
+                    tokens = block.tokens[s]
+                    append(
+                        _copy(
+                            step_proto,
+                            step=block.step[s],
+                            step_time_s=block.step_time_s[s],
+                            optimizers=block.optimizers[s],
+                            agent_us=block.agent_us[s],
+                            micro_batches=block.micro_batches[s],
+                            tokens=tokens,
+                            tokens_global=tokens * dp,
+                            t=t,
+                            wall=t + shift,
+                            seq=seq,
+                            absent={},
+                        )
                     )
-                )
+                else:
+                    append(
+                        _copy(
+                            step_proto,
+                            step=block.step[s],
+                            step_time_s=block.step_time_s[s],
+                            optimizers=block.optimizers[s],
+                            agent_us=block.agent_us[s],
+                            micro_batches=block.micro_batches[s],
+                            t=t,
+                            wall=t + shift,
+                            seq=seq,
+                            absent={"tokens": no_tokens},
+                        )
+                    )
             s += 1
         elif letter == PHASE:
             if seq is not None:
