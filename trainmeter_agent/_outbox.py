@@ -16,6 +16,7 @@ import os
 import threading
 import time
 
+from trainmeter_agent._module_probe import NO_TOKENS
 from trainmeter_core.bus.step_page import COUNTED, HANDED, WINDOWS, StepPage
 
 #: A window leaves at most this long after its first row ...
@@ -143,14 +144,16 @@ class Outbox:
         optimizers: int,
         agent_us: float | None,
         micro_batches: int,
-        tokens: int,
-        tokens_source: str,
+        tokens: int | None,
+        tokens_source: str | None,
         dp: int,
         loss: float | None,
         loss_t: float | None,
         loss_origin: str,
     ) -> None:
-        """A steady step's row (and the ``train_loss`` metric before it, when ``loss`` is not None)."""
+        """A steady step's row (and the ``train_loss`` metric before it, when ``loss`` is not None). ``tokens`` and
+        ``tokens_source`` are None for a step whose model saw no token ids: its block has no tokens column and says
+        why (``NO_TOKENS``); a step with a count and one without are never in one block."""
         lock = self._lock
         lock.acquire()  # acquire and release: half the cost of a with block
         try:
@@ -306,10 +309,15 @@ class Outbox:
                 taken[name] = column[:count]
                 column[:count] = empty  # the block holds them now: no value of a window outlives it here
         losses = s - taken["loss"].count(None)  # a step's row stands for two records when it holds a loss
+        tokens_absent = None
+        if s and self._tokens_source is None:
+            taken["tokens"] = []  # its steps' Nones: a block of steps without a count has no tokens column
+            tokens_absent = NO_TOKENS
         block = records.Block(
             rows=rows + losses,
             order="".join(self._order[:rows]),
             tokens_source=self._tokens_source if s else None,
+            tokens_absent=tokens_absent,
             dp=self._dp if s else None,
             loss_origin=self._loss_origin,
             **taken,

@@ -73,7 +73,8 @@ class StepRecords:
         """The step record of a steady iteration, the same record ``send_step`` would build, without its field dict.
 
         Steady (``iterations.steady``, and this iteration's own terms asked here): the hooks own the steps, no emitted
-        tokens wait, no FLOP count ends here and the model probe saw this iteration's forward, its tokens and its dp.
+        tokens wait, no FLOP count ends here and the model probe saw this iteration's forward and its dp (its tokens,
+        or that a forward had no token ids: then the step has no count, as the general way says).
         Then what ``ModelProbe.end_iteration`` and ``LossProbe.end_step`` would add is read from their per-iteration
         state here, in one function: on a tight loop every call and line of an iteration shows (docs/architecture.md,
         "What an iteration costs"), and ``tests/e2e/test_agent_depth.py`` checks that both ways send the same records.
@@ -85,7 +86,6 @@ class StepRecords:
         try:
             if (
                 not model.micro_batches
-                or model.tokens_missing
                 or model.profiled
                 or self._pending_tokens is not None
                 or model._profiler_on()
@@ -94,7 +94,14 @@ class StepRecords:
         except Exception as exc:
             self.stop_probe("model", exc)
             return False
-        micro_batches, tokens, tokens_source = model.micro_batches, model.tokens, model.tokens_source
+        micro_batches = model.micro_batches
+        if model.tokens_missing:
+            # A micro-batch without token ids (a model fed floats): the step has no count, as end_iteration says,
+            # and its row none (the outbox's block says why once).
+            tokens = tokens_source = None
+            model.tokens_missing = False
+        else:
+            tokens, tokens_source = model.tokens, model.tokens_source
         model.micro_batches = 0
         model.tokens = 0
         model.tokens_source = None

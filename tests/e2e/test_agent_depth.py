@@ -458,6 +458,38 @@ def test_the_steady_step_path_sends_the_records_the_general_path_sends(run, torc
         assert all(r["agent_us"] > 0 for r in later if "agent_us" in r)
 
 
+@heavy
+def test_a_loop_without_token_ids_takes_the_steady_path_and_sends_what_the_general_path_sends(run, torch):
+    # train_loop.py feeds its model floats: each step has micro-batches and no token count, and its reason.
+    args = [str(SCRIPTS / "train_loop.py"), "plain", "40"]
+    run.python(args, run.env(), byes=1)
+    run.python(["-c", _GENERAL_ONLY, *args], run.env(), byes=2)
+    records = run.records()
+    pids = list(dict.fromkeys(r["pid"] for r in records))
+    assert len(pids) == 2
+    # The steady way's steps travelled in blocks, which said once why they have no tokens; the general way's alone.
+    logged = [json.loads(line) for line in (run.run_dir / "events-0001.jsonl").read_text().splitlines()]
+    blocks = [b for b in logged if b["kind"] == "block" and b["pid"] == pids[0] and "s" in b["order"]]
+    # Every step but the process's first and the FLOP counter's (step 2, profiled), each a step record of its own
+    assert sum(b["order"].count("s") for b in blocks) == 38
+    alone = [r["step"] for r in logged if r["kind"] == "step" and r["pid"] == pids[0]]
+    assert alone == [1, 2]
+    assert all(b["tokens_absent"] == NO_TOKENS and "tokens" not in b for b in blocks)
+    assert not [b for b in logged if b["kind"] == "block" and b["pid"] == pids[1] and "s" in b["order"]]
+
+    def loop_records(pid: int) -> list[dict]:
+        kept = [r for r in records if r["pid"] == pid and r["kind"] in ("step", "metric", "phase")]
+        return [{k: v for k, v in r.items() if k not in _RUN_DEPENDENT} for r in kept]
+
+    steady, general = loop_records(pids[0]), loop_records(pids[1])
+    assert steady == general
+    steps = [r for r in steady if r["kind"] == "step"]
+    assert [s["step"] for s in steps] == list(range(1, 41))
+    assert all(s["absent"]["tokens"] == NO_TOKENS and "tokens" not in s for s in steps)
+    assert all(s["absent"] == {"tokens": NO_TOKENS} for s in steps[1:])  # the first also has no step time
+    assert {s["micro_batches"] for s in steps} == {1}
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Whole models leave the process as they would without tm: copy.deepcopy and torch.save(model)
 

@@ -35,9 +35,8 @@ import torch
 torch.set_num_threads(1)
 torch.manual_seed(0)
 WARM, MEASURED = 200, 10_240  # 40 periods of the overhead fact (256 steps)
-ids = torch.randint(16, (100_000, 8))
+{model}
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=1)
-model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 {leak}
 import trainmeter_agent
@@ -46,7 +45,7 @@ agent = trainmeter_agent._process_agent  # the agent sitecustomize started
 def iterate(batches, n):
     for _ in range(n):
         (batch,) = next(batches)
-        loss = torch.nn.functional.cross_entropy(model(batch).flatten(0, 1), batch.flatten())
+        loss = {loss}
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -89,7 +88,8 @@ grown = [
     for stat in after.compare_to(before, "lineno")
     if stat.count_diff > 0 or stat.size_diff > 0
 ]
-print(json.dumps({{"grown": grown, "windows": windows, "steady": agent.iterations.steady}}))
+general = agent.general_steps if hasattr(agent, "general_steps") else None
+print(json.dumps({{"grown": grown, "windows": windows, "steady": agent.iterations.steady, "general": general}}))
 """
 # What a deliberate leak looks like (the test's own proof that it can fail): every step row kept in a list.
 LEAK = """
@@ -117,8 +117,22 @@ _tracemalloc.take_snapshot = _then_never
 """
 
 
-def _grown(run, leak: str = "") -> dict:
-    done = run.python(["-c", LOOP.format(leak=leak)], run.env())
+# The model and loss of the loop: token ids into an embedding, or floats into a linear layer (a model fed no token
+# ids: its steps have no token count, and take the steady way all the same)
+IDS = {
+    "model": """ids = torch.randint(16, (100_000, 8))
+model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 16))""",
+    "loss": "torch.nn.functional.cross_entropy(model(batch).flatten(0, 1), batch.flatten())",
+}
+FLOATS = {
+    "model": """ids = torch.randn(100_000, 8)
+model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8))""",
+    "loss": "(model(batch) - batch).pow(2).mean()",
+}
+
+
+def _grown(run, leak: str = "", loop: dict[str, str] = IDS) -> dict:
+    done = run.python(["-c", LOOP.format(leak=leak, **loop)], run.env())
     return json.loads(done.stdout)
 
 
@@ -127,6 +141,26 @@ def test_ten_thousand_steady_iterations_leave_nothing_allocated_in_the_agents_fi
     measured = _grown(run)
     assert measured["steady"]  # the iterations took the steady way the test is about
     assert measured["windows"] > 0  # flushes were on: windows left during the measured iterations
+    assert measured["grown"] == []
+
+
+# The steps built the general way (send_step), counted in the test's own code: what tracemalloc is not filtered to.
+GENERAL_COUNTED = """
+from trainmeter_agent import _agent
+_send_step = _agent.Agent.send_step
+def _counted(self, fields):
+    self.general_steps = getattr(self, "general_steps", 0) + 1
+    return _send_step(self, fields)
+_agent.Agent.send_step = _counted
+"""
+
+
+@heavy
+def test_a_loop_fed_no_token_ids_takes_the_steady_way_and_leaves_nothing_either(run, torch):
+    measured = _grown(run, GENERAL_COUNTED, FLOATS)
+    assert measured["steady"] and measured["windows"] > 0
+    # Of about 10,500 steps, the general way built the process's first and the FLOP counter's alone.
+    assert measured["general"] == 2
     assert measured["grown"] == []
 
 

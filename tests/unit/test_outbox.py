@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from trainmeter_agent._module_probe import NO_TOKENS
 from trainmeter_agent._outbox import Outbox
 from trainmeter_core.bus import step_page
 from trainmeter_core.model import records
@@ -29,7 +30,7 @@ def _now():
 
 def _step(outbox: Outbox, step: int, loss: float | None = 2.5, **changed) -> None:
     t = BASE_T + step
-    fields = dict(tokens_source="input_ids", dp=1, loss_origin="backward")
+    fields = dict(tokens=8, tokens_source="input_ids", dp=1, loss_origin="backward")
     fields.update(changed)
     outbox.put_step(
         step,
@@ -38,7 +39,7 @@ def _step(outbox: Outbox, step: int, loss: float | None = 2.5, **changed) -> Non
         1,
         None,
         1,
-        8,
+        fields["tokens"],
         fields["tokens_source"],
         fields["dp"],
         loss,
@@ -101,6 +102,29 @@ def test_what_a_block_says_once_for_its_steps_starts_another_block_when_it_chang
     steps = [r for r in _expanded(batch) if records.kind_of(r) == "step"]
     # tokens_global = tokens * dp: 8 * 1, 8 * 1, 8 * 2, 8 * 1
     assert [s.tokens_global for s in steps] == [8, 8, 16, 8]
+
+
+def test_steps_without_tokens_are_a_block_of_their_own_that_says_why_once():
+    outbox, sent = _collecting()
+    _step(outbox, 1)
+    _step(outbox, 2, tokens=None, tokens_source=None)  # the model saw no token ids in this step
+    _step(outbox, 3, tokens=None, tokens_source=None)
+    outbox.put_phase("data_wait", BASE_T + 3.0, BASE_T + 3.1, 3, "dataloader")
+    _step(outbox, 4)
+    outbox.flush()
+    (batch,) = sent
+    assert [(b.order, b.tokens, b.tokens_source, b.tokens_absent) for b in batch] == [
+        ("s", [8], "input_ids", None),
+        ("ssp", [], None, NO_TOKENS),
+        ("s", [8], "input_ids", None),
+    ]
+    steps = [r for r in _expanded(batch) if records.kind_of(r) == "step"]
+    assert [(s.tokens, s.tokens_global, s.absent) for s in steps] == [
+        (8, 8, {}),
+        (None, None, {"tokens": NO_TOKENS}),
+        (None, None, {"tokens": NO_TOKENS}),
+        (8, 8, {}),
+    ]
 
 
 def test_a_nan_loss_is_kept_and_an_absent_one_is_no_record():
