@@ -1,7 +1,8 @@
 """What the agent costs a training loop: emit() per call, the optimizer step hooks per iteration, the loss probe per
 backward(), and whole loops with every probe on against the plain loop and against trainmeter 0.0.7 (the previous
-generation): the tight CPU loop of issue 16 (Embedding(16, 4) + Linear(4, 16), DataLoader batch 1, AdamW, 1 thread)
-and a ~1 ms loop, in paired rounds, with a per-probe breakdown; and interpreter start-up with and without tm.
+generation): the tight CPU loop of issue 16 (Embedding(16, 4) + Linear(4, 16), DataLoader batch 1, AdamW, 1 thread),
+the same loop fed floats (no token ids: its steps have no token count) and a ~1 ms loop, in paired rounds, with a
+per-probe breakdown; and interpreter start-up with and without tm.
 Prints figures; asserts nothing (speed targets are read, never tested).
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/bench_agent.py [--rounds 7] [--peer-venv /work/peer]``. A PULL socket
@@ -276,6 +277,19 @@ print(json.dumps({"cpu_us": statistics.median(cpu_us[3:]), "wall_us": statistics
 LOOPS = {
     # Issue 16's tight loop: an iteration is a few hundred µs of torch's own Python and dispatch on one core.
     "tight loop": _LOOP_HEAD + DATA_AND_MODEL + _LOOP_TAIL,
+    # The same size of loop fed floats (a regression of each input on itself): a model that sees no token ids, whose
+    # steps have no token count (a vision model's, an MLP's on features).
+    "tight loop, floats": _LOOP_HEAD
+    + """
+xs = torch.randn(4096, 8)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+"""
+    + _LOOP_TAIL.replace(
+        "torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())",
+        "(model(x) - x).pow(2).mean()",
+    ),
     # About a millisecond per iteration: a wider embedding and head, batches of 8 sequences of 32 tokens.
     "~1 ms loop": _LOOP_HEAD
     + """
@@ -354,8 +368,9 @@ def _run_loop(argv: list[str], env: dict, cwd: str) -> dict | None:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int) -> None:
-    """Each loop plain, under tm and under 0.0.7 (its own venv, its own plain run), in rounds, alternated."""
+def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int, names: list[str]) -> None:
+    """Each loop of ``names`` plain, under tm and under 0.0.7 (its own venv, its own plain run), in rounds,
+    alternated."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tm = os.path.join(os.path.dirname(sys.executable), "tm")
     runs = tempfile.mkdtemp(prefix="tm-bench-runs-")
@@ -369,9 +384,11 @@ def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int) -> No
     peer_env = dict(env)
     peer_env.pop("PYTHONPATH")
     try:
-        for name, code in LOOPS.items():
-            per_block = 500 if name == "tight loop" else 100
-            blocks = max(6, tight_iterations // per_block) if name == "tight loop" else 30
+        for name in names:
+            code = LOOPS[name]
+            tight = name.startswith("tight loop")
+            per_block = 500 if tight else 100
+            blocks = max(6, tight_iterations // per_block) if tight else 30
             variants = {
                 "plain": ([sys.executable, "-c", code, str(blocks), str(per_block)], env),
                 "empty hooks": (
@@ -586,6 +603,12 @@ def main() -> None:
     parser.add_argument("--peer-venv", default=os.environ.get("TM_PEER_VENV") or "/work/peer")
     parser.add_argument("--iterations", type=int, default=10_000, help="iterations of the tight loop per run")
     parser.add_argument("--loops-only", action="store_true")
+    parser.add_argument(
+        "--loop",
+        action="append",
+        choices=list(LOOPS),
+        help="only this loop (repeatable; default: every loop)",
+    )
     parser.add_argument("--breakdown-only", action="store_true", help="only the probes' work in one process")
     args = parser.parse_args()
     print(
@@ -593,6 +616,7 @@ def main() -> None:
         f"--iterations {args.iterations} --peer-venv {args.peer_venv}"
         + (" --breakdown-only" if args.breakdown_only else "")
         + (" --loops-only" if args.loops_only else "")
+        + "".join(f" --loop '{name}'" for name in args.loop or ())
     )
     socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-bench-")
     endpoint = f"ipc://{socket_dir}/in"
@@ -618,7 +642,7 @@ def main() -> None:
             agent.at_exit()
         if args.breakdown_only:
             return
-        bench_loops(args.rounds, args.peer_venv, args.iterations)
+        bench_loops(args.rounds, args.peer_venv, args.iterations, args.loop or list(LOOPS))
         if not args.loops_only:
             bench_startup(endpoint)
     finally:
