@@ -7,6 +7,7 @@ import os
 
 from trainmeter_core.bus import step_page
 from trainmeter_core.bus.client import HOSTNAME
+from trainmeter_core.run.child import give_job_windows
 from trainmeter_core.run.goodbyes import lost_windows, steps_lost
 
 KEY = f"agent@{HOSTNAME}:{os.getpid()}"
@@ -48,3 +49,19 @@ def test_without_a_page_the_notice_says_the_window_alone(tmp_path):
     assert (
         steps_lost(f"agent@another-host:{os.getpid()}", tmp_path, {}) == ""
     )  # another host's page is not here
+
+
+def test_a_job_nodes_agents_get_windows_of_a_second_unless_the_user_set_one_and_the_notice_says_which(
+    tmp_path,
+):
+    env = {"PATH": "/bin"}
+    give_job_windows(env)
+    assert env["TM_AGENT_FLUSH_S"] == "1"
+    mine = {"TM_AGENT_FLUSH_S": "0.2"}
+    give_job_windows(mine)
+    assert mine == {"TM_AGENT_FLUSH_S": "0.2"}  # the user's window, kept
+    said: list[str] = []
+    (notice,) = lost_windows([KEY], said.append, tmp_path, {}, env)
+    assert "at most 1000 ms or 1000 of its records" in notice.message
+    (single,) = lost_windows([KEY], said.append, tmp_path, {}, {})
+    assert "at most 50 ms" in single.message  # a command's environment without one: the agent's default

@@ -25,6 +25,15 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: The ``trainmeter.agent`` entry points' names, one per line, in the command's environment (the run directory's
 #: agent-plugins.json has the whole list): the agent watches the import of each, and needs no JSON to read them.
 AGENT_PLUGIN_NAMES = "TM_AGENT_PLUGIN_NAMES"
+#: How long an agent's flush window stays open at most (trainmeter_agent/_outbox.py): 50 ms unless the command's
+#: environment says otherwise ...
+FLUSH_ENV, FLUSH_S = "TM_AGENT_FLUSH_S", "0.05"
+#: ... and a second on a node of a job. A rank of a job steps a few times a second, so a 50 ms window leaves with one
+#: step in it, and the job hub takes a block of one step at 1.6 times the rows a second it takes as records, against
+#: 8 times for blocks of ten (bench/bench_jobhub.py, docs/performance.md "The job hub"). The price: a rank's steps
+#: reach the hubs up to a second later (the dashboard's snapshots come once a second), and a rank killed by SIGKILL
+#: loses up to a second of steps, which its node's launcher counts and says (goodbyes.lost_windows).
+JOB_FLUSH_S = "1"
 
 
 def exec_untouched(command: list[str], script_mode: bool) -> NoReturn:
@@ -93,6 +102,17 @@ def child_environment(
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = str(agent_boot_dir()) + (os.pathsep + path if path else "")
     return env
+
+
+def agent_window_s(env: dict[str, str]) -> str:
+    """The agents' flush window in the command's environment ``env``, as the agent reads it (seconds, as text)."""
+    return env.get(FLUSH_ENV, FLUSH_S)
+
+
+def give_job_windows(env: dict[str, str]) -> None:
+    """The command's environment on a node of a job: its agents' windows a second long (``JOB_FLUSH_S``), unless the
+    environment already sets one (the user's, kept)."""
+    env.setdefault(FLUSH_ENV, JOB_FLUSH_S)
 
 
 def lower_own_priority(niceness: int = 5) -> None:

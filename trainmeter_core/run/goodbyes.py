@@ -10,6 +10,7 @@ from pathlib import Path
 from trainmeter_core.bus import step_page
 from trainmeter_core.bus.client import HOSTNAME
 from trainmeter_core.model import records
+from trainmeter_core.run.child import agent_window_s
 from trainmeter_core.run.stderr_lines import Say
 
 
@@ -39,13 +40,16 @@ def lost_windows(
     say: Say,
     step_pages: Path | None = None,
     received_steps: dict[str, int] | None = None,
+    agent_env: dict[str, str] | None = None,
 ) -> list[records.Record]:
     """A notice for each agent that said hello and never goodbye: its process was killed (or left without running
-    atexit), so its last flush window never left. The agent sends a window at least every TM_AGENT_FLUSH_S. Where the
-    process left its step page (``step_pages``), the notice says how many steps it lost: those it counted less those
-    the hub received from it (``received_steps``), and in how many flush windows."""
-    window_s = os.environ.get("TM_AGENT_FLUSH_S", "0.05")
-    window_records = os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000")
+    atexit), so its last flush window never left. The agent sends a window at least every TM_AGENT_FLUSH_S of the
+    command's environment (``agent_env``, this process's by default). Where the process left its step page
+    (``step_pages``), the notice says how many steps it lost: those it counted less those the hub received from it
+    (``received_steps``), and in how many flush windows."""
+    env = dict(os.environ) if agent_env is None else agent_env
+    window_s = agent_window_s(env)
+    window_records = env.get("TM_AGENT_FLUSH_RECORDS", "1000")
     notices = []
     for key in open_producers:
         source, _, where = key.partition("@")

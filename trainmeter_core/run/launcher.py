@@ -23,6 +23,7 @@ from trainmeter_core.run.child import (
     child_environment,
     exec_untouched,
     exit_status,
+    give_job_windows,
     resolve_command,
 )
 from trainmeter_core.run.component_start import start_components
@@ -108,6 +109,8 @@ class Launch:
             after_tick=after_tick,
         )
         self.plan = None if opts.no_job else join_job(opts, self.hub, self.run_dir, say)
+        if self.plan is not None:
+            give_job_windows(environment)  # the Child's own dict: the command starts with it later
         self.hub.start()
         self.slurm = "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" in os.environ
         self.plugins = None
@@ -308,7 +311,7 @@ class Launch:
                 source="launcher",
             ),
             before_end=lambda open_producers: lost_windows(
-                open_producers, self.say, self.step_pages, self.hub.producer_steps
+                open_producers, self.say, self.step_pages, self.hub.producer_steps, self.child.env
             ),
         )
         self._finish_forwarding()
