@@ -150,8 +150,13 @@ def random_run(rng: random.Random, steps: int) -> list[records.Record]:
 
 
 def _fed(log: list, history: Callable[[], History]) -> tuple[Engine, list[bytes]]:
+    """The engine fed ``log``, and the snapshots it made; after each record (a block: its last row) the state is
+    through that record's sequence number."""
     engine = Engine(history=history())
-    made = [records.encode(snapshot) for record in log for snapshot in engine.feed(record)]
+    made = []
+    for record in log:
+        made.extend(records.encode(snapshot) for snapshot in engine.feed(record))
+        assert engine.state.through_seq == record.seq, records.kind_of(record)
     return engine, made
 
 

@@ -152,28 +152,71 @@ def expand(block: Block, kinds: frozenset[str] | set[str] | None = None, after_s
     The block is taken as ``validate`` passed it (a hub checked it before numbering it): a column shorter than its
     rows raises IndexError here. Each row is a copy of one record of its kind that holds the block's header (and what
     every step of it shares), with its own fields replaced: a quarter of what building each with its header costs."""
-    want_step = kinds is None or "step" in kinds
-    want_phase = kinds is None or "phase" in kinds
-    want_metric = kinds is None or "metric" in kinds
+    seq = None if block.seq is None else block.seq - block.rows
+    return _build(block, _prototypes(block), 0, len(block.order), 0, 0, 0, seq, kinds, after_seq)
+
+
+class Letters:
+    """A block's records built a letter at a time, for a reader that takes most of its rows from the columns and needs
+    records for a few (the engine: a metric the loop emitted between steps): ``rows(at, ...)`` is what ``expand``
+    gives for letter ``at``, and the block's other rows are never built. The block is taken as ``validate`` passed
+    it."""
+
+    __slots__ = ("block", "_prototypes")
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self._prototypes = _prototypes(block)
+
+    def rows(self, at: int, s: int, p: int, m: int, seq: int | None) -> list[Record]:
+        """The records of letter ``at`` (a step's loss and the step, a phase, or a metric), whose entries in the
+        columns are the ``s``-th step's, the ``p``-th phase's and the ``m``-th metric's; numbered from ``seq + 1``
+        (``seq`` None: the block has no sequence number)."""
+        return _build(self.block, self._prototypes, at, at + 1, s, p, m, seq, None, 0)
+
+
+def _prototypes(block: Block) -> tuple:
+    """What every row of a kind shares: a step, a metric and a phase that hold the block's header (and what its steps
+    share), the loss's origin, the shift from a row's ``t`` to its wall time, why its steps have no tokens (or None)
+    and its dp."""
     header: dict[str, Any] = {"v": block.v, "source": block.source, "host": block.host, "pid": block.pid}
     if block.rank is not None:
         header["rank"] = block.rank
     if block.dropped:
         header["dropped"] = block.dropped
-    step_proto = Step(step=0, tokens_source=block.tokens_source, dp=block.dp, **header)
-    no_tokens = (
-        block.tokens_absent
-    )  # the reason each step's record gives in its absent, or None: each has its count
-    metric_proto = Metric(values={}, **header)
-    phase_proto = Phase(phase="startup", start_t=0.0, end_t=0.0, **header)
-    dp = block.dp
     loss_origin = _DEFAULT_ORIGIN if block.loss_origin == _DEFAULT_ORIGIN else block.loss_origin
-    shift = block.wall - block.t  # a row's wall time: its t on the wall clock
-    seq = None if block.seq is None else block.seq - block.rows
+    return (
+        Step(step=0, tokens_source=block.tokens_source, dp=block.dp, **header),
+        Metric(values={}, **header),
+        Phase(phase="startup", start_t=0.0, end_t=0.0, **header),
+        loss_origin,
+        block.wall - block.t,  # a row's wall time: its t on the wall clock
+        block.tokens_absent,  # the reason each step's record gives in its absent, or None: each has its count
+        block.dp,
+    )
+
+
+def _build(
+    block: Block,
+    prototypes: tuple,
+    start: int,
+    stop: int,
+    s: int,
+    p: int,
+    m: int,
+    seq: int | None,
+    kinds: frozenset[str] | set[str] | None,
+    after_seq: int,
+) -> list[Record]:
+    """The records of letters ``start`` to ``stop`` (the first of them the ``s``-th step, ``p``-th phase and ``m``-th
+    metric of the columns), numbered from ``seq + 1``; only those of ``kinds`` and numbered after ``after_seq``."""
+    want_step = kinds is None or "step" in kinds
+    want_phase = kinds is None or "phase" in kinds
+    want_metric = kinds is None or "metric" in kinds
+    step_proto, metric_proto, phase_proto, loss_origin, shift, no_tokens, dp = prototypes
     out: list[Record] = []
     append = out.append
-    s = p = m = 0
-    for letter in block.order:
+    for letter in block.order[start:stop]:
         if letter == STEP:
             loss = block.loss[s]
             if loss is not None:
