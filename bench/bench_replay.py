@@ -6,7 +6,7 @@ engine's checkpoint; plus N fuzzed golden logs (default 10,000).
 
 Prints figures (and ratios against 0.0.7 and a plain JSON decode of the same lines, measured in the same run); never
 fails on a time. Each replay runs in a fresh process of its own, so its peak memory is its own; rounds alternate.
-usage: python bench/bench_replay.py [--records N] [--fuzz N] [--rounds N] [--peer-venv /work/peer] [--block-steps N]
+usage: python bench/bench_replay.py [--records N] [--fuzz N] [--rounds N] [--peer-venv /work/peer] [--block-steps N] [--emit-every N]
 Targets (issue 16): >= 365k records/s and <= 200 MB for 1M records.
 
 The block log (issue 42): ``--block-steps`` steps (default 1M) of the same run as the agent sends them now, its steps,
@@ -161,9 +161,10 @@ def synthetic_log(path: Path, n: int) -> tuple[int, int]:
 BLOCK_ROWS = 1_000
 
 
-def block_log(path: Path, steps: int) -> tuple[int, int]:
+def block_log(path: Path, steps: int, emit_every: int = 0) -> tuple[int, int]:
     """The run of ``synthetic_log``, ``steps`` steps of it, as the agent sends it now: its facts, then per flush one
-    block of 333 steps (each step's data wait, loss and step: 999 rows) and the GPU samples and ticks of those seconds
+    block of 333 steps (each step's data wait, loss and step: 999 rows; with ``emit_every``, a learning rate the loop
+    emits after every that many steps, as a loop that logs it does) and the GPU samples and ticks of those seconds
     (numbered after the block, which the hub numbers when it arrives). Returns (records the log stands for, lines)."""
     from blocks import block_of
 
@@ -213,6 +214,8 @@ def block_log(path: Path, steps: int) -> tuple[int, int]:
                 rows.append(records.Step(step=step, step_time_s=STEP_S, micro_batches=1, tokens=524_288,
                                          tokens_source="input_ids", tokens_global=524_288, dp=1, optimizers=1,
                                          agent_us=30.0 if step % 16 == 0 else None, t=t, **agent))  # fmt: skip
+                if emit_every and step % emit_every == 0:
+                    rows.append(records.Metric(values={"lr": 3e-4}, step=step, origin="emit", t=t, **agent))
                 if step % STEPS_PER_S == 0:
                     for gpu in range(GPUS):
                         after.append(records.SampleGpu(index=gpu, util_gpu=0.9, sm_active=0.7, tensor_active=0.4,
@@ -403,14 +406,14 @@ print(json.dumps({"s": time.perf_counter() - started}))
 """
 
 
-def blocks_side_by_side(steps: int, rounds: int) -> None:
+def blocks_side_by_side(steps: int, rounds: int, emit_every: int = 0) -> None:
     """The replay of a log of blocks (``final_snapshot``, a fresh process) and a bare typed decode of its lines (a
     fresh process too), alternated."""
     repo = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(repo))
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
-        n, lines = block_log(run, steps)
+        n, lines = block_log(run, steps, emit_every)
         size_mb = (run / "events-0001.jsonl").stat().st_size / 1e6
         replays, decodes = [], []
         for _ in range(rounds):
@@ -427,7 +430,9 @@ def blocks_side_by_side(steps: int, rounds: int) -> None:
         peak = max(r["peak_mb"] for r in replays)
         seen = sorted({r["steps"] for r in replays})
         print(
-            f"tm replay of a block log, {steps:,} steps = {n:,} records in {lines:,} lines ({size_mb:.0f} MB), fresh "
+            f"tm replay of a block log, {steps:,} steps"
+            + (f" (a metric emitted every {emit_every})" if emit_every else "")
+            + f" = {n:,} records in {lines:,} lines ({size_mb:.0f} MB), fresh "
             f"process: {replay_s:.2f} s = {n / replay_s:,.0f} records/s = {steps / replay_s:,.0f} steps/s "
             f"(rounds {min(r['s'] for r in replays):.2f} to {max(r['s'] for r in replays):.2f} s), peak memory "
             f"{peak:.0f} MB (target <= 200 MB); a bare msgspec.json decode of its lines into typed records: "
@@ -437,6 +442,7 @@ def blocks_side_by_side(steps: int, rounds: int) -> None:
         )
         print(
             f"  reproduce: {sys.executable} bench/bench_replay.py --block-steps {steps} --rounds {rounds} --only-blocks"
+            + (f" --emit-every {emit_every}" if emit_every else "")
         )
 
 
@@ -453,9 +459,15 @@ def main() -> None:
     parser.add_argument("--peer-venv", default=os.environ.get("TM_PEER_VENV") or "/work/peer")
     parser.add_argument("--block-steps", type=int, default=1_000_000)
     parser.add_argument("--only-blocks", action="store_true", help="only the block log's replay and decode")
+    parser.add_argument(
+        "--emit-every",
+        type=int,
+        default=0,
+        help="the block log's loop emits a metric every N steps (0: never)",
+    )
     args = parser.parse_args()
     if args.block_steps:
-        blocks_side_by_side(args.block_steps, args.rounds)
+        blocks_side_by_side(args.block_steps, args.rounds, args.emit_every)
     if args.only_blocks:
         return
     side_by_side(args.records, args.rounds, args.peer_venv)
