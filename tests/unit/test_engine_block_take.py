@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from blocks import WALL0, blockify, training_run
 
@@ -93,6 +94,12 @@ def random_run(rng: random.Random, steps: int) -> list[records.Record]:
                 "coll.all_reduce.2.count": 1.0,
             }
             out.append(records.Metric(values=values, origin="collectives", step=step, t=t + 0.0085, **AGENT))
+            if rng.random() < 0.3:
+                # A group's own row (its sequence numbers and arrival), which stays in the log alone
+                group = {"seq_first": float(step), "arrival_s": 0.0002}
+                out.append(
+                    records.Metric(values=group, origin="collectives:0", step=step, t=t + 0.0086, **AGENT)
+                )
         if second_rank:
             other = {**AGENT, "rank": 1, "pid": 8}
             rank1.append(
@@ -165,9 +172,9 @@ def counted_take_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     taken: list[int] = []
     take_run = block_take.take_run
 
-    def counting(state, derived, history, keeps, block, start, stop, s, p):
+    def counting(state, derived, history, keeps, block, start, stop, s, p, m):
         taken.append(block.order.count("s", start, stop))
-        take_run(state, derived, history, keeps, block, start, stop, s, p)
+        take_run(state, derived, history, keeps, block, start, stop, s, p, m)
 
     monkeypatch.setattr(block_take, "take_run", counting)
     return taken
@@ -212,3 +219,35 @@ def test_a_steady_runs_steps_go_in_by_block_take_from_its_second_step_on(monkeyp
     # Every step counted, every loss kept: the last one committed by the run's end.
     assert engine.state.steps == 300 and engine.state.tokens_seen == 300 * 1024
     assert engine.state.series["train_loss"].value == 5.0 / 300 and not engine.state.pending_backward
+
+
+def test_the_collective_probes_row_after_each_step_stays_inside_the_run(monkeypatch):
+    # A data-parallel loop's rank 0: the collective probe's row follows each step (and a group's row each tenth). They
+    # go in with the steps; before, each ended the run, and every step was a run of its own, set up and stored alone.
+    rows = []
+    for record in training_run(300):
+        rows.append(msgspec.structs.replace(record))
+        if type(record) is records.Step:
+            values = {
+                "collective_wait_s": 0.001,
+                "coll.all_reduce.2.bytes": 4096.0,
+                "coll.all_reduce.2.count": 1.0,
+            }
+            rows.append(records.Metric(values=values, origin="collectives", step=record.step, t=record.t + 1e-4,
+                                       **AGENT))  # fmt: skip
+            if record.step % 10 == 0:
+                rows.append(records.Metric(values={"arrival_s": 2e-4}, origin="collectives:0", step=record.step,
+                                           t=record.t + 2e-4, **AGENT))  # fmt: skip
+    for seq, record in enumerate(rows, start=1):
+        record.seq, record.wall = seq, WALL0 + record.t
+    blocked = blockify(rows)
+    taken = counted_take_runs(monkeypatch)
+    by_block, snapshots_by_block = _fed(blocked, History)
+    monkeypatch.undo()
+    by_row, snapshots_by_row = _fed(rows, History)
+    assert snapshots_by_block == snapshots_by_row and by_block.state_bytes() == by_row.state_bytes()
+    assert sum(taken) == 299
+    # Runs end only at the learning rate the loop emits every 10 steps (and at a block's end): 30 or so, not 299
+    assert len(taken) <= 40, len(taken)
+    rank = by_block.state.ranks[0]
+    assert rank.collective_steps == 300 and rank.collectives["all_reduce.2"].steps == 300

@@ -1,5 +1,6 @@
 """A block's steady rows into the engine's state in one pass: the step clock's steps with the loss read at
-``backward()`` before each, and its data waits, without building a record for any of them. The state ends exactly as
+``backward()`` before each, its data waits and the collective probe's rows after each step (a data-parallel loop's),
+without building a record for any of them. The state ends exactly as
 the row path leaves it (``take_step``, ``take_phase`` and ``Engine._on_metric`` fed each row in order: the same
 operations on the same floats in the same order, bytes equal; ``tests/unit/test_engine_block_take.py`` holds it to
 that over runs of every shape it takes). Pure: no I/O, no clock.
@@ -16,6 +17,8 @@ import math
 from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical
 from trainmeter_core.model.engine.attempts import MARKS_KEPT_MAX, RECENT_MARKS
+from trainmeter_core.model.engine.collectives import ORIGIN as _COLLECTIVES
+from trainmeter_core.model.engine.collectives import take_rank_values
 from trainmeter_core.model.engine.derived import MAX_TOKENS_PER_STEP, Derived
 from trainmeter_core.model.engine.state import STEP_WINDOW, EngineState, PendingPoint
 from trainmeter_core.model.formulas import EMA_ALPHA
@@ -62,23 +65,31 @@ def steady(state: EngineState, derived: Derived, block: records.Block) -> bool:
     return True
 
 
-def fast_stop(block: records.Block, start: int, p: int) -> tuple[int, int]:
-    """Where the run of letters ``take_run`` takes, from letter ``start`` (its phases from ``p``), ends: the first
-    metric or phase other than a data wait, or the end; returns (that letter's index, the phases before it)."""
+def fast_stop(block: records.Block, start: int, p: int, m: int) -> tuple[int, int, int]:
+    """Where the run of letters ``take_run`` takes, from letter ``start`` (its phases from ``p``, its metrics from
+    ``m``), ends: the first metric other than the collective probe's or phase other than a data wait, or the end;
+    returns (that letter's index, the phases before it, the metrics before it)."""
     order = block.order
-    phases = block.phase
+    phases, origins = block.phase, block.metric_origin
     end = len(order)
-    if order.find("m", start) < 0 and phases.count(_DATA_WAIT) == len(phases):
-        return end, len(phases)  # a steady loop's block: every phase is a data wait, and no metric
+    if phases.count(_DATA_WAIT) == len(phases) and (
+        not origins or all(origin.startswith(_COLLECTIVES) for origin in origins)
+    ):
+        # A steady loop's block: every phase is a data wait, every metric (if any) the collective probe's
+        return end, len(phases), len(origins)
     at = start
     while at < end:
         letter = order[at]
-        if letter == "p" and phases[p] == _DATA_WAIT:
+        if letter == "p":
+            if phases[p] != _DATA_WAIT:
+                break
             p += 1
-        elif letter != "s":
-            break
+        elif letter == "m":
+            if not origins[m].startswith(_COLLECTIVES):
+                break
+            m += 1
         at += 1
-    return at, p
+    return at, p, m
 
 
 def take_run(
@@ -91,9 +102,11 @@ def take_run(
     stop: int,
     s: int,
     p: int,
+    m: int,
 ) -> None:
-    """Letters ``start`` to ``stop`` of the block (steps, their losses and data waits alone; its steps from column
-    index ``s``, its phases from ``p``) into the state, as their rows fed one by one would leave it.
+    """Letters ``start`` to ``stop`` of the block (steps, their losses, data waits and the collective probe's rows
+    alone; its steps from column index ``s``, its phases from ``p``, its metrics from ``m``) into the state, as their
+    rows fed one by one would leave it.
 
     ``steady`` said yes for this state and block. Every value the rows change is held in a local while they run and
     stored once at the end (a store into a msgspec Struct costs 40 ns, and the row path makes about forty a step). A
@@ -106,6 +119,7 @@ def take_run(
         block.tokens,
     )
     loss_col, loss_t_col = block.loss, block.loss_t
+    metric_origin_col, metric_values_col = block.metric_origin, block.metric_values
     phase_start_col, phase_end_col = block.phase_start_t, block.phase_end_t
     dp = block.dp
     counted = block.tokens_absent is None  # else no step here has a token count (and the column is empty)
@@ -186,6 +200,14 @@ def take_run(
     stepped = False
 
     for letter in block.order[start:stop]:
+        if letter == "m":
+            # The collective probe's row of a step (Engine._on_metric): its figures into the rank's own state, whose
+            # fields of the collectives this pass holds none of; a group's row (origin "collectives:<group>") stays
+            # in the log alone
+            if metric_origin_col[m] == _COLLECTIVES:
+                take_rank_values(rank, metric_values_col[m])
+            m += 1
+            continue
         if letter == "p":
             start_t, end_t = phase_start_col[p], phase_end_col[p]
             p += 1

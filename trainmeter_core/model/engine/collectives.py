@@ -63,7 +63,12 @@ def take_collectives(state: EngineState, record: records.Metric) -> None:
     rank = state.ranks.get(rank_id)
     if rank is None:
         rank = state.ranks[rank_id] = RankState(host=record.host)
-    values = record.values
+    take_rank_values(rank, record.values)
+
+
+def take_rank_values(rank: RankState, values: dict[str, float]) -> None:
+    """``take_collectives`` for a rank whose state exists (its fields of the collectives alone: the engine's one pass
+    over a block's steps takes a step's row by this between two steps, ``block_take.take_run``)."""
     wait = values.get(WAIT_KEY)
     if wait is not None and 0.0 <= wait < math.inf:
         previous = rank.collective_wait_ema_s

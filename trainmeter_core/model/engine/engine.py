@@ -181,13 +181,13 @@ class Engine:
         derived, history, keeps = self.derived, self._history, self._keeps
         while at < end:
             if block_take.steady(state, derived, block):
-                stop, p_stop = block_take.fast_stop(block, at, p)
+                stop, p_stop, m_stop = block_take.fast_stop(block, at, p, m)
                 if stop > at:
-                    block_take.take_run(state, derived, history, keeps, block, at, stop, s, p)
+                    block_take.take_run(state, derived, history, keeps, block, at, stop, s, p, m)
                     steps = order.count("s", at, stop)
                     r += stop - at + steps - loss[s : s + steps].count(None)
                     s += steps
-                    p = p_stop
+                    p, m = p_stop, m_stop
                     at = stop
                     if first_seq is not None:
                         state.through_seq = first_seq + r
