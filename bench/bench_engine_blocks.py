@@ -1,7 +1,8 @@
 """The engine's CPU per step for a rank-0 loop sent as blocks, by what the loop sends between its steps: nothing but
 its data waits and losses; a learning rate it emits every 10 steps; the collective probe's row after every step (a
-data-parallel loop's rank 0). Each a synthetic run of 20,000 steps (``tests/blocks.py``: ``training_run`` and
-``blockify``, blocks of at most 750 records), fed to a fresh ``Engine`` with its history, best of 5.
+data-parallel loop's rank 0). Each a synthetic run of 20,000 steps (``tests/blocks.py``: ``training_run``, a tick every
+4,000 steps as the tight loop makes them, and ``blockify``, blocks of at most 750 records), fed to a fresh ``Engine``
+with its history, best of 5.
 
 ``--baseline DIR`` runs the same in another checkout (its own ``trainmeter_core`` and ``tests/blocks.py``) in the same
 run, alternated, and prints both. Prints figures; asserts nothing.
@@ -37,7 +38,7 @@ def numbered(rows):
     return rows
 def run(lr, collectives):
     out = []
-    for record in training_run(STEPS):
+    for record in training_run(STEPS, tick_every=4000):
         if type(record) is records.Metric and record.origin == "emit" and not lr:
             continue
         out.append(msgspec.structs.replace(record))
@@ -65,8 +66,14 @@ print(json.dumps(out))
 
 def measure(tree: Path) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "tests")]))
+    # cwd: ``python -c`` puts the working folder first on sys.path, before PYTHONPATH
     done = subprocess.run(
-        [sys.executable, "-c", _WORKER, str(STEPS)], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _WORKER, str(STEPS)],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(done.stdout)
 
