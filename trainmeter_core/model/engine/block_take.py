@@ -1,9 +1,9 @@
 """A block's steady rows into the engine's state in one pass: the step clock's steps with the loss read at
 ``backward()`` before each, its data waits and the collective probe's rows after each step (a data-parallel loop's),
-without building a record for any of them. The state ends exactly as
-the row path leaves it (``take_step``, ``take_phase`` and ``Engine._on_metric`` fed each row in order: the same
-operations on the same floats in the same order, bytes equal; ``tests/unit/test_engine_block_take.py`` holds it to
-that over runs of every shape it takes). Pure: no I/O, no clock.
+without building a record for any of them. The state ends exactly as the row path leaves it (``take_step``,
+``take_phase`` and ``Engine._on_metric`` fed each row in order: the same operations on the same floats in the same
+order, bytes equal; ``tests/unit/test_engine_block_take.py`` holds it to that over runs of every shape it takes).
+Pure: no I/O, no clock.
 
 It takes a run of letters only when the state is the steady one these rows meet in a running loop: a run on the hub's
 clock (no job, no other attempt's clock), past the step clock's first step of its attempt, the block's rank being rank
