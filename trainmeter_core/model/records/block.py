@@ -242,37 +242,26 @@ def _build(
                 t = block.step_t[s]
                 if no_tokens is None:
                     tokens = block.tokens[s]
-                    append(
-                        _copy(
-                            step_proto,
-                            step=block.step[s],
-                            step_time_s=block.step_time_s[s],
-                            optimizers=block.optimizers[s],
-                            agent_us=block.agent_us[s],
-                            micro_batches=block.micro_batches[s],
-                            tokens=tokens,
-                            tokens_global=tokens * dp,
-                            t=t,
-                            wall=t + shift,
-                            seq=seq,
-                            absent={},
-                        )
-                    )
+                    tokens_global, absent = tokens * dp, {}
                 else:
-                    append(
-                        _copy(
-                            step_proto,
-                            step=block.step[s],
-                            step_time_s=block.step_time_s[s],
-                            optimizers=block.optimizers[s],
-                            agent_us=block.agent_us[s],
-                            micro_batches=block.micro_batches[s],
-                            t=t,
-                            wall=t + shift,
-                            seq=seq,
-                            absent={"tokens": no_tokens},
-                        )
+                    tokens = tokens_global = None
+                    absent = {"tokens": no_tokens}
+                append(
+                    _copy(
+                        step_proto,
+                        step=block.step[s],
+                        step_time_s=block.step_time_s[s],
+                        optimizers=block.optimizers[s],
+                        agent_us=block.agent_us[s],
+                        micro_batches=block.micro_batches[s],
+                        tokens=tokens,
+                        tokens_global=tokens_global,
+                        t=t,
+                        wall=t + shift,
+                        seq=seq,
+                        absent=absent,
                     )
+                )
             s += 1
         elif letter == PHASE:
             if seq is not None:
