@@ -11,7 +11,7 @@ import pytest
 from trainmeter_core.model import records
 from trainmeter_core.model.alerts import NodeLost
 from trainmeter_core.model.alerts.episodes import Alerter, rule_config
-from trainmeter_core.model.engine import Engine
+from trainmeter_core.model.engine import Engine, nodes
 
 AHEAD_S = {"node1": 1000.0, "node2": 2000.0}
 JOB = records.JobPlace(id="j", node_rank=0, nnodes=3, hub="10.0.0.1:29401", found_by="torchrun flags")
@@ -114,6 +114,31 @@ def test_a_nodes_records_are_read_on_the_hubs_clock_and_the_straggler_is_the_nod
     # Global steps: rank 0's, not the sum over the nodes.
     assert snap.steps == 10
     assert snap.job == JOB
+
+
+def test_a_nodes_lag_is_its_slowest_ranks_and_the_hosts_are_looked_over_once_a_host_per_step(monkeypatch):
+    # Two ranks a node: a node's report of a step is its slowest rank's. Whether every host has reported is asked when
+    # a host's last rank reports, not at every rank's report (a pass over the hosts each time grew as the job squared).
+    asked = []
+    hosts_stepping = nodes._hosts_stepping
+    monkeypatch.setattr(
+        nodes, "_hosts_stepping", lambda *args: asked.append(args[1]) or hosts_stepping(*args)
+    )
+    job = Job()
+    for step in range(1, 11):
+        base = 110.0 + step
+        # Each node's first rank is its slowest (at step 1, before the second is known, it is the node's report)
+        for host, rank, after in (("node0", 0, 0.002), ("node1", 1, 0.02), ("node2", 2, 0.3),
+                                  ("node0", 3, 0.0), ("node1", 4, 0.01), ("node2", 5, 0.25)):  # fmt: skip
+            job.step(host, rank, step, base + after)
+    job.tick(1, 121.0)
+    (snap,) = snapshots(job.records)
+    lags = {n.host: n.lag_s for n in snap.nodes}
+    # node 1's slowest rank 0.02 s after the start, node 0's 0.002 s, node 2's 0.3 s: 0.018 and 0.298 every step
+    assert lags == {"node0": 0.0, "node1": pytest.approx(0.018), "node2": pytest.approx(0.298)}
+    assert len(asked) <= 3 * 10 + 3, len(
+        asked
+    )  # once a host a step (and step 1's, as its ranks first appear)
 
 
 def test_unmapped_the_same_steps_would_make_node_two_two_thousand_seconds_late():

@@ -3,16 +3,11 @@ lost, ended), the straggler node, and the per-node part of the snapshot. Pure: n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
 from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import EngineState, NodeState
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 # Time is the hub's: a node's record is moved onto it by the latest ``clock`` record for its host before any handler
 # reads it. A single-node run never sees a ``node`` or ``clock`` record, and nothing here changes it.
@@ -136,23 +131,49 @@ def seen(node: NodeState, t: float) -> None:
         node.last_t = t
 
 
-def _hosts_stepping(state: EngineState, host: str, rank: int) -> Iterator[tuple[str, int]]:
+#: The ranks of each host, counted from the state's ranks when they last changed in number: ``(the ranks mapping, its
+#: length then, {host: ranks})``, replaced whole so that a thread reads one consistent tuple. Ranks are only ever added
+#: and keep their host, so the count is right while the mapping and its length are the same.
+_ranks_per_host: tuple[object, int, dict[str, int]] = (None, -1, {})
+
+
+def _host_ranks(state: EngineState) -> dict[str, int]:
+    """How many ranks each host has in the state (counted again only when a rank was added)."""
+    global _ranks_per_host
+    ranks = state.ranks
+    cached = _ranks_per_host
+    if cached[0] is ranks and cached[1] == len(ranks):
+        return cached[2]
+    counts: dict[str, int] = {}
+    for rank_state in ranks.values():
+        counts[rank_state.host] = counts.get(rank_state.host, 0) + 1
+    _ranks_per_host = (ranks, len(ranks), counts)
+    return counts
+
+
+def _hosts_stepping(state: EngineState, host: str, rank: int) -> dict[str, int]:
     """Each host whose ranks take part in the straggler comparison now, with its number of ranks (``rank`` on
     ``host`` counted, whose step is being marked before the engine has seen it)."""
-    counts: dict[str, int] = {}
-    for rank_state in state.ranks.values():
-        counts[rank_state.host] = counts.get(rank_state.host, 0) + 1
+    counts = _host_ranks(state)
     if rank not in state.ranks:
+        counts = dict(counts)
         counts[host] = counts.get(host, 0) + 1
-    for host, count in counts.items():
-        node = state.nodes.get(host)
+    nodes = state.nodes
+    stepping = {}
+    for name, count in counts.items():
+        node = nodes.get(name)
         if node is None or node.state in ("live", "behind"):
-            yield host, count
+            stepping[name] = count
+    return stepping
 
 
 def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> None:
     """One rank of ``host`` reported ``step`` at ``t`` (the hub's clock). Once every host taking part has reported it
-    from all its ranks, each host's lag behind the first one updates its EMA."""
+    from all its ranks, each host's lag behind the first one updates its EMA.
+
+    Whether every host has is asked at the report that completes its own host's (its ranks' count reached), not at
+    every report: asking means a pass over the job's hosts, and at every report of a job of N ranks it made the
+    engine's work per step grow as N squared."""
     marks = state.step_marks.get(step)
     if marks is None:
         marks = state.step_marks[step] = {}
@@ -162,8 +183,11 @@ def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> 
     # in the key "host#n" so the state stays a plain mapping of floats.
     count_key = host + "#n"
     marks[host] = max(marks.get(host, t), t)
-    marks[count_key] = marks.get(count_key, 0.0) + 1.0
-    hosts = dict(_hosts_stepping(state, host, rank))
+    reported = marks[count_key] = marks.get(count_key, 0.0) + 1.0
+    own = _host_ranks(state).get(host, 0) + (rank not in state.ranks)
+    if reported != own:
+        return  # this host has ranks still to report the step (or reported it already: asked then)
+    hosts = _hosts_stepping(state, host, rank)
     if len(hosts) < 2 or any(marks.get(h + "#n", 0.0) < n for h, n in hosts.items()):
         return
     first = min(marks[h] for h in hosts)
