@@ -12,24 +12,18 @@ Run: ``.venv/bin/python bench/bench_engine_blocks.py [--baseline /path/to/anothe
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from checkouts import FED_BEST, compare
 
-REPO = Path(__file__).resolve().parent.parent
 STEPS = 20_000
 
 # Runs in a fresh process whose PYTHONPATH is the checkout measured: prints {shape: µs per step}.
-_WORKER = """
+_WORKER = (
+    FED_BEST
+    + """
 import json, sys, time
 import msgspec
 from blocks import WALL0, blockify, training_run
 from trainmeter_core.model import records
-from trainmeter_core.model.engine import Engine
-from trainmeter_core.model.history import History
 STEPS = int(sys.argv[1])
 AGENT = {"source": "agent", "host": "h", "pid": 7, "rank": 0}
 def numbered(rows):
@@ -51,56 +45,21 @@ shapes = {"data waits and losses only": run(False, False), "a learning rate emit
           "the collective probe's row after every step": run(False, True)}
 out = {}
 for name, rows in shapes.items():
-    blocked = blockify(rows, at_most=750)
-    best = float("inf")
-    for _ in range(5):
-        engine = Engine(history=History())
-        started = time.process_time()
-        for record in blocked:
-            engine.feed(record)
-        best = min(best, time.process_time() - started)
-    out[name] = best / STEPS * 1e6
+    out[name] = fed_best(blockify(rows, at_most=750), 5) / STEPS * 1e6
 print(json.dumps(out))
 """
-
-
-def measure(tree: Path) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "tests")]))
-    # cwd: ``python -c`` puts the working folder first on sys.path, before PYTHONPATH
-    done = subprocess.run(
-        [sys.executable, "-c", _WORKER, str(STEPS)],
-        env=env,
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout)
+)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--baseline", type=Path, help="another checkout, measured in the same run")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    trees = {"this checkout": REPO}
-    if args.baseline:
-        trees["baseline " + str(args.baseline)] = args.baseline
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
-            results[name].append(measure(tree))
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
-    print(f"engine CPU per step, rank 0's blocks, {STEPS:,} steps, best of 5 per round (load average {load})")
-    for name, rounds in results.items():
-        for shape in rounds[0]:
-            figures = sorted(r[shape] for r in rounds)
-            print(
-                f"  {name}: {shape}: {figures[len(figures) // 2]:.2f} µs (rounds {figures[0]:.2f} to {figures[-1]:.2f})"
-            )
-    baseline = " --baseline " + str(args.baseline) if args.baseline else ""
-    print(f"  reproduce: {sys.executable} bench/bench_engine_blocks.py --rounds {args.rounds}{baseline}")
+    compare(
+        __doc__,
+        _WORKER,
+        (str(STEPS),),
+        f"engine CPU per step, rank 0's blocks, {STEPS:,} steps, best of 5 per round",
+        2,
+        "bench_engine_blocks.py",
+    )
 
 
 if __name__ == "__main__":

@@ -10,24 +10,20 @@ Run: ``.venv/bin/python bench/bench_engine_job.py [--baseline /path/to/another/c
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from checkouts import FED_BEST, compare
+
 SHAPES = ((4, 8), (16, 8), (64, 8))
 STEPS = 40
 
 # Runs in a fresh process whose PYTHONPATH is the checkout measured: prints {"NxR": µs per rank-step}.
-_WORKER = """
+_WORKER = (
+    FED_BEST
+    + """
 import json, sys, time
 from blocks import blockify
 from trainmeter_core.model import records
-from trainmeter_core.model.engine import Engine
-from trainmeter_core.model.history import History
 STEPS = int(sys.argv[1])
 def job(nodes, per_node):
     out = []
@@ -62,57 +58,22 @@ def job(nodes, per_node):
     return out
 result = {}
 for nodes, per_node in json.loads(sys.argv[2]):
-    blocked = blockify(job(nodes, per_node), at_most=1000, rewall=True)
-    best = float("inf")
-    for _ in range(3):
-        engine = Engine(history=History())
-        started = time.process_time()
-        for record in blocked:
-            engine.feed(record)
-        best = min(best, time.process_time() - started)
+    best = fed_best(blockify(job(nodes, per_node), at_most=1000, rewall=True), 3)
     result[f"{nodes} nodes x {per_node} ranks"] = best / (STEPS * nodes * per_node) * 1e6
 print(json.dumps(result))
 """
-
-
-def measure(tree: Path) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "tests")]))
-    # cwd: ``python -c`` puts the working folder first on sys.path, before PYTHONPATH
-    done = subprocess.run(
-        [sys.executable, "-c", _WORKER, str(STEPS), json.dumps(SHAPES)],
-        env=env,
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout)
+)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--baseline", type=Path, help="another checkout, measured in the same run")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    trees = {"this checkout": REPO}
-    if args.baseline:
-        trees["baseline " + str(args.baseline)] = args.baseline
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
-            results[name].append(measure(tree))
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
-    print(
-        f"the job hub's engine, CPU per rank-step, {STEPS} steps, best of 3 per round (load average {load})"
+    compare(
+        __doc__,
+        _WORKER,
+        (str(STEPS), json.dumps(SHAPES)),
+        f"the job hub's engine, CPU per rank-step, {STEPS} steps, best of 3 per round",
+        1,
+        "bench_engine_job.py",
     )
-    for name, rounds in results.items():
-        for shape in rounds[0]:
-            figures = sorted(r[shape] for r in rounds)
-            middle = figures[len(figures) // 2]
-            print(f"  {name}: {shape}: {middle:.1f} µs (rounds {figures[0]:.1f} to {figures[-1]:.1f})")
-    baseline = " --baseline " + str(args.baseline) if args.baseline else ""
-    print(f"  reproduce: {sys.executable} bench/bench_engine_job.py --rounds {args.rounds}{baseline}")
 
 
 if __name__ == "__main__":
