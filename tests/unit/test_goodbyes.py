@@ -7,6 +7,7 @@ import os
 
 from trainmeter_core.bus import step_page
 from trainmeter_core.bus.client import HOSTNAME
+from trainmeter_core.run import child
 from trainmeter_core.run.child import give_job_windows
 from trainmeter_core.run.goodbyes import lost_windows, steps_lost
 
@@ -65,3 +66,10 @@ def test_a_job_nodes_agents_get_windows_of_a_second_unless_the_user_set_one_and_
     assert "at most 1000 ms or 1000 of its records" in notice.message
     (single,) = lost_windows([KEY], said.append, tmp_path, {}, {})
     assert "at most 50 ms" in single.message  # a command's environment without one: the agent's default
+
+
+def test_the_launchers_default_window_is_the_agents():
+    # The core never imports the agent (import-linter): the default is written on both sides, and held equal here.
+    from trainmeter_agent import _outbox
+
+    assert float(child.FLUSH_S) == _outbox.WINDOW_S
