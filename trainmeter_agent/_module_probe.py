@@ -23,8 +23,8 @@ from trainmeter_agent import _model_owner, _shape
 from trainmeter_agent._compiling import eager_check, eager_flag_holder
 from trainmeter_agent._forward import ForwardHandle, can_set_forward, set_forward
 from trainmeter_agent._gates import gate_input
+from trainmeter_agent._reasons import NO_TOKENS
 
-NO_TOKENS = "no integer id tensor seen in the model's inputs: pass --tokens-per-step"
 _ID_KEYWORDS = ("input_ids", "idx", "tokens", "token_ids")
 
 

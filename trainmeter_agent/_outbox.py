@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from trainmeter_agent._module_probe import NO_TOKENS
+from trainmeter_agent._reasons import NO_TOKENS  # not _module_probe's module: it imports inspect (6 ms)
 from trainmeter_core.bus.step_page import COUNTED, HANDED, WINDOWS, StepPage
 
 #: A window leaves at most this long after its first row ...

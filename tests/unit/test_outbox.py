@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from trainmeter_agent._module_probe import NO_TOKENS
 from trainmeter_agent._outbox import Outbox
+from trainmeter_agent._reasons import NO_TOKENS
 from trainmeter_core.bus import step_page
 from trainmeter_core.model import records
 from trainmeter_core.model.records import block
