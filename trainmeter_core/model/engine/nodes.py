@@ -3,6 +3,8 @@ lost, ended), the straggler node, and the per-node part of the snapshot. Pure: n
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 
 from trainmeter_core.model import formulas, records
@@ -118,7 +120,10 @@ def on_node(state: EngineState, record: records.NodeEvent) -> None:
         node.gaps += 1
         node.gap_records += record.lost or 0
         return
-    node.state = _EVENT_STATE[record.event]
+    state_now = _EVENT_STATE[record.event]
+    if node.state != state_now:
+        node.state = state_now
+        _nodes_changed()
     if record.last_kind:
         node.last_kind = record.last_kind
     node.behind = record.behind if record.event == "behind" else None
@@ -142,10 +147,15 @@ def _host_ranks(state: EngineState) -> dict[str, int]:
     global _ranks_per_host
     ranks = state.ranks
     cached = _ranks_per_host
-    if cached[0] is ranks and cached[1] == len(ranks):
-        return cached[2]
-    counts: dict[str, int] = {}
-    for rank_state in ranks.values():
+    if cached[0] is ranks:
+        if cached[1] == len(ranks):
+            return cached[2]
+        # Ranks added since (a dict keeps its order, and ranks are never taken out): only those counted
+        counts = dict(cached[2])
+        added = itertools.islice(ranks.values(), cached[1], None)
+    else:
+        counts, added = {}, iter(ranks.values())
+    for rank_state in added:
         counts[rank_state.host] = counts.get(rank_state.host, 0) + 1
     _ranks_per_host = (ranks, len(ranks), counts)
     return counts
@@ -167,13 +177,56 @@ def _hosts_stepping(state: EngineState, host: str, rank: int) -> dict[str, int]:
     return stepping
 
 
+#: Bumped whenever a node's state changes: the count of hosts stepping (``_stepping_count``) is counted again after
+#: it (and after a node or a rank is added, which the mappings' lengths say). One counter for every engine in the
+#: process: another engine's change only makes this one count again.
+_nodes_version = 0
+#: ``(the ranks mapping, its length, the nodes mapping, its length, _nodes_version, the count)`` when last counted.
+_stepping_counted: tuple[object, int, object, int, int, int] = (None, -1, None, -1, -1, 0)
+
+
+def _nodes_changed() -> None:
+    global _nodes_version
+    _nodes_version += 1
+
+
+def _stepping_count(state: EngineState) -> int:
+    """How many hosts take part in the straggler comparison (``_hosts_stepping``'s length for a rank already known),
+    counted again only when a rank or a node was added or a node's state changed."""
+    global _stepping_counted
+    ranks, nodes = state.ranks, state.nodes
+    cached = _stepping_counted
+    if (
+        cached[0] is ranks
+        and cached[1] == len(ranks)
+        and cached[2] is nodes
+        and cached[3] == len(nodes)
+        and cached[4] == _nodes_version
+    ):
+        return cached[5]
+    count = 0
+    for name in _host_ranks(state):
+        node = nodes.get(name)
+        if node is None or node.state in ("live", "behind"):
+            count += 1
+    _stepping_counted = (ranks, len(ranks), nodes, len(nodes), _nodes_version, count)
+    return count
+
+
+#: The key of a step's marks that counts the hosts whose ranks have all reported it (no host name holds a "#").
+_DONE = "#done"
+
+
 def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> None:
     """One rank of ``host`` reported ``step`` at ``t`` (the hub's clock). Once every host taking part has reported it
     from all its ranks, each host's lag behind the first one updates its EMA.
 
-    Whether every host has is asked at the report that completes its own host's (its ranks' count reached), not at
-    every report: asking means a pass over the job's hosts, and at every report of a job of N ranks it made the
-    engine's work per step grow as N squared."""
+    Whether every host has is asked only when a host's last rank reports (its ranks' count reached) and, of those
+    reports, only once as many hosts have as take part: asking means a pass over the job's hosts, which at every
+    report made the engine's work per step grow as the job's ranks squared, and once a host a step as its hosts
+    squared. The count of hosts done is a filter, never the answer: a host whose ranks grew in number while it reported may count twice,
+    which only asks once more; every host that has all its ranks' reports counted at least once (its count of reports
+    passed its count of ranks one at a time), so the pass runs at every report where the old way's would succeed."""
     marks = state.step_marks.get(step)
     if marks is None:
         marks = state.step_marks[step] = {}
@@ -184,9 +237,14 @@ def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> 
     count_key = host + "#n"
     marks[host] = max(marks.get(host, t), t)
     reported = marks[count_key] = marks.get(count_key, 0.0) + 1.0
-    own = _host_ranks(state).get(host, 0) + (rank not in state.ranks)
+    new_rank = rank not in state.ranks
+    own = _host_ranks(state).get(host, 0) + new_rank
     if reported != own:
         return  # this host has ranks still to report the step (or reported it already: asked then)
+    done = marks[_DONE] = marks.get(_DONE, 0.0) + 1.0
+    # A rank not yet known may add a host the count has not seen: then the hosts are looked over as before
+    if not new_rank and done < _stepping_count(state):
+        return
     hosts = _hosts_stepping(state, host, rank)
     if len(hosts) < 2 or any(marks.get(h + "#n", 0.0) < n for h, n in hosts.items()):
         return
