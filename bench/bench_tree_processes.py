@@ -6,16 +6,18 @@ live threads' ``schedstat`` (nanoseconds; a thread that already ended is not in 
 where that cannot be read, ``/proc/PID/stat``'s clock ticks (10 ms: good to about 10 ms / (long - short) steps, 1.7 µs
 at the defaults), and the figure says which.
 
-With ``--idle``: what tm's whole tree spends per second of a run that makes no step (``python -c "time.sleep(T)"``
-under ``tm --no-web`` for 1 and 4 s, every process counted through a subreaper, ``treecpu.py``): the part of the
-per-step slope that grows with the run's time rather than its steps (ticks, snapshots, samplers).
+With ``--idle``: what tm's processes spend per second of a run that makes no step (its command sleeps; after 3 s, its
+processes' CPU and voluntary context switches read from ``/proc`` twice, 5 s apart), per process, and with
+``--baseline DIR`` the same for another checkout, alternated: the part of the per-step slope that grows with the run's
+time rather than its steps (wakes on a timer, ticks, snapshots, samplers).
 
 With ``--whole``: tm's processes over their whole lives, the end of the run included: the tree's CPU (every process,
 through a subreaper, ``treecpu.py``) less the training process's own, which ``bash``'s ``times`` around it reports at
 its exit to the millisecond (its exit and the agent's last flush are its own here, not "other processes" as in
 ``bench_tree.py``).
 
-usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle] [--whole]
+usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle [--baseline DIR]]
+       [--whole]
 Prints figures; asserts nothing.
 """
 
@@ -81,6 +83,9 @@ def main() -> None:
         "--idle", action="store_true", help="tm's whole tree per second of a run with no step"
     )
     parser.add_argument(
+        "--baseline", help="with --idle: another checkout, measured in the same run, alternated"
+    )
+    parser.add_argument(
         "--whole",
         action="store_true",
         help="tm's processes over their whole lives (the training process by bash's times)",
@@ -95,10 +100,10 @@ def main() -> None:
     print(
         f"load average {load}; reproduce: {sys.executable} bench/bench_tree_processes.py --rounds {args.rounds} "
         f"--short {args.short} --long {args.long} --drain {args.drain}{' --idle' if args.idle else ''}"
-        f"{' --whole' if args.whole else ''}"
+        f"{' --whole' if args.whole else ''}{' --baseline ' + args.baseline if args.baseline else ''}"
     )
     if args.idle:
-        idle(tm, env, args.rounds)
+        idle(tm, env, args.rounds, args.baseline)
         return
     if args.whole:
         whole(tm, env, args)
@@ -133,20 +138,81 @@ def main() -> None:
         print(f"  {statistics.median(slopes):6.1f} µs per step (rounds {rounds})  {name}")
 
 
-def idle(tm: str, env: dict, rounds: int) -> None:
-    """tm's whole tree, CPU per second of a run whose command only sleeps: the slope between 1 s and 4 s."""
-    become_subreaper()
-    slopes = []
+# The command of an idle run: it waits SETTLE_S for tm's start to be over, then reads the CPU (each live thread's
+# schedstat) and voluntary context switches of every process under the launcher twice, WINDOW_S apart; prints the
+# rates per process as JSON on one line.
+IDLE_TREE = """
+import json, os, time
+def tree():
+    launcher, out, parents = os.getppid(), {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            name = " ".join(open(f"/proc/{pid}/cmdline").read().split("\\0")[1:3])[:60]
+            cpu = wakes = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                cpu += int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
+                for line in open(f"/proc/{pid}/task/{tid}/status"):
+                    if line.startswith("voluntary_ctxt_switches"):
+                        wakes += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+        out[int(pid)] = ("launcher (hub, recorder)" if int(pid) == launcher else name, cpu, wakes)
+    def under(pid):
+        while pid > 1:
+            if pid == launcher:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+    return {pid: v for pid, v in out.items() if pid != os.getpid() and (pid == launcher or under(pid))}
+time.sleep(float(os.environ["SETTLE_S"]))
+window = float(os.environ["WINDOW_S"])
+before = tree()
+time.sleep(window)
+after = tree()
+rates = {}
+for pid, (name, cpu, wakes) in after.items():
+    if pid in before:
+        ms, per_s = rates.get(name, (0.0, 0.0))
+        rates[name] = (ms + (cpu - before[pid][1]) / 1e6 / window, per_s + (wakes - before[pid][2]) / window)
+print("IDLE " + json.dumps(rates))
+"""
+
+
+def idle(tm: str, env: dict, rounds: int, baseline: str | None) -> None:
+    """tm's processes while the run makes no step: CPU and wakes per second, read from ``/proc`` over a window of a
+    run whose command only sleeps (after its start is over), per process; with ``baseline``, the same for that
+    checkout (its ``trainmeter_core`` first on ``PYTHONPATH``), alternated. The slope between a 1 s and a 4 s run,
+    measured before, spread from -3.5 to 25 ms a second: a run's start and end move by more than 3 s of idling."""
+    trees = {"this checkout": env["PYTHONPATH"]}
+    if baseline:
+        trees["baseline " + baseline] = baseline
+    seen: dict[str, list[dict]] = {name: [] for name in trees}
     for _ in range(rounds):
-        cpu = {}
-        for seconds in (1.0, 4.0):
-            argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", f"import time; time.sleep({seconds})"]
-            cpu[seconds] = run_tree(argv, env).cpu_s
-        slopes.append((cpu[4.0] - cpu[1.0]) / 3.0)
-    rounds_ms = ", ".join(f"{s * 1000:.1f}" for s in slopes)
+        for name, tree in trees.items():
+            run_env = dict(env, PYTHONPATH=tree, SETTLE_S="3", WINDOW_S="5")
+            argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", IDLE_TREE]
+            done = subprocess.run(argv, env=run_env, capture_output=True, text=True, check=False)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("IDLE ")]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+            seen[name].append(json.loads(lines[0][5:]))
     print(
-        f"tm's whole tree, a run with no step: {statistics.median(slopes) * 1000:.1f} ms of CPU a second (rounds {rounds_ms})"
+        "tm's processes in a run that makes no step, CPU and wakes a second over 5 s (medians of the rounds):"
     )
+    for name, runs_ in seen.items():
+        totals = [sum(ms for ms, _ in run.values()) for run in runs_]
+        wakes = [sum(w for _, w in run.values()) for run in runs_]
+        spread = ", ".join(f"{t:.1f}" for t in totals)
+        print(
+            f"  {name}: {statistics.median(totals):.1f} ms of CPU a second (rounds {spread}), "
+            f"{statistics.median(wakes):.0f} wakes a second"
+        )
+        for process in sorted({p for run in runs_ for p in run}):
+            ms = statistics.median(run.get(process, (0.0, 0.0))[0] for run in runs_)
+            per_s = statistics.median(run.get(process, (0.0, 0.0))[1] for run in runs_)
+            print(f"    {ms:5.1f} ms/s, {per_s:5.0f} wakes/s  {process}")
 
 
 # The training process run by bash, which prints its children's CPU (user, system) to the millisecond once it ended:

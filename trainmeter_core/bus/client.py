@@ -251,6 +251,7 @@ class Subscriber:
         self._sock.connect(endpoint)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+        self._wake_pollers: dict[int, object] = {}  # recv's with a wake_fd: the socket and that fd
         self.malformed = 0
         self._pending: deque[records.Record | records.Unknown] = deque()
         self.last_seq: int | None = None
@@ -258,10 +259,24 @@ class Subscriber:
         # pyzmq's own recv, under the wrapper (see _receive)
         self._recv_frame = zmq.backend.Socket.recv
 
-    def recv(self, timeout_s: float | None = None) -> records.Record | records.Unknown | None:
-        """The next record, or None if none came within the timeout."""
+    def recv(
+        self, timeout_s: float | None = None, wake_fd: int | None = None
+    ) -> records.Record | records.Unknown | None:
+        """The next record, or None if none came within the timeout, or as soon as ``wake_fd`` (a file descriptor:
+        the read end of a pipe, say) is readable, which it is left."""
+        poller = self._poller
+        if wake_fd is not None:
+            poller = self._wake_pollers.get(wake_fd)
+            if poller is None:
+                zmq = _zmq()
+                poller = self._wake_pollers[wake_fd] = zmq.Poller()
+                poller.register(self._sock, zmq.POLLIN)
+                poller.register(wake_fd, zmq.POLLIN)
         while not self._pending:
-            if not self._poller.poll(None if timeout_s is None else int(timeout_s * 1000)):
+            ready = poller.poll(None if timeout_s is None else int(timeout_s * 1000))
+            if not ready:
+                return None
+            if wake_fd is not None and all(socket == wake_fd for socket, _ in ready):
                 return None
             self._receive_waiting()
         return self._pending.popleft()

@@ -8,6 +8,7 @@ exit code or signal), restarted, stopped, and gave up.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -23,7 +24,10 @@ BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
 GIVE_UP_AFTER = 20
-NEVER_WAITED_FOR = frozenset({"web"})  # crashes in a row, each within STABLE_AFTER_S of its start
+NEVER_WAITED_FOR = frozenset({"web"})
+#: How often the watch looks at the processes anyway (a pidfd says when one ends), and where a pidfd cannot be had.
+WATCH_EVERY_S = 5.0
+POLL_WITHOUT_PIDFD_S = 0.1  # crashes in a row, each within STABLE_AFTER_S of its start
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Supervisor:
         self.placements = placements
         self.publish = publish
         self._stopping = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # written at the stop: the watch sleeps on it and the pidfds
         self._thread = threading.Thread(target=self._watch, name="tm-supervisor", daemon=True)
         self._lock = threading.Lock()
 
@@ -114,18 +119,54 @@ class Supervisor:
             self.publish(records.Component(name=name, event=event, process=placement.process, **fields))  # type: ignore[arg-type]
 
     def _watch(self) -> None:
-        while not self._stopping.wait(0.1):
-            for placement in self.placements:
-                with self._lock:
-                    if self._stopping.is_set() or placement.gave_up or placement.popen is None:
-                        continue
-                    code = placement.popen.poll()
-                    if code is None:
-                        continue
-                    if code == 0:
-                        self._finished(placement)
-                    else:
-                        self._crashed(placement, code)
+        """Wait for a component process to end, and act on it. Each process is watched through a pidfd (readable
+        once it exits) beside the stop's pipe, so the thread sleeps until something happens: polling every 0.1 s was
+        ten wakes a second of an idle run (docs/performance.md). Where a pidfd cannot be had (a kernel before 5.3),
+        it looks every ``POLL_WITHOUT_PIDFD_S``."""
+        pidfds: dict[int, int] = {}  # the pid of each process watched -> its pidfd
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                poller.poll(self._wait_s(pidfds, poller) * 1000)
+                if self._stopping.is_set():
+                    return
+                self._look()
+        finally:
+            for fd in pidfds.values():
+                os.close(fd)
+
+    def _wait_s(self, pidfds: dict[int, int], poller: select.poll) -> float:
+        """Watch the live processes' pidfds (and no others'); how long to wait for one to end."""
+        live = {p.popen.pid for p in self.placements if p.popen is not None and not p.gave_up}
+        for pid in list(pidfds):
+            if pid not in live:
+                poller.unregister(pidfds[pid])
+                os.close(pidfds.pop(pid))
+        timeout_s = WATCH_EVERY_S
+        for pid in live - pidfds.keys():
+            try:
+                fd = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                timeout_s = POLL_WITHOUT_PIDFD_S
+                continue
+            pidfds[pid] = fd
+            poller.register(fd, select.POLLIN)
+        return timeout_s
+
+    def _look(self) -> None:
+        """Act on every component process that ended."""
+        for placement in self.placements:
+            with self._lock:
+                if self._stopping.is_set() or placement.gave_up or placement.popen is None:
+                    continue
+                code = placement.popen.poll()
+                if code is None:
+                    continue
+                if code == 0:
+                    self._finished(placement)
+                else:
+                    self._crashed(placement, code)
 
     def _finished(self, placement: Placement) -> None:
         """Every component of the process returned on its own (done, or nothing to do): stopped, not restarted."""
@@ -163,6 +204,10 @@ class Supervisor:
     def stop(self, timeout_s: float = 3.0) -> None:
         """Ask every component process to stop (SIGTERM), wait a little, then kill what is left."""
         self._stopping.set()
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
         with self._lock:
             live = [p for p in self.placements if p.popen is not None and p.popen.poll() is None]
             for placement in live:

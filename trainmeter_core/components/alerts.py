@@ -95,7 +95,7 @@ class AlertsComponent(Component):
                 drain_until = time.monotonic() + STOP_DRAIN_S
             if drain_until is not None and time.monotonic() >= drain_until:
                 return
-            record = ctx.recv(0.2)
+            record = ctx.recv(1.0)  # at once at the stop, and every STOP_CHECK_S from then on
             if not isinstance(record, records.Snapshot):
                 continue
             for alert in alerter.observe(record):

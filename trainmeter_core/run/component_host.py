@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainmeter_core.bus.component import Component, ComponentContext
+from trainmeter_core.bus.component import Component, ComponentContext, Stopping
 from trainmeter_core.model import records
 from trainmeter_core.run.child import lower_own_priority
 
@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     lower_own_priority(10)
-    stopping = threading.Event()
+    stopping = (
+        Stopping()
+    )  # its pipe wakes the components waiting on the bus at the stop (ComponentContext.recv)
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when components stop
     classes = find_components([n for n in args.components.split(",") if n])
