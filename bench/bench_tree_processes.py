@@ -11,13 +11,17 @@ processes' CPU and voluntary context switches read from ``/proc`` twice, 5 s apa
 ``--baseline DIR`` the same for another checkout, alternated: the part of the per-step slope that grows with the run's
 time rather than its steps (wakes on a timer, ticks, snapshots, samplers).
 
+With ``--during``: tm's processes while the tight loop runs (40,000 steps; 6 s into it, the CPU of the training process
+and of every other process under the launcher read twice, 5 s apart) as a share of the training process's CPU, with
+``--baseline DIR`` and ``--window S`` (an agent flush window, repeatable) to compare; the steadiest of these figures.
+
 With ``--whole``: tm's processes over their whole lives, the end of the run included: the tree's CPU (every process,
 through a subreaper, ``treecpu.py``) less the training process's own, which ``bash``'s ``times`` around it reports at
 its exit to the millisecond (its exit and the agent's last flush are its own here, not "other processes" as in
 ``bench_tree.py``).
 
 usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle [--baseline DIR]]
-       [--whole]
+       [--during [--baseline DIR] [--window S ...]] [--whole]
 Prints figures; asserts nothing.
 """
 
@@ -31,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from bench_tree import LOOP, REPO
 from treecpu import become_subreaper, run_tree
@@ -83,7 +88,15 @@ def main() -> None:
         "--idle", action="store_true", help="tm's whole tree per second of a run with no step"
     )
     parser.add_argument(
-        "--baseline", help="with --idle: another checkout, measured in the same run, alternated"
+        "--during",
+        action="store_true",
+        help="tm's processes as a share of the training process's CPU, mid-loop",
+    )
+    parser.add_argument(
+        "--window", action="append", default=[], help="with --during: an agent flush window (s)"
+    )
+    parser.add_argument(
+        "--baseline", help="with --idle or --during: another checkout, measured in the same run, alternated"
     )
     parser.add_argument(
         "--whole",
@@ -100,10 +113,14 @@ def main() -> None:
     print(
         f"load average {load}; reproduce: {sys.executable} bench/bench_tree_processes.py --rounds {args.rounds} "
         f"--short {args.short} --long {args.long} --drain {args.drain}{' --idle' if args.idle else ''}"
-        f"{' --whole' if args.whole else ''}{' --baseline ' + args.baseline if args.baseline else ''}"
+        f"{' --whole' if args.whole else ''}{' --during' if args.during else ''}"
+        f"{''.join(' --window ' + w for w in args.window)}{' --baseline ' + args.baseline if args.baseline else ''}"
     )
     if args.idle:
         idle(tm, env, args.rounds, args.baseline)
+        return
+    if args.during:
+        during(tm, env, args.rounds, args.baseline, args.window)
         return
     if args.whole:
         whole(tm, env, args)
@@ -193,7 +210,8 @@ def idle(tm: str, env: dict, rounds: int, baseline: str | None) -> None:
         for name, tree in trees.items():
             run_env = dict(env, PYTHONPATH=tree, SETTLE_S="3", WINDOW_S="5")
             argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", IDLE_TREE]
-            done = subprocess.run(argv, env=run_env, capture_output=True, text=True, check=False)
+            # cwd: the component processes run ``python -m``, which puts the working folder before PYTHONPATH
+            done = subprocess.run(argv, env=run_env, cwd=tree, capture_output=True, text=True, check=False)
             lines = [line for line in done.stdout.splitlines() if line.startswith("IDLE ")]
             if done.returncode != 0 or not lines:
                 raise SystemExit(f"failed ({done.returncode}): {done.stderr.strip()[-400:]}")
@@ -213,6 +231,93 @@ def idle(tm: str, env: dict, rounds: int, baseline: str | None) -> None:
             ms = statistics.median(run.get(process, (0.0, 0.0))[0] for run in runs_)
             per_s = statistics.median(run.get(process, (0.0, 0.0))[1] for run in runs_)
             print(f"    {ms:5.1f} ms/s, {per_s:5.0f} wakes/s  {process}")
+
+
+# Beside the loop, in its own process: waits SETTLE_S, then reads the CPU (each live thread's schedstat) of the training
+# process and of every other process under the launcher twice, WINDOW_S apart; prints both as JSON on one line.
+DURING_TREE = """
+import json, os, sys, time
+launcher, loop_pid = int(sys.argv[1]), int(sys.argv[2])
+def tree():
+    parents, cpu = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(pid)] = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            cpu[int(pid)] = sum(int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
+                                for tid in os.listdir(f"/proc/{pid}/task"))
+        except (OSError, ValueError, IndexError):
+            continue
+    def under(pid):
+        while pid > 1:
+            if pid == launcher:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+    return {pid: ns for pid, ns in cpu.items() if pid != os.getpid() and (pid == launcher or under(pid))}
+time.sleep(float(os.environ["SETTLE_S"]))
+before = tree()
+time.sleep(float(os.environ["WINDOW_S"]))
+after = tree()
+loop = others = 0
+for pid, ns in after.items():
+    if pid in before:
+        if pid == loop_pid:
+            loop += ns - before[pid]
+        else:
+            others += ns - before[pid]
+print("DURING " + json.dumps({"loop_s": loop / 1e9, "others_s": others / 1e9}))
+"""
+
+
+def during(tm: str, env: dict, rounds: int, baseline: str | None, windows: list[str]) -> None:
+    """tm's processes while the tight loop runs, as a share of the training process's CPU over the same 5 s (read from
+    ``/proc`` after 6 s of the loop, beside it): no start, no end, no slope, so a few rounds agree to a tenth of a
+    percent where the slope's rounds spread by tens of µs a step. With ``baseline``, the same for that checkout; with
+    ``windows``, each agent flush window (``TM_AGENT_FLUSH_S``) in turn."""
+    trees = {"this checkout": env["PYTHONPATH"]}
+    if baseline:
+        trees["baseline " + baseline] = baseline
+    variants = [(name, tree, window) for name, tree in trees.items() for window in (windows or [None])]
+    seen: dict[tuple, list[float]] = {(name, window): [] for name, _, window in variants}
+    for _ in range(rounds):
+        for name, tree, window in variants:
+            run_env = dict(env, PYTHONPATH=tree)
+            if window is not None:
+                run_env["TM_AGENT_FLUSH_S"] = window
+                run_env["TM_AGENT_FLUSH_RECORDS"] = str(max(1000, int(float(window) * 16000)))
+            argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", LOOP, "40000"]
+            # cwd: the component processes run ``python -m``, which puts the working folder before PYTHONPATH
+            run = subprocess.Popen(
+                argv, env=run_env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+            loop_pid = None
+            for _ in range(200):
+                time.sleep(0.05)
+                found = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "json, sys, time"], capture_output=True,
+                                       text=True, check=False).stdout.split()  # fmt: skip
+                if found:
+                    loop_pid = int(found[0])
+                    break
+            if loop_pid is None:
+                run.kill()
+                raise SystemExit("the training process did not start")
+            watch_env = dict(run_env, SETTLE_S="6", WINDOW_S="5")
+            watch = subprocess.run([sys.executable, "-c", DURING_TREE, str(run.pid), str(loop_pid)], env=watch_env,
+                                   capture_output=True, text=True, check=False)  # fmt: skip
+            run.kill()
+            run.wait()
+            lines = [line for line in watch.stdout.splitlines() if line.startswith("DURING ")]
+            if not lines:
+                raise SystemExit(f"failed: {watch.stderr.strip()[-400:]}")
+            figures = json.loads(lines[0][7:])
+            seen[(name, window)].append(figures["others_s"] / figures["loop_s"] * 100)
+    print(
+        "tm's processes while the tight loop runs, % of the training process's CPU over 5 s (medians of the rounds):"
+    )
+    for (name, window), shares in seen.items():
+        label = name if window is None else f"{name}, TM_AGENT_FLUSH_S={window}"
+        spread = ", ".join(f"{x:.2f}" for x in shares)
+        print(f"  {label}: {statistics.median(shares):.2f}% (rounds {spread})")
 
 
 # The training process run by bash, which prints its children's CPU (user, system) to the millisecond once it ended:

@@ -10,7 +10,7 @@ from pathlib import Path
 from trainmeter_core.bus import step_page
 from trainmeter_core.bus.client import HOSTNAME
 from trainmeter_core.model import records
-from trainmeter_core.run.child import agent_window_s
+from trainmeter_core.run.child import FLUSH_RECORDS, FLUSH_RECORDS_ENV, agent_window_s
 from trainmeter_core.run.stderr_lines import Say
 
 
@@ -49,7 +49,7 @@ def lost_windows(
     (``received_steps``), and in how many flush windows."""
     env = dict(os.environ) if agent_env is None else agent_env
     window_s = agent_window_s(env)
-    window_records = env.get("TM_AGENT_FLUSH_RECORDS", "1000")
+    window_records = env.get(FLUSH_RECORDS_ENV, FLUSH_RECORDS)
     notices = []
     for key in open_producers:
         source, _, where = key.partition("@")
