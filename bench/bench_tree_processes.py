@@ -13,7 +13,8 @@ time rather than its steps (wakes on a timer, ticks, snapshots, samplers).
 
 With ``--during``: tm's processes while the tight loop runs (40,000 steps; 6 s into it, the CPU of the training process
 and of every other process under the launcher read twice, 5 s apart) as a share of the training process's CPU, with
-``--baseline DIR`` and ``--window S`` (an agent flush window, repeatable) to compare; the steadiest of these figures.
+``--baseline DIR``, ``--window S`` (an agent flush window, repeatable) and ``--peer-venv DIR`` (trainmeter 0.0.7, its
+own tm and Python) to compare; the steadiest of these figures.
 
 With ``--whole``: tm's processes over their whole lives, the end of the run included: the tree's CPU (every process,
 through a subreaper, ``treecpu.py``) less the training process's own, which ``bash``'s ``times`` around it reports at
@@ -114,13 +115,14 @@ def main() -> None:
         f"load average {load}; reproduce: {sys.executable} bench/bench_tree_processes.py --rounds {args.rounds} "
         f"--short {args.short} --long {args.long} --drain {args.drain}{' --idle' if args.idle else ''}"
         f"{' --whole' if args.whole else ''}{' --during' if args.during else ''}"
-        f"{''.join(' --window ' + w for w in args.window)}{' --baseline ' + args.baseline if args.baseline else ''}"
+        f"{''.join(' --window ' + w for w in args.window)}{' --peer-venv ' + args.peer_venv if args.peer_venv else ''}"
+        f"{' --baseline ' + args.baseline if args.baseline else ''}"
     )
     if args.idle:
         idle(tm, env, args.rounds, args.baseline)
         return
     if args.during:
-        during(tm, env, args.rounds, args.baseline, args.window)
+        during(tm, env, args.rounds, args.baseline, args.window, args.peer_venv)
         return
     if args.whole:
         whole(tm, env, args)
@@ -269,7 +271,9 @@ print("DURING " + json.dumps({"loop_s": loop / 1e9, "others_s": others / 1e9}))
 """
 
 
-def during(tm: str, env: dict, rounds: int, baseline: str | None, windows: list[str]) -> None:
+def during(
+    tm: str, env: dict, rounds: int, baseline: str | None, windows: list[str], peer_venv: str | None
+) -> None:
     """tm's processes while the tight loop runs, as a share of the training process's CPU over the same 5 s (read from
     ``/proc`` after 6 s of the loop, beside it): no start, no end, no slope, so a few rounds agree to a tenth of a
     percent where the slope's rounds spread by tens of µs a step. With ``baseline``, the same for that checkout; with
@@ -278,14 +282,25 @@ def during(tm: str, env: dict, rounds: int, baseline: str | None, windows: list[
     if baseline:
         trees["baseline " + baseline] = baseline
     variants = [(name, tree, window) for name, tree in trees.items() for window in (windows or [None])]
+    peer_tm = os.path.join(peer_venv, "bin", "tm") if peer_venv else None
+    if peer_tm and os.path.exists(peer_tm):
+        variants.append(("trainmeter 0.0.7 (its own venv)", None, None))
+    elif peer_venv:
+        print(f"trainmeter 0.0.7 not found in {peer_venv} (bin/tm): its line is left out")
     seen: dict[tuple, list[float]] = {(name, window): [] for name, _, window in variants}
     for _ in range(rounds):
         for name, tree, window in variants:
-            run_env = dict(env, PYTHONPATH=tree)
+            if tree is None:  # 0.0.7: its tm and its Python, nothing of this checkout on the path
+                run_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+                python = os.path.join(peer_venv, "bin", "python")  # type: ignore[arg-type]
+                argv = [peer_tm, "-q", "--no-web", "--", python, "-c", LOOP, "40000"]
+                tree = tempfile.gettempdir()
+            else:
+                run_env = dict(env, PYTHONPATH=tree)
+                argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", LOOP, "40000"]
             if window is not None:
                 run_env["TM_AGENT_FLUSH_S"] = window
                 run_env["TM_AGENT_FLUSH_RECORDS"] = str(max(1000, int(float(window) * 16000)))
-            argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", LOOP, "40000"]
             # cwd: the component processes run ``python -m``, which puts the working folder before PYTHONPATH
             run = subprocess.Popen(
                 argv, env=run_env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

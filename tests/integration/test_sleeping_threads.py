@@ -1,0 +1,155 @@
+"""tm's threads sleep until there is something to do (issue 42): none wakes on a short timer to look.
+
+A wake costs a thread 100 to 250 µs of CPU on a virtual machine whatever it then does, and an idle run made 184 of
+them a second (docs/performance.md, "Fewer, larger windows, and threads that sleep"). Each test here fails on the
+timers they replaced: a component's wait for records that looked at its stop every 0.1 s, a recorder's writer that
+looked at its queue every 10 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import threading
+import time
+
+from trainmeter_core.bus.client import Subscriber
+from trainmeter_core.bus.component import STOP_CHECK_S, ComponentContext, Stopping
+from trainmeter_core.model import records
+from trainmeter_core.runlog.reader import read_log
+from trainmeter_core.runlog.recorder import Recorder
+
+
+def _wakes(thread: threading.Thread) -> int:
+    """The voluntary context switches of a live thread so far: one for each time it slept and woke."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+def _set_later(event: threading.Event, after_s: float) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(after_s), event.set()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_stopping_leaves_its_pipe_readable_once_set_and_from_then_on():
+    stopping = Stopping()
+    poller = select.poll()
+    poller.register(stopping.fileno(), select.POLLIN)
+    assert poller.poll(0) == []
+    stopping.set()
+    stopping.set()  # a second set writes nothing more, and changes nothing
+    assert stopping.is_set()
+    for _ in range(3):
+        assert poller.poll(0) == [(stopping.fileno(), select.POLLIN)]
+
+
+def test_a_subscriber_waiting_with_a_wake_fd_returns_when_the_fd_is_readable(tmp_path):
+    stopping = Stopping()
+    subscriber = Subscriber(f"ipc://{tmp_path}/nobody-publishes", None)
+    try:
+        _set_later(stopping, 0.2)
+        started = time.monotonic()
+        assert subscriber.recv(60.0, wake_fd=stopping.fileno()) is None
+        # woken by the pipe, long before its timeout (no publisher: nothing else could end the wait)
+        assert time.monotonic() - started < 30.0
+    finally:
+        subscriber.close()
+
+
+def _context(tmp_path, stopping: threading.Event) -> ComponentContext:
+    (tmp_path / "endpoints.json").write_text(
+        json.dumps({"in": f"ipc://{tmp_path}/in", "out": f"ipc://{tmp_path}/out"})
+    )
+    (tmp_path / "meta.json").write_text("{}")
+    return ComponentContext("test", tmp_path, stopping, ("tick",))
+
+
+def test_a_component_waiting_for_records_sleeps_through_its_timeout_and_wakes_at_the_stop(tmp_path):
+    # With the process's Stopping, recv(timeout) sleeps in one poll (the stop's pipe beside the bus), where it looked
+    # at the event every STOP_CHECK_S before: at least 10 wakes in a second's wait, at most 2 now.
+    stopping = Stopping()
+    ctx = _context(tmp_path, stopping)
+    try:
+        waited: dict[str, float] = {}
+
+        def wait() -> None:
+            started = time.monotonic()
+            assert ctx.recv(60.0) is None
+            waited["s"] = time.monotonic() - started
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.3)  # the waiter is in its poll
+        before = _wakes(waiter)
+        time.sleep(1.5)
+        during = _wakes(waiter) - before
+        assert during <= 2, f"{during} wakes in 1.5 s of waiting"
+        stopping.set()
+        waiter.join(30.0)
+        assert not waiter.is_alive() and waited["s"] < 30.0  # the stop ended the wait, not its 60 s
+        # Once stopping, a wait is STOP_CHECK_S at most (the pipe stays readable: it no longer listens to it)
+        started = time.monotonic()
+        assert ctx.recv(60.0) is None
+        assert STOP_CHECK_S * 0.5 <= time.monotonic() - started < 30.0
+    finally:
+        ctx.close()
+
+
+def test_a_plain_event_still_stops_a_component_within_the_stop_check(tmp_path):
+    # A context made with a threading.Event (a test's, an embedder's) keeps looking every STOP_CHECK_S.
+    stopping = threading.Event()
+    ctx = _context(tmp_path, stopping)
+    try:
+        _set_later(stopping, 0.2)
+        started = time.monotonic()
+        while not stopping.is_set():
+            assert ctx.recv(60.0) is None
+        assert time.monotonic() - started < 30.0
+    finally:
+        ctx.close()
+
+
+def _data(record: records.Record, seq: int) -> dict:
+    data = records.check(records.encode(record)).data
+    data["seq"] = seq
+    return data
+
+
+def test_an_idle_writer_sleeps_and_a_record_put_wakes_it(tmp_path, monkeypatch):
+    from trainmeter_core.runlog import recorder as recorder_mod
+
+    # No timer of its own to end a wait: the free space is looked at hourly, what it writes is flushed at once. A
+    # writer that waited for a timer to look at its queue would never write the record below.
+    monkeypatch.setattr(recorder_mod, "SPACE_CHECK_EVERY_S", 3600.0)
+    monkeypatch.setattr(recorder_mod, "FLUSH_EVERY_S", 0.0)
+    recorder = Recorder(tmp_path, reserve_b=0)
+    recorder.start()
+    try:
+        time.sleep(0.3)
+        before = _wakes(recorder._thread)
+        time.sleep(1.0)
+        idle = _wakes(recorder._thread) - before
+        assert idle <= 2, f"{idle} wakes in an idle second (a look every 10 ms made about 100)"
+        recorder.put(_data(records.Step(step=1), 1))
+        deadline = time.monotonic() + 30.0
+        while recorder.flushed_seq != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert recorder.flushed_seq == 1
+        assert [r.step for r in read_log(tmp_path)] == [1]
+        # A stream of records: written in batches, the writer woken at most once every BATCH_S (100 a second)
+        before = _wakes(recorder._thread)
+        started = time.monotonic()
+        for seq in range(2, 2002):
+            recorder.put(_data(records.Step(step=seq), seq))
+            time.sleep(0.0002)
+        elapsed = time.monotonic() - started
+        assert recorder.flush(timeout_s=30.0) and recorder.flushed_seq == 2001
+        streamed = _wakes(recorder._thread) - before
+        assert streamed <= 2 * (elapsed / recorder_mod.BATCH_S) + 10, (streamed, elapsed)
+    finally:
+        recorder.close()
+    assert [r.step for r in read_log(tmp_path)] == list(range(1, 2002))
