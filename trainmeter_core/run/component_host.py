@@ -21,6 +21,8 @@ from trainmeter_core.model import records
 from trainmeter_core.run.child import lower_own_priority
 
 THREAD_BACKOFF_MAX_S = 10.0
+#: The main thread's longest sleep between looks at its components' threads (each one's end wakes it at once).
+WATCH_EVERY_S = 60.0
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -100,25 +102,38 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     lower_own_priority(10)
-    stopping = (
-        Stopping()
-    )  # its pipe wakes the components waiting on the bus at the stop (ComponentContext.recv)
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    # Its pipe wakes the components waiting on the bus at the stop (ComponentContext.recv)
+    stopping = Stopping()
+    # Set by the stop and by each component's thread as it ends: the main thread sleeps until one of them happens (it
+    # looked every 0.5 s before: two wakes a second in each component process, for nothing)
+    changed = threading.Event()
+    ended: list[str] = []  # the components whose threads are over (a thread is alive a little past its end)
+
+    def stop(*_: object) -> None:
+        stopping.set()
+        changed.set()
+
+    def run_then_say(cls: type[Component]) -> None:
+        try:
+            run_component(cls, args.run_dir, args.process, stopping)
+        finally:
+            ended.append(cls.name)
+            changed.set()
+
+    signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when components stop
     classes = find_components([n for n in args.components.split(",") if n])
     threads = [
-        threading.Thread(
-            target=run_component,
-            args=(cls, args.run_dir, args.process, stopping),
-            name=f"tm-{name}",
-            daemon=True,
-        )
+        threading.Thread(target=run_then_say, args=(cls,), name=f"tm-{name}", daemon=True)
         for name, cls in classes.items()
     ]
     for thread in threads:
         thread.start()
-    while not stopping.is_set() and any(t.is_alive() for t in threads):
-        stopping.wait(0.5)
+    while True:
+        changed.clear()  # before the look: what happens after it sets it again
+        if stopping.is_set() or len(ended) == len(threads):
+            break
+        changed.wait(WATCH_EVERY_S)
     stopping.set()
     for thread in threads:
         thread.join(5.0)
