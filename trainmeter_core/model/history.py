@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Mapping, Sequence
+from functools import reduce as _reduce
+from operator import add as _add
 
 import msgspec
 
@@ -291,14 +293,25 @@ def _merge_into(
         values = source[4]
         # NaN never wins a comparison, so a NaN loss stays out of min/max yet still shows in the mean.
         if raw:
-            # A raw point is its own bucket of one (v × 1.0 is v exactly): the same sums, without building each.
-            for v in values[first:last]:
-                total += v
-                if v == v:
-                    if not v >= low:
-                        low = v
-                    if not v <= high:
-                        high = v
+            # A raw point is its own bucket of one (v × 1.0 is v exactly): the same sums, without building each. The
+            # sum in C, in order (``reduce``, not ``sum``, which compensates from Python 3.12 on); where it is a number
+            # no value is NaN, and min and max (in C) pick what the loop below picks, the first of equals included.
+            # Where it is NaN, the loop does it all again: which NaN a sum of two NaNs keeps depends on the code that
+            # adds them (the interpreter's own float add and ``operator.add`` differ), and the bucket merge's loop is
+            # the one to match, bit for bit.
+            chunk = values[first:last]
+            total = _reduce(_add, chunk, 0.0)
+            if total == total:
+                low, high = min(chunk), max(chunk)
+            else:
+                total = 0.0
+                for v in chunk:
+                    total += v
+                    if v == v:
+                        if not v >= low:
+                            low = v
+                        if not v <= high:
+                            high = v
             count = float(last - first)
         else:
             for i in range(first, last):
