@@ -97,6 +97,9 @@ def main() -> None:
         "--window", action="append", default=[], help="with --during: an agent flush window (s)"
     )
     parser.add_argument(
+        "--peer-venv", help="with --during: trainmeter 0.0.7's venv, measured in the same run"
+    )
+    parser.add_argument(
         "--baseline", help="with --idle or --during: another checkout, measured in the same run, alternated"
     )
     parser.add_argument(
