@@ -284,7 +284,7 @@ class Agent(StepRecords, EmitCalls):
         self.outbox.put(record, now, steps=1 if type(record) is self._rec_module().Step else 0)
 
     def flush(self) -> None:
-        """Send what is queued as one batch now (the window closes on its own every 250 ms, and at exit and fork)."""
+        """Send what is queued as one batch now (the window closes on its own every 50 ms, and at exit and fork)."""
         if self._ready():
             self.outbox.flush()
         elif len(self.outbox):

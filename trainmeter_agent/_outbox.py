@@ -19,11 +19,10 @@ import time
 from trainmeter_agent._reasons import NO_TOKENS  # not _module_probe's module: it imports inspect (6 ms)
 from trainmeter_core.bus.step_page import COUNTED, HANDED, WINDOWS, StepPage
 
-#: A window leaves at most this long after its first row (run/child.py's FLUSH_S says why 250 ms) ...
-WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.25"))
-#: ... or once it holds this many rows and records (a step and its loss are one row, two records): a tight loop's
-#: 250 ms at 5,000 steps a second and three records a step, so that a fast loop's windows are as few as a slow one's.
-MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "4000"))
+#: A window leaves at most this long after its first row (run/child.py's FLUSH_S: why not longer yet) ...
+WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.05"))
+#: ... or once it holds this many rows and records (a step and its loss are one row, two records).
+MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
 #: The flush thread's longest sleep while the loop closes its own windows: a loop that goes quiet has its open window
 #: sent at most this long (plus one window) later. Each wake that finds the loop has flushed doubles the sleep, from
 #: one window up to this; a wake that finds a window due resets it. Measured on the tight loop at 50 ms windows

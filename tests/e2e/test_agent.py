@@ -663,7 +663,7 @@ def agent(monkeypatch):
 
 
 def sent(agent, kind: str) -> list:
-    """What the agent has sent of a kind, once its open window has closed (the outbox flushes every 250 ms)."""
+    """What the agent has sent of a kind, once its open window has closed (the outbox flushes every 50 ms)."""
     agent.flush()
     return [r for r in agent.producer.records if records.kind_of(r) == kind]
 

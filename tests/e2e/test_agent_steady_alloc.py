@@ -3,7 +3,7 @@ then 10,000 iterations between two tracemalloc snapshots, whose difference in th
 
 What this proves: no object allocated by a line of ``trainmeter_agent/*`` during those iterations is still alive at
 their end beyond what was alive at their start: no list that grows, no record or tuple kept per step, no cache filling
-up. Flushes are left on and counted (about one window every 250 ms, or every 4000 rows): a window's blocks are
+up. Flushes are left on and counted (about one window every 50 ms, or every 1000 rows): a window's blocks are
 allocated and freed within its flush, and the test checks some windows did leave; a flush just before each snapshot
 empties the window, so that what waits in it is not counted at one snapshot and not the other.
 
