@@ -160,13 +160,12 @@ def main() -> None:
         print(f"  {statistics.median(slopes):6.1f} µs per step (rounds {rounds})  {name}")
 
 
-# The command of an idle run: it waits SETTLE_S for tm's start to be over, then reads the CPU (each live thread's
-# schedstat) and voluntary context switches of every process under the launcher twice, WINDOW_S apart; prints the
-# rates per process as JSON on one line.
-IDLE_TREE = """
-import json, os, time
-def tree():
-    launcher, out, parents = os.getppid(), {}, {}
+# Code for a process beside tm's: ``tree(launcher)`` reads, for the launcher and every process under it (not the
+# reader), its name, CPU (each live thread's schedstat, ns) and voluntary context switches (its wakes).
+_TREE = """
+import json, os, sys, time
+def tree(launcher):
+    out, parents = {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = open(f"/proc/{pid}/stat").read()
@@ -188,11 +187,18 @@ def tree():
             pid = parents.get(pid, 0)
         return False
     return {pid: v for pid, v in out.items() if pid != os.getpid() and (pid == launcher or under(pid))}
+"""
+
+# The command of an idle run: it waits SETTLE_S for tm's start to be over, then reads its launcher's tree twice,
+# WINDOW_S apart; prints the rates per process as JSON on one line.
+IDLE_TREE = (
+    _TREE
+    + """
 time.sleep(float(os.environ["SETTLE_S"]))
 window = float(os.environ["WINDOW_S"])
-before = tree()
+before = tree(os.getppid())
 time.sleep(window)
-after = tree()
+after = tree(os.getppid())
 rates = {}
 for pid, (name, cpu, wakes) in after.items():
     if pid in before:
@@ -200,6 +206,7 @@ for pid, (name, cpu, wakes) in after.items():
         rates[name] = (ms + (cpu - before[pid][1]) / 1e6 / window, per_s + (wakes - before[pid][2]) / window)
 print("IDLE " + json.dumps(rates))
 """
+)
 
 
 def idle(tm: str, env: dict, rounds: int, baseline: str | None) -> None:
@@ -240,38 +247,24 @@ def idle(tm: str, env: dict, rounds: int, baseline: str | None) -> None:
 
 # Beside the loop, in its own process: waits SETTLE_S, then reads the CPU (each live thread's schedstat) of the training
 # process and of every other process under the launcher twice, WINDOW_S apart; prints both as JSON on one line.
-DURING_TREE = """
-import json, os, sys, time
+DURING_TREE = (
+    _TREE
+    + """
 launcher, loop_pid = int(sys.argv[1]), int(sys.argv[2])
-def tree():
-    parents, cpu = {}, {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parents[int(pid)] = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-            cpu[int(pid)] = sum(int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
-                                for tid in os.listdir(f"/proc/{pid}/task"))
-        except (OSError, ValueError, IndexError):
-            continue
-    def under(pid):
-        while pid > 1:
-            if pid == launcher:
-                return True
-            pid = parents.get(pid, 0)
-        return False
-    return {pid: ns for pid, ns in cpu.items() if pid != os.getpid() and (pid == launcher or under(pid))}
 time.sleep(float(os.environ["SETTLE_S"]))
-before = tree()
+before = tree(launcher)
 time.sleep(float(os.environ["WINDOW_S"]))
-after = tree()
+after = tree(launcher)
 loop = others = 0
-for pid, ns in after.items():
+for pid, (_, ns, _) in after.items():
     if pid in before:
         if pid == loop_pid:
-            loop += ns - before[pid]
+            loop += ns - before[pid][1]
         else:
-            others += ns - before[pid]
+            others += ns - before[pid][1]
 print("DURING " + json.dumps({"loop_s": loop / 1e9, "others_s": others / 1e9}))
 """
+)
 
 
 def during(
