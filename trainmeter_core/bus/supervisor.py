@@ -23,11 +23,11 @@ from trainmeter_core.model import records
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
-GIVE_UP_AFTER = 20
+GIVE_UP_AFTER = 20  # crashes in a row, each within STABLE_AFTER_S of its start
 NEVER_WAITED_FOR = frozenset({"web"})
 #: How often the watch looks at the processes anyway (a pidfd says when one ends), and where a pidfd cannot be had.
 WATCH_EVERY_S = 5.0
-POLL_WITHOUT_PIDFD_S = 0.1  # crashes in a row, each within STABLE_AFTER_S of its start
+POLL_WITHOUT_PIDFD_S = 0.1
 
 
 @dataclass

@@ -31,14 +31,14 @@ AGENT_PLUGIN_NAMES = "TM_AGENT_PLUGIN_NAMES"
 #: default yet: they moved the start-up that tests/e2e/test_badput_e2e.py measures by about a second over four
 #: attempts, unexplained (docs/performance.md, "Fewer, larger windows, and threads that sleep") ...
 FLUSH_ENV, FLUSH_S = "TM_AGENT_FLUSH_S", "0.05"
-#: The records a window holds at most (trainmeter_agent/_outbox.py's MAX_RECORDS) unless the environment says otherwise
-FLUSH_RECORDS_ENV, FLUSH_RECORDS = "TM_AGENT_FLUSH_RECORDS", "1000"
 #: ... and a second on a node of a job. A rank of a job steps a few times a second, so a 50 ms window leaves with one
 #: step in it, and the job hub takes a block of one step at 1.6 times the rows a second it takes as records, against
 #: 8 times for blocks of ten (bench/bench_jobhub.py, docs/performance.md "The job hub"). The price: a rank's steps
 #: reach the hubs up to a second later (the dashboard's snapshots come once a second), and a rank killed by SIGKILL
 #: loses up to a second of steps, which its node's launcher counts and says (goodbyes.lost_windows).
 JOB_FLUSH_S = "1"
+#: The records a window holds at most (trainmeter_agent/_outbox.py's MAX_RECORDS) unless the environment says otherwise
+FLUSH_RECORDS_ENV, FLUSH_RECORDS = "TM_AGENT_FLUSH_RECORDS", "1000"
 
 
 def exec_untouched(command: list[str], script_mode: bool) -> NoReturn:

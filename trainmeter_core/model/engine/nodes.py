@@ -224,9 +224,10 @@ def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> 
     Whether every host has is asked only when a host's last rank reports (its ranks' count reached) and, of those
     reports, only once as many hosts have as take part: asking means a pass over the job's hosts, which at every
     report made the engine's work per step grow as the job's ranks squared, and once a host a step as its hosts
-    squared. The count of hosts done is a filter, never the answer: a host whose ranks grew in number while it reported may count twice,
-    which only asks once more; every host that has all its ranks' reports counted at least once (its count of reports
-    passed its count of ranks one at a time), so the pass runs at every report where the old way's would succeed."""
+    squared. The count of hosts done is a filter, never the answer: a host whose ranks grew in number while it
+    reported may count twice, which only asks once more; every host whose ranks have all reported was counted at least
+    once (its count of reports passed its count of ranks one at a time), so the pass runs at every report where the
+    old way's would succeed."""
     marks = state.step_marks.get(step)
     if marks is None:
         marks = state.step_marks[step] = {}
