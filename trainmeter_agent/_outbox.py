@@ -378,9 +378,8 @@ class Outbox:
         lock = self._lock
         while True:
             self._loop_flushed = False
-            if (
-                self.window_s != window_s
-            ):  # the first windows are over (once a process): the steady window's sleeps
+            # The process's first windows are over (once a process): the steady window's sleeps from here
+            if self.window_s != window_s:
                 window_s = self.window_s
                 sleeps = _sleeps(window_s)
                 last = len(sleeps) - 1
