@@ -378,8 +378,9 @@ class Outbox:
         lock = self._lock
         while True:
             self._loop_flushed = False
-            # The process's first windows are over (once a process): the steady window's sleeps from here
-            if self.window_s != window_s:
+            if (
+                self.window_s != window_s
+            ):  # the first windows are over (once a process): the steady window's sleeps
                 window_s = self.window_s
                 sleeps = _sleeps(window_s)
                 last = len(sleeps) - 1

@@ -28,8 +28,8 @@ AGENT_PLUGIN_NAMES = "TM_AGENT_PLUGIN_NAMES"
 #: How long an agent's flush window stays open at most (trainmeter_agent/_outbox.py): 250 ms unless the command's
 #: environment says otherwise, after a process's first twenty windows of at most 50 ms (_outbox.START_WINDOWS, unless
 #: the environment chose the window). Each window wakes the hub, the recorder and the engine, and on the tight loop a
-#: wake costs more than the rows it brings: 250 ms windows cut tm's processes' CPU by a quarter to a half against 50 ms
-#: (docs/performance.md, "Short first windows, then 250 ms"). The first windows stay short so that the
+#: wake costs more than the rows it brings: 250 ms windows cut tm's processes' CPU by a third against 50 ms
+#: (docs/performance.md, "Fewer, larger windows, and threads that sleep"). The first windows stay short so that the
 #: first steps show at once and what starts at a process's first window (the collective probe's timing) starts early ...
 FLUSH_ENV, FLUSH_S = "TM_AGENT_FLUSH_S", "0.25"
 #: ... and a second on a node of a job. A rank of a job steps a few times a second, so a short window leaves with one
