@@ -6,7 +6,8 @@ and evaluating at each process's 10th step. With SLEEPS=1 it sleeps 1.5 s at sta
 inside the load of a checkpoint, 1.0 s inside the 5th batch each process fetches, 1.2 s inside each checkpoint's save,
 1.2 s in each eval, and 4.5 s between two steps after step HANG_AT_STEP (a hang); each sleep, as it measured it, is a
 line of ``CKPT_DIR/injected.jsonl``. With STOP_AFTER it stops after that step, emits ``stopped_at``, writes
-``CKPT_DIR/stopped`` with its pid and waits to be killed: the signal for a test to kill it with no timing race.
+``CKPT_DIR/stopped`` with its pid and waits to be killed: the signal for a test to kill it once ``stopped_at`` is in
+the run's log (the steps before it are then there too), with no timing race.
 """
 
 import json
@@ -120,8 +121,8 @@ for n, step in enumerate(range(start + 1, last_step + 1), start=1):
         injected("hang")
     if step == stop_after:
         time.sleep(0.1)
-        emit(stopped_at=step)  # the agent sends what it batched (at most every 50 ms) with its next record
-        time.sleep(0.2)  # and by now has sent it: a kill loses no step
+        # The agent sends it with the rows before it, within a window: the test kills once the log holds it
+        emit(stopped_at=step)
         (ckpt_dir / "stopped").write_text(str(os.getpid()))
         while True:
             time.sleep(1)
