@@ -121,8 +121,12 @@ for n, step in enumerate(range(start + 1, last_step + 1), start=1):
         injected("hang")
     if step == stop_after:
         time.sleep(0.1)
-        # The agent sends it with the rows before it, within a window: the test kills once the log holds it
+        # The agent sends it with the rows before it within a window, or, the loop gone quiet, once its flush thread
+        # looks (at most a second later: trainmeter_agent/_outbox.py, QUIET_MAX_S). The test kills once the log holds
+        # it; the wait here makes the time from the last step to the kill the same in every attempt and run (the time
+        # after the last step, one of the buckets the test compares), not one flush thread's phase.
         emit(stopped_at=step)
+        time.sleep(1.5)
         (ckpt_dir / "stopped").write_text(str(os.getpid()))
         while True:
             time.sleep(1)
