@@ -20,7 +20,7 @@ from trainmeter_agent._iterations import IterationDetector
 from trainmeter_agent._launcher_env import env_int, hello_record, launcher_alive
 from trainmeter_agent._loss import ATTACHED as LOSS_ATTACHED
 from trainmeter_agent._outbox import MAX_RECORDS as FLUSH_RECORDS
-from trainmeter_agent._outbox import Outbox
+from trainmeter_agent._outbox import START_WINDOWS, Outbox
 from trainmeter_agent._step_records import StepRecords, overhead_sums
 
 #: Probe names; ``TM_AGENT_FAULT=<probe>[,<probe>]`` makes each raise an internal error on first use (for tests).
@@ -81,7 +81,7 @@ class Agent(StepRecords, EmitCalls):
         self._probe_states: dict[str, str] = {}
         self._held: list = []  # facts and phases found before hello: they go out right after it
         # Steps, metrics and phases (as rows of columns until they leave), facts and notices, in call order.
-        self.outbox = Outbox(self._send_batch)
+        self.outbox = Outbox(self._send_batch, start_windows=START_WINDOWS)
         self._reset_buffers()
         # The steady step's view of the probes (regate): the model probe while the steady step may take its short way,
         # the loss probe while its loss may leave with the step (else None), and whether the loss probe is on.
@@ -284,7 +284,8 @@ class Agent(StepRecords, EmitCalls):
         self.outbox.put(record, now, steps=1 if type(record) is self._rec_module().Step else 0)
 
     def flush(self) -> None:
-        """Send what is queued as one batch now (the window closes on its own every 50 ms, and at exit and fork)."""
+        """Send what is queued as one batch now (a window closes on its own after 250 ms, 50 ms in a process's first
+        windows, and at exit and fork)."""
         if self._ready():
             self.outbox.flush()
         elif len(self.outbox):

@@ -19,10 +19,24 @@ import time
 from trainmeter_agent._reasons import NO_TOKENS  # not _module_probe's module: it imports inspect (6 ms)
 from trainmeter_core.bus.step_page import COUNTED, HANDED, WINDOWS, StepPage
 
-#: A window leaves at most this long after its first row (run/child.py's FLUSH_S: why not longer yet) ...
-WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.05"))
+#: A window leaves at most this long after its first row (run/child.py's FLUSH_S: why this long) ...
+WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.25"))
 #: ... or once it holds this many rows and records (a step and its loss are one row, two records).
-MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "1000"))
+MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "4000"))
+#: A process's first windows are shorter, unless the command's environment chose the window: the first steps reach
+#: the dashboard within 50 ms, and what starts at a process's first window (the collective probe times ``Work.wait``
+#: from then on) starts as soon as it did with 50 ms windows. Twenty windows are about a second of a loop that fills
+#: them; a loop that steps once a second has one step a window either way.
+START_WINDOW_S, START_RECORDS = 0.05, 1000
+
+
+def start_windows(environ) -> int:
+    """How many of a process's first windows are short (START_WINDOW_S, START_RECORDS): 20, none where ``environ`` (the
+    process's environment) chose the window."""
+    return 0 if "TM_AGENT_FLUSH_S" in environ or "TM_AGENT_FLUSH_RECORDS" in environ else 20
+
+
+START_WINDOWS = start_windows(os.environ)
 #: The flush thread's longest sleep while the loop closes its own windows: a loop that goes quiet has its open window
 #: sent at most this long (plus one window) later. Each wake that finds the loop has flushed doubles the sleep, from
 #: one window up to this; a wake that finds a window due resets it. Measured on the tight loop at 50 ms windows
@@ -70,14 +84,23 @@ class Outbox:
     the flush thread never interleave (uncontended, the lock is one C call each way).
     """
 
-    def __init__(self, send, window_s: float = WINDOW_S, max_records: int = MAX_RECORDS) -> None:
+    def __init__(
+        self, send, window_s: float = WINDOW_S, max_records: int = MAX_RECORDS, start_windows: int = 0
+    ) -> None:
+        """``window_s`` and ``max_records`` bound a window once the process has sent ``start_windows`` windows; each of
+        those first windows is bounded by START_WINDOW_S and START_RECORDS, or by ``window_s`` and ``max_records`` where
+        they are smaller."""
         self._send = send
-        self.window_s = window_s
-        self.max_records = max_records
+        self._steady = (window_s, max_records)
+        self._start_windows = start_windows
         self.page = StepPage()
         self._reset()
 
     def _reset(self) -> None:
+        window_s, max_records = self._steady
+        if self._start_windows:
+            window_s, max_records = min(window_s, START_WINDOW_S), min(max_records, START_RECORDS)
+        self.window_s, self.max_records = window_s, max_records
         self.steps = 0  # steps queued by this process (rows and whole step records)
         self._lock = threading.Lock()
         self._due = threading.Event()
@@ -290,6 +313,8 @@ class Outbox:
         self._loop_flushed = True  # (or the flush thread, which clears it next)
         slots = self._slots
         slots[WINDOWS] += 1
+        if slots[WINDOWS] == self._start_windows:  # the process's first windows are over: the steady bounds
+            self.window_s, self.max_records = self._steady
         if self.max_records > self._capacity:
             self._columns(self.max_records)  # a larger window asked for since (tests, benches)
         slots[HANDED] = self.steps
@@ -346,12 +371,19 @@ class Outbox:
         # alive, and would see a number the thread made in a wake-up held through its next sleep.
         # The lock is taken with acquire and release, not a with block: a thread waiting for it there holds the
         # lock's bound __exit__, an object the test would see if it looked while the loop held the lock.
-        sleeps = _sleeps(self.window_s)
+        window_s = self.window_s
+        sleeps = _sleeps(window_s)
         last = len(sleeps) - 1
         level = 0
         lock = self._lock
         while True:
             self._loop_flushed = False
+            # The process's first windows are over (once a process): the steady window's sleeps from here
+            if self.window_s != window_s:
+                window_s = self.window_s
+                sleeps = _sleeps(window_s)
+                last = len(sleeps) - 1
+                level = min(level, last)
             time.sleep(sleeps[level])
             lock.acquire()
             try:

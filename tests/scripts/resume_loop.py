@@ -46,7 +46,7 @@ for step in range(start + 1, last_step + 1):
         torch.save(state, ckpt_dir / f"step-{step}.pt")
     if step == stop_after:
         time.sleep(0.1)
-        emit(stopped_at=step)  # the agent sends what it batched (at most every 50 ms) with its next record
+        emit(stopped_at=step)  # the agent sends it with the rows before it: the test waits for it in the log
         (ckpt_dir / "stopped").write_text(str(os.getpid()))
         while True:
             time.sleep(1)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from trainmeter_agent import _outbox
 from trainmeter_agent._outbox import Outbox
 from trainmeter_agent._reasons import NO_TOKENS
 from trainmeter_core.bus import step_page
@@ -153,6 +154,38 @@ def test_a_window_leaves_when_its_time_is_up_at_the_next_row():
     _step(outbox, 1)  # opens the window
     _step(outbox, 2)  # 1 s after it opened, over 0.5 s
     assert [[s for b in batch for s in b.step] for batch in sent] == [[1, 2]]
+
+
+def test_a_processs_first_windows_are_short_and_the_rest_steady():
+    # Steady windows of 60 s; the first two are at most START_WINDOW_S (50 ms) long: steps 1 s apart close each
+    sent: list[list] = []
+    outbox = Outbox(sent.append, window_s=60.0, max_records=100, start_windows=2)
+    outbox.ready = True
+    assert (outbox.window_s, outbox.max_records) == (_outbox.START_WINDOW_S, 100)  # the smaller of each bound
+    for step in range(1, 8):
+        _step(outbox, step)
+    assert [[s for b in batch for s in b.step] for batch in sent] == [[1, 2], [3, 4]]
+    assert (outbox.window_s, outbox.max_records) == (60.0, 100)
+    outbox.flush()
+    assert [s for b in sent[-1] for s in b.step] == [5, 6, 7]  # one steady window, 6 s of steps
+
+
+def test_the_first_windows_hold_at_most_start_records_and_the_steady_ones_more():
+    sent: list[list] = []
+    outbox = Outbox(sent.append, window_s=60.0, max_records=3000, start_windows=1)
+    outbox.ready = True
+    for step in range(1, 4001):  # a microsecond apart: no window is due by its time
+        outbox.put_step(
+            step, BASE_T + step * 1e-6, 1e-6, 1, None, 1, 8, "input_ids", 1, None, None, "backward"
+        )
+    outbox.flush()
+    assert [sum(len(b.step) for b in batch) for batch in sent] == [_outbox.START_RECORDS, 3000]
+
+
+def test_an_environment_that_chooses_the_window_has_it_from_the_first_row():
+    assert _outbox.start_windows({"PATH": "/bin"}) == 20
+    assert _outbox.start_windows({"TM_AGENT_FLUSH_S": "3600"}) == 0
+    assert _outbox.start_windows({"TM_AGENT_FLUSH_RECORDS": "10"}) == 0
 
 
 def test_a_larger_window_asked_for_later_gets_columns_to_hold_it():
