@@ -516,6 +516,44 @@ def test_history_records_are_derived_too_and_after_the_end_only_derived_kinds_an
     assert kinds[-2:] == ["run.end", "alert"]
 
 
+def test_a_history_delta_nobody_receives_is_numbered_and_counted_unread_and_checked_once_someone_listens(
+    short_dir, tmp_path
+):
+    delta = records.encode(records.HistoryDelta(incarnation="e1", n=1, series=["train_loss"]))
+    bad_delta = msgspec.msgpack.encode({"kind": "history", "n": "not a number"})  # a real check refuses it
+    with running_hub(short_dir, tmp_path) as hub, raw_push(hub.in_endpoint) as sock:
+        for payload in (delta, bad_delta, records.encode(records.Step(step=1, source="agent"))):
+            sock.send_multipart([b"history", payload])
+        wait_for(lambda: hub.kinds.get("step") == 1, what="the step after the deltas")
+        # No subscriber: neither delta was read (the bad one is not malformed: nobody would have seen it), both were
+        # numbered as if published, and the step after them has the number it would have had
+        assert (hub.kinds.get("history"), hub.malformed, hub.published) == (2, 0, 1)
+        sub = bus.Subscriber(hub.out_endpoint, ["history"])
+        try:
+            wait_for(lambda: hub.listening("history"), what="the subscription")
+            sock.send_multipart([b"history", bad_delta])
+            sock.send_multipart([b"history", delta])
+            received = sub.recv(30)
+        finally:
+            sub.close()
+        # Someone listens: each is checked, the bad one refused, the good one published
+        assert records.kind_of(received) == "history" and received.incarnation == "e1"
+        assert (hub.kinds.get("history"), hub.malformed) == (3, 1)
+    assert [r["seq"] for r in log_records(tmp_path) if r["kind"] == "step"] == [3]
+
+
+def test_leading_kind_reads_a_records_tag_from_its_first_bytes_and_nothing_else():
+    assert records.leading_kind(records.encode(records.HistoryDelta(incarnation="e", n=1))) == "history"
+    assert records.leading_kind(records.encode(records.HistoryRequest())) == "history.request"
+    many_fields = {"kind": "gpu.power_cap", **{f"f{i}": i for i in range(20)}}  # a map of 16 fields or more
+    assert records.leading_kind(msgspec.msgpack.encode(many_fields)) == "gpu.power_cap"
+    for payload in (b"", b"\x93\x01\x02\x03", b"\x81\xa4kind", b"\x81\xa4kind\xa7hist", b"\x81\xa4kinx\xa1a"):
+        assert records.leading_kind(payload) is None, payload
+    assert (
+        records.leading_kind(msgspec.msgpack.encode({"n": 1, "kind": "history"})) is None
+    )  # not first: no look
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The clock, the counters and the launcher's own records
 

@@ -240,6 +240,23 @@ class _BuiltOnFirstUse:
         return self._built()[kind]
 
 
+def leading_kind(payload) -> str | None:
+    """The kind a payload names in its first field, as msgspec writes a record (a map, its tag first, the tag a string
+    of at most 31 bytes), read from its first bytes without decoding the rest; None for any other start. A look, not a
+    check: the bytes after it may still be malformed."""
+    head = bytes(memoryview(payload)[:40])
+    at = 3 if head[:1] == b"\xde" else 1 if b"\x80" <= head[:1] <= b"\x8f" else 0
+    if not at or head[at : at + 5] != b"\xa4kind":
+        return None
+    length = head[at + 5] - 0xA0 if len(head) > at + 5 else -1
+    if not 0 <= length <= 31 or len(head) < at + 6 + length:
+        return None
+    try:
+        return head[at + 6 : at + 6 + length].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
 def split_batch(payload: bytes) -> list[msgspec.Raw]:
     """The raw bytes of each record in a batch, without decoding them."""
     try:
