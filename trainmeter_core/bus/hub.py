@@ -35,12 +35,6 @@ MAX_FRAME_B = 64 * 1024 * 1024
 #: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
 #: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
 NOT_FORWARDED = records.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
-#: Derived kinds the hub neither decodes nor checks while no subscriber receives them: never written, never forwarded,
-#: read by no one. The engine's history delta, mostly: a tight loop's are 225 KB a second, which the hub's check (a
-#: decode to Python objects, then a typed one) took 1 ms of, against 0.15 ms for a look at its tag, while no
-#: dashboard was open (docs/performance.md, "A history delta nobody receives"). Not the snapshot: the hub keeps the
-#: last one for the run's summary.
-UNCHECKED_UNHEARD = records.DERIVED_KINDS - {"snapshot"}
 
 
 class Hub:
@@ -77,9 +71,7 @@ class Hub:
         self.out = Publication(self.pub)
         # A log already written goes on: a resumed run, a finished run reopened by tm import.
         self.seq = after_seq
-        self.received = 0
-        self.malformed = 0
-        self.unknown = 0
+        self.received = self.malformed = self.unknown = 0
         self.last_malformed: str | None = None  # why the last malformed record was refused, in one line
         self.kinds: dict[str, int] = {}
         # Step records per rank, [steps, skipped]: the run's steps are its lowest rank's (rank 0 on the job's first
@@ -340,9 +332,9 @@ class Hub:
             return True
         self.received += 1
         if checked is None:
-            unheard = records.leading_kind(payload)
-            if unheard in UNCHECKED_UNHEARD and not self.out.listening(unheard):
-                return self._unheard(unheard)
+            if (unheard := self.out.unheard(payload)) is not None:  # Publication.unheard: never read
+                self.seq, self.kinds[unheard] = self.seq + 1, self.kinds.get(unheard, 0) + 1
+                return True
             block = block_intake.typed_block(payload)
             if block is not None:
                 return self._accept_block(payload, block, None, node_host)
@@ -371,13 +363,6 @@ class Hub:
         self._observe(kind, data, node_host is not None)
         if self.forwarder is not None and kind not in NOT_FORWARDED:
             self.forwarder.put(payload)
-        return True
-
-    def _unheard(self, kind: str) -> bool:
-        """A derived record no subscriber receives now (``UNCHECKED_UNHEARD``): numbered and counted as if published,
-        so that neither depends on who listens, and otherwise dropped unread."""
-        self.seq += 1
-        self.kinds[kind] = self.kinds.get(kind, 0) + 1
         return True
 
     def _accept_block(
@@ -468,9 +453,8 @@ class Hub:
 
     def _note_dropped(self, key: str, dropped: object) -> None:
         """Keep a producer's drop count from a record's header (the last one it sent is authoritative)."""
-        if isinstance(dropped, int):
-            if dropped or key in self.dropped:
-                self.dropped[key] = dropped
+        if isinstance(dropped, int) and (dropped or key in self.dropped):
+            self.dropped[key] = dropped
 
     def _observe_block(self, block: records.Block, remote: bool) -> None:
         """A block's counts, as its rows would have made them one by one; from its letters, never row by row."""

@@ -22,6 +22,12 @@ _SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _SEND_LAST = int(zmq.NOBLOCK)
 _send_frame = zmq.backend.Socket.send
 _BLOCK_TOPIC = records.topic("block")
+#: Derived kinds the hub neither decodes nor checks while no subscriber receives them (``Publication.unheard``): never
+#: written or forwarded, so read by no one. The engine's history delta, mostly: a tight loop's are 225 KB a second,
+#: whose check (a decode to Python objects, then a typed one) took the hub 1 ms, against 1 µs for a look at its tag,
+#: while no dashboard was open (docs/performance.md, "A history delta nobody receives"). Not the snapshot: the hub
+#: keeps the last one for the run's summary.
+UNREAD_WHEN_UNHEARD = records.DERIVED_KINDS - {"snapshot"}
 
 
 class Publication:
@@ -58,6 +64,15 @@ class Publication:
         """Whether a subscriber receives records of this kind now (so publishing one is worth waiting for)."""
         topic = records.topic(kind)
         return any(topic.startswith(prefix) for prefix in list(self.topics))
+
+    def unheard(self, payload) -> str | None:
+        """The kind of a record of ``UNREAD_WHEN_UNHEARD`` that no subscriber receives now, read from its tag alone (a
+        look, not a check: the hub numbers and counts it as if published, so that neither depends on who listens, and
+        drops it unread); None for any other record."""
+        kind = records.leading_kind(payload)
+        if kind in UNREAD_WHEN_UNHEARD and not self.listening(kind):
+            return kind
+        return None
 
     def publish(self, kind: str, payload, seq: int) -> None:
         """Add the record numbered ``seq`` to the group, or send the group and start the next one with it. An empty
