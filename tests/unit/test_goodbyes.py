@@ -40,13 +40,19 @@ def test_steps_handed_to_the_bus_that_never_arrived_are_said_apart(tmp_path, mon
 def test_nothing_open_nothing_lost(tmp_path, monkeypatch):
     _page(tmp_path, monkeypatch, counted=500, handed=500)
     assert steps_lost(KEY, tmp_path, {KEY: 500}) == "lost 0 of the 500 steps it counted (0 flush windows); "
+    # The notice says no window was lost where none was open (it said "its last flush window was lost" after "0 flush
+    # windows"): what it may have queued since, records other than steps, is all it can have lost
+    (notice,) = lost_windows([KEY], lambda line: None, tmp_path, {KEY: 500})
+    assert "(0 flush windows); what it queued after its last flush was lost" in notice.message
+    assert "window was lost" not in notice.message
 
 
 def test_without_a_page_the_notice_says_the_window_alone(tmp_path):
     said: list[str] = []
     (notice,) = lost_windows([KEY], said.append, tmp_path, {})
     assert notice.topic == "agent.lost_window" and said == [notice.message]
-    assert "lost " not in notice.message.split(":")[1] and "its last flush window was lost" in notice.message
+    assert "lost " not in notice.message.split(":")[1]
+    assert "what it queued after its last flush was lost, at most" in notice.message
     assert (
         steps_lost(f"agent@another-host:{os.getpid()}", tmp_path, {}) == ""
     )  # another host's page is not here

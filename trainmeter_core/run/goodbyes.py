@@ -1,5 +1,5 @@
 """The agents' goodbyes at a run's end: which producer may still say goodbye (its process lives, or it is on another
-host), and a notice for each that never will, because its last flush window was lost with its process.
+host), and a notice for each that never will, because what it queued after its last flush was lost with its process.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def lost_windows(
         source, _, where = key.partition("@")
         line = (
             f"{source} of pid {where.rpartition(':')[2]} ended without saying goodbye (killed, or gone without "
-            f"running atexit): {steps_lost(key, step_pages, received_steps or {})}its last flush window was lost, "
-            f"at most {float(window_s) * 1000:.0f} ms or {window_records} of its records"
+            f"running atexit): {steps_lost(key, step_pages, received_steps or {})}what it queued after its last flush "
+            f"was lost, at most {float(window_s) * 1000:.0f} ms or {window_records} of its records"
         )
         say(line)
         notices.append(
