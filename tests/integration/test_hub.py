@@ -542,6 +542,20 @@ def test_a_history_delta_nobody_receives_is_numbered_and_counted_unread_and_chec
     assert [r["seq"] for r in log_records(tmp_path) if r["kind"] == "step"] == [3]
 
 
+def test_a_derived_record_from_a_job_node_is_refused_though_nobody_listens(short_dir):
+    hub = Hub(f"ipc://{short_dir}/in", f"ipc://{short_dir}/out", None)
+    delta = records.encode(records.HistoryDelta(incarnation="e1", n=1, host="node2"))
+    try:
+        # Taken in the hub's own thread's place before it starts: a node never sends a derived kind (NOT_FORWARDED)
+        assert hub._accept(delta, node_host="node2") is False
+        assert (hub.malformed, hub.kinds.get("history")) == (1, None)
+        assert hub._accept(delta) is True  # the hub's own node's, nobody listening: counted, never read
+        assert (hub.malformed, hub.kinds.get("history"), hub.seq) == (1, 1, 1)
+    finally:
+        hub.start()
+        hub.finish(END)
+
+
 def test_leading_kind_reads_a_records_tag_from_its_first_bytes_and_nothing_else():
     assert records.leading_kind(records.encode(records.HistoryDelta(incarnation="e", n=1))) == "history"
     assert records.leading_kind(records.encode(records.HistoryRequest())) == "history.request"

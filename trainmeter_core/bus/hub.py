@@ -332,8 +332,8 @@ class Hub:
             return True
         self.received += 1
         if checked is None:
-            if (unheard := self.out.unheard(payload)) is not None:  # Publication.unheard: never read
-                self.seq, self.kinds[unheard] = self.seq + 1, self.kinds.get(unheard, 0) + 1
+            if node_host is None and (unread := self.out.unheard(payload)) is not None:
+                self.seq, self.kinds[unread] = self.seq + 1, self.kinds.get(unread, 0) + 1
                 return True
             block = block_intake.typed_block(payload)
             if block is not None:

@@ -68,7 +68,8 @@ class Publication:
     def unheard(self, payload) -> str | None:
         """The kind of a record of ``UNREAD_WHEN_UNHEARD`` that no subscriber receives now, read from its tag alone (a
         look, not a check: the hub numbers and counts it as if published, so that neither depends on who listens, and
-        drops it unread); None for any other record."""
+        drops it unread); None for any other record. The hub asks for its own node's records only: a node of a job
+        never sends a derived kind, and the job hub refuses one it sends."""
         kind = records.leading_kind(payload)
         if kind in UNREAD_WHEN_UNHEARD and not self.listening(kind):
             return kind
