@@ -89,9 +89,8 @@ class Scenario:
                 # steps the time split counts): the loop emitted `stopped_at` after its last step, and the log says
                 # when it has it
                 wait_for(lambda: _logged(run, stop), timeout_s=30, what=f"step {stop} in the log")
-                os.kill(
-                    tm.pid, signal.SIGTERM
-                )  # tm passes it on to the training and writes the attempt's end
+                # tm passes it on to the training and writes the attempt's end
+                os.kill(tm.pid, signal.SIGTERM)
                 assert tm.wait(60) == 128 + signal.SIGTERM
                 stopped.unlink()
         finally:
