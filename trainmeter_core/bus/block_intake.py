@@ -13,17 +13,12 @@ class _KnownBlock(records.Block, forbid_unknown_fields=True):
 
 
 _typed_block_decoder = msgspec.msgpack.Decoder(_KnownBlock, ext_hook=records.reject_extension)
-# A block as msgspec writes one, its tag first, in a map of 16 fields or more (map16) or of fewer (fixmap).
-_BLOCK_TAG = b"\xa4kind\xa5block"
 
 
 def looks_like_block(payload) -> bool:
-    """Whether a payload starts as msgspec writes a block: its tag first (a cheap look at a few bytes)."""
-    head = bytes(memoryview(payload)[:14])
-    first = head[:1]
-    if first == b"\xde":
-        return head[3:14] == _BLOCK_TAG
-    return b"\x80" <= first <= b"\x8f" and head[1:12] == _BLOCK_TAG
+    """Whether a payload starts as msgspec writes a block: its tag first (``records.leading_kind``, a look at a few
+    bytes)."""
+    return records.leading_kind(payload) == "block"
 
 
 def typed_block(payload) -> records.Block | None:
