@@ -61,6 +61,9 @@ class Scenario:
         self.env = dict(tm_env, TM_RUNS_DIR=str(self.folder / "runs"), TM_DISABLE_COMPONENTS="web")
         self.sleeps = sleeps
         self.gaps_s: list[float] = []
+        self.ends_s: list[
+            dict[str, float]
+        ] = []  # each attempt's summary.json tm_end_s: where a slow end's time went
         self.run: Path | None = None
         self._ended_t: float | None = None
 
@@ -99,6 +102,7 @@ class Scenario:
                 tm.wait()
         self._ended_t = time.monotonic()
         self.run = only_run(Path(self.env["TM_RUNS_DIR"]))
+        self.ends_s.append(json.loads((self.run / "summary.json").read_text())["tm_end_s"])
 
 
 def injected_s(with_sleeps: Scenario) -> dict[str, float]:
@@ -197,7 +201,8 @@ def test_each_bucket_is_the_time_injected_into_it_plus_the_control_runs_and_they
         f"  down, each gap's time added by tm: {sleeps_added_s:.3f} s (median), the controls' {controls_added_s:.3f} s"
     )
     print(f"    ({added_s})")
-    assert sleeps_added_s == pytest.approx(controls_added_s, abs=0.5 / len(STOPS)), added_s
+    ends_s = {name: scenario.ends_s for name, scenario in scenarios.items()}
+    assert sleeps_added_s == pytest.approx(controls_added_s, abs=0.5 / len(STOPS)), (added_s, ends_s)
     # every other bucket checked, every one that is off named at once (with the sleeps, injected, control)
     off = {
         bucket: numbers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -154,3 +155,28 @@ def test_a_component_that_returns_on_its_own_is_stopped_not_restarted(tm_env, tm
     # Its process exited by itself while the run went on (the supervisor saw exit code 0), not at the run's end: the
     # process's main thread is woken by its last component's end (it looked every 0.5 s before; never sleeps 60 s)
     assert said[-1].get("exit_code") == 0, said[-1]
+
+
+@pytest.mark.xdist_group("heavy")
+def test_a_component_process_that_does_not_stop_is_killed_said_and_its_wait_timed(tm_env, tmp_path):
+    # A component process that ignores the stop (here: stopped with SIGSTOP, so SIGTERM waits; only SIGKILL ends it)
+    # holds tm's exit for the supervisor's 3 s, which a scheduler's kill waits for: tm says so, and the summary's
+    # tm_end_s puts the time in its stage.
+    env = dict(tm_env, TM_DISABLE_COMPONENTS="web")
+    proc = subprocess.Popen(
+        [TM, "--", sys.executable, LOOP, "30", "0.05", str(tmp_path / "done")],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = tmp_path / "runs"
+    run = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run directory")
+    pid = wait_for(lambda: first_pid(live_log(run), "components"), what="the components process")
+    os.kill(pid, signal.SIGSTOP)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "tm: the components process (" in stderr, stderr
+    assert "did not stop within 3 s of SIGTERM and was killed" in stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["tm_end_s"]["components"] == pytest.approx(3.0, abs=0.5), summary["tm_end_s"]
+    assert "tm: ending the run took " in stderr and "components 3." in stderr, stderr

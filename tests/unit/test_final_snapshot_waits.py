@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainmeter_core.run import final_snapshot
+from trainmeter_core.run import end_times, final_snapshot
 
 
 class Hub:
@@ -32,9 +32,15 @@ def components(*names: str):
     return SimpleNamespace(placements=[SimpleNamespace(components=list(names))])
 
 
-def wait(hub: Hub, tm_status: int):
+def wait(hub: Hub, tm_status: int, said: list[str] | None = None, times: end_times.EndTimes | None = None):
     return final_snapshot.final_with_components(
-        components("engine", "alerts"), hub, None, None, print, tm_status
+        components("engine", "alerts"),
+        hub,
+        None,
+        None,
+        print if said is None else said.append,
+        tm_status,
+        times or end_times.EndTimes(),
     )
 
 
@@ -50,6 +56,7 @@ def naps(monkeypatch):
 
     monkeypatch.setattr(final_snapshot.time, "sleep", sleep)
     monkeypatch.setattr(final_snapshot.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(end_times.time, "monotonic", lambda: now[0])
     return slept
 
 
@@ -65,8 +72,15 @@ def test_once_the_alerts_component_is_done_nothing_is_waited_for(naps, topics):
 
 def test_with_the_alerts_component_listening_and_not_done_it_waits_until_its_deadline_and_no_longer(naps):
     hub = Hub(done=set(), topics={"snapshot"})
-    wait(hub, 143)
+    said: list[str] = []
+    times = end_times.EndTimes()
+    wait(hub, 143, said, times)
     assert sum(naps) == pytest.approx(final_snapshot.DIED_ALERT_WAIT_S, abs=0.05)
+    # The wait is timed as its own stage of the end, and said: an end that long is paid for by a scheduler's kill
+    assert times.seconds["alerts done"] == pytest.approx(final_snapshot.DIED_ALERT_WAIT_S, abs=0.05)
+    assert said == ["the alerts component did not act on the final snapshot within 3 s"]
+    assert times.slow_line().startswith("ending the run took 3.0")
+    assert "alerts done 3.0" in times.slow_line()
 
 
 def test_a_run_that_ended_well_waits_for_no_alert(naps):

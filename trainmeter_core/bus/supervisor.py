@@ -201,8 +201,10 @@ class Supervisor:
         placement.restarts += 1
         self._spawn(placement, "restarted")
 
-    def stop(self, timeout_s: float = 3.0) -> None:
-        """Ask every component process to stop (SIGTERM), wait a little, then kill what is left."""
+    def stop(self, timeout_s: float = 3.0) -> list[str]:
+        """Ask every component process to stop (SIGTERM), wait a little, then kill what is left; returns a line for
+        each process killed so."""
+        killed: list[str] = []
         self._stopping.set()
         try:
             os.write(self._wake_w, b"s")
@@ -226,9 +228,14 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     placement.popen.kill()
                     placement.popen.wait()
+                    killed.append(
+                        f"the {placement.process} process ({', '.join(placement.components)}) did not stop within "
+                        f"{timeout_s:g} s of SIGTERM and was killed"
+                    )
                 _close_stdin(placement.popen)
                 self._announce(placement, "stopped", child_pid=placement.popen.pid)
         self._thread.join(2.0)
+        return killed
 
 
 def _close_stdin(popen: subprocess.Popen) -> None:

@@ -27,6 +27,7 @@ from trainmeter_core.run.child import (
     resolve_command,
 )
 from trainmeter_core.run.component_start import start_components
+from trainmeter_core.run.end_times import EndTimes
 from trainmeter_core.run.final_snapshot import final_snapshot, final_with_components
 from trainmeter_core.run.goodbyes import lost_windows, may_still_say_bye
 from trainmeter_core.run.identity import (
@@ -299,23 +300,29 @@ class Launch:
         """run.end, the final snapshot, the summary, the passport and the summary line; returns tm's exit status."""
         tm_status, reason, code, sig = exit_status(status)
         elapsed_s = time.monotonic() - self.start_t
-        self.hub.end(
-            records.RunEnd(
-                status=tm_status,
-                reason=reason,  # type: ignore[arg-type]
-                exit_code=code,
-                signal=sig,
-                signal_name=signal.Signals(sig).name if sig else None,
-                elapsed_s=elapsed_s,
-                steps=self.hub.steps,
-                source="launcher",
-            ),
-            before_end=lambda open_producers: lost_windows(
-                open_producers, self.say, self.step_pages, self.hub.producer_steps, self.child.env
-            ),
+        end = records.RunEnd(
+            status=tm_status,
+            reason=reason,  # type: ignore[arg-type]
+            exit_code=code,
+            signal=sig,
+            signal_name=signal.Signals(sig).name if sig else None,
+            elapsed_s=elapsed_s,
+            steps=self.hub.steps,
+            source="launcher",
         )
-        self._finish_forwarding()
-        snapshot = self._stop(tm_status)
+        times = (
+            EndTimes()
+        )  # summary.json's tm_end_s: what tm's own end takes, which a scheduler's kill waits for
+        with times.stage("run.end"):
+            self.hub.end(
+                end,
+                before_end=lambda open_producers: lost_windows(
+                    open_producers, self.say, self.step_pages, self.hub.producer_steps, self.child.env
+                ),
+            )
+        with times.stage("forwarding to the job hub"):
+            self._finish_forwarding()
+        snapshot = self._stop(tm_status, times)
         summary = write_summary(
             self.run_dir,
             self.hub,
@@ -328,7 +335,11 @@ class Launch:
             self.start_wall,
             snapshot,
             attempt=self.attempt,
+            end_s=times.seconds,
         )
+        slow = times.slow_line()
+        if slow is not None:
+            self.say(slow)
         write_passport(self.run_dir, snapshot, self.say)
         # The price the run was given (handed to the components alone) prices the end's line: printed, never stored.
         price = money.from_environ(self.opts.component_env)
@@ -347,20 +358,26 @@ class Launch:
                 always=True,
             )
 
-    def _stop(self, tm_status: int) -> records.Snapshot | None:
-        """Stop the components, the hub and the recorder, give the signals back; returns the final snapshot."""
+    def _stop(self, tm_status: int, times: EndTimes) -> records.Snapshot | None:
+        """Stop the components, the hub and the recorder, give the signals back; returns the final snapshot. Each
+        stage's time goes into ``times``; a component process killed for not stopping is said."""
         snapshot = None
         if self.supervisor is not None:
             snapshot = final_with_components(
-                self.supervisor, self.hub, self.recorder, self.run_dir, self.say, tm_status
+                self.supervisor, self.hub, self.recorder, self.run_dir, self.say, tm_status, times
             )
-            self.supervisor.stop()
-        self.hub.stop()
-        self.recorder.close()
+            with times.stage("components"):
+                for line in self.supervisor.stop():
+                    self.say(line, always=True)
+        with times.stage("hub"):
+            self.hub.stop()
+        with times.stage("recorder"):
+            self.recorder.close()
         for signum, handler in self.previous_handlers.items():
             signal.signal(signum, handler)
         if snapshot is None:
-            snapshot = final_snapshot(self.run_dir, self.hub, self.say)
+            with times.stage("final snapshot"):
+                snapshot = final_snapshot(self.run_dir, self.hub, self.say)
         return snapshot
 
 

@@ -43,11 +43,13 @@ def write_summary(
     start_wall,
     snapshot: records.Snapshot | None = None,
     attempt: int = 1,
+    end_s: dict[str, float] | None = None,
 ) -> dict:
     """``summary.json``: the last snapshot (once there is an engine) merged with the launcher's own counters.
 
     A resumed run's summary counts the run's steps (every attempt's, each step once) and lists its attempts; its
-    elapsed time, exit and bus counters are this attempt's."""
+    elapsed time, exit and bus counters are this attempt's. ``end_s``: the seconds each stage of tm's own end took
+    after the command ended (``run/end_times.py``), as ``tm_end_s``."""
     attempts = [] if snapshot is None else [records.to_builtins(a) for a in snapshot.attempts]
     summary = {
         "state": "finished",
@@ -58,6 +60,7 @@ def write_summary(
         "start_wall": start_wall,
         "end_wall": time.time(),
         "elapsed_s": elapsed_s,
+        **({"tm_end_s": {stage: round(s, 4) for stage, s in end_s.items()}} if end_s is not None else {}),
         "steps": snapshot.steps if attempts else hub.steps,
         "skipped_steps": hub.skipped_steps,
         "records": dict(sorted(hub.kinds.items())),
