@@ -310,9 +310,8 @@ class Launch:
             steps=self.hub.steps,
             source="launcher",
         )
-        times = (
-            EndTimes()
-        )  # summary.json's tm_end_s: what tm's own end takes, which a scheduler's kill waits for
+        # summary.json's tm_end_s: what tm's own end takes, which a scheduler's kill waits for
+        times = EndTimes()
         with times.stage("run.end"):
             self.hub.end(
                 end,
@@ -320,8 +319,9 @@ class Launch:
                     open_producers, self.say, self.step_pages, self.hub.producer_steps, self.child.env
                 ),
             )
-        with times.stage("forwarding to the job hub"):
-            self._finish_forwarding()
+        if self.hub.forwarder is not None:
+            with times.stage("forwarding to the job hub"):
+                self._finish_forwarding()
         snapshot = self._stop(tm_status, times)
         summary = write_summary(
             self.run_dir,
