@@ -149,7 +149,10 @@ def test_an_idle_writer_sleeps_and_a_record_put_wakes_it(tmp_path, monkeypatch):
         elapsed = time.monotonic() - started
         assert recorder.flush(timeout_s=30.0) and recorder.flushed_seq == 2001
         streamed = _wakes(recorder._thread) - before
-        assert streamed <= 2 * (elapsed / recorder_mod.BATCH_S) + 10, (streamed, elapsed)
+        # Each batch is two sleeps of the writer (its wait for the queue, then BATCH_S for more to come), and on a busy
+        # machine a wait for the GIL or the disk now and then, each a voluntary switch too: 141 against a bound of 2
+        # per batch (129) in one CI run. A writer woken for each record would switch at least 2,000 times here.
+        assert streamed <= 4 * (elapsed / recorder_mod.BATCH_S) + 10, (streamed, elapsed)
     finally:
         recorder.close()
     assert [r.step for r in read_log(tmp_path)] == list(range(1, 2002))
