@@ -180,3 +180,43 @@ def test_a_component_process_that_does_not_stop_is_killed_said_and_its_wait_time
     summary = json.loads((run / "summary.json").read_text())
     assert summary["tm_end_s"]["components"] == pytest.approx(3.0, abs=0.5), summary["tm_end_s"]
     assert "tm: ending the run took " in stderr and "components 3." in stderr, stderr
+
+
+@pytest.mark.xdist_group("heavy")
+def test_a_component_that_ignores_the_stop_is_named_with_where_it_was_before_its_process_ends(
+    tm_env, tmp_path
+):
+    # A plugin's component that never looks at ctx.stopping: its process waits for it 2.5 s, then says which
+    # component it was and where, and ends without it, before the supervisor's kill at 3 s (which would say nothing
+    # of where).
+    from test_plugins import fake_distribution
+
+    site = tmp_path / "site"
+    fake_distribution(
+        site,
+        "tm-stubborn",
+        "[trainmeter]\nstubborn = tm_stubborn\n",
+        "import time\n\n"
+        "from trainmeter_core.api import hookimpl\n\n"
+        "class Stubborn:\n"
+        "    name = 'stubborn'\n"
+        "    subscribes = ()\n"
+        "    shared = False\n\n"
+        "    def run(self, ctx):\n"
+        "        while True:\n"
+        "            time.sleep(0.05)\n\n"
+        "@hookimpl\n"
+        "def trainmeter_components():\n"
+        "    return [Stubborn]\n",
+    )
+    env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
+    result = run_tm(["--", sys.executable, "-c", "import time; time.sleep(2)"], env)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "component stubborn did not stop" in line]
+    assert len(said) == 1, result.stderr
+    assert "within 2.5 s of the stop" in said[0] and "tm_stubborn.py:" in said[0] and " in run" in said[0], (
+        said
+    )
+    assert "was killed" not in result.stderr, result.stderr
+    ended_s = json.loads((only_run(tmp_path / "runs") / "summary.json").read_text())["tm_end_s"]["components"]
+    assert 2.3 < ended_s < 2.95, ended_s

@@ -21,6 +21,9 @@ from trainmeter_core.model import records
 from trainmeter_core.run.child import lower_own_priority
 
 THREAD_BACKOFF_MAX_S = 10.0
+#: How long the stop waits for the components' threads, all together: less than the supervisor's 3 s before it kills
+#: the process, so that a component that does not stop is named, with where it was, before its process ends.
+STOP_JOIN_S = 2.5
 #: The main thread's longest sleep between looks at its components' threads (each one's end wakes it at once).
 WATCH_EVERY_S = 60.0
 
@@ -135,9 +138,32 @@ def main(argv: list[str] | None = None) -> int:
             break
         changed.wait(WATCH_EVERY_S)
     stopping.set()
+    deadline = time.monotonic() + STOP_JOIN_S
     for thread in threads:
-        thread.join(5.0)
+        thread.join(max(0.0, deadline - time.monotonic()))
+    say_stuck([thread for thread in threads if thread.is_alive()])
     return 0
+
+
+def say_stuck(threads: list[threading.Thread]) -> None:
+    """One line for each component thread still running at the stop's end: its name and its innermost frames (a
+    component's thread is named ``tm-<component>``). Its process then exits without it."""
+    frames = sys._current_frames()
+    for thread in threads:
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        where = []
+        while frame is not None and len(where) < 3:
+            where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+            frame = frame.f_back
+        name = thread.name.removeprefix("tm-")
+        try:
+            sys.stderr.write(
+                f"tm: component {name} did not stop within {STOP_JOIN_S:g} s of the stop and ends with its "
+                f"process; it was at {' <- '.join(where) or 'an unknown place'}\n"
+            )
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
 
 
 if __name__ == "__main__":
