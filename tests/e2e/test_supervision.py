@@ -125,26 +125,7 @@ def test_kill_9_of_the_launcher_leaves_the_training_running_and_the_run_lost(tm_
 def test_a_component_that_returns_on_its_own_is_stopped_not_restarted(tm_env, tmp_path):
     # A plugin's component with nothing to do (a sink without its setting, say) returns at once: its process exits 0.
     # That is a finish, said once as "stopped", not a crash to restart with backoff until the run ends.
-    from test_plugins import fake_distribution
-
-    site = tmp_path / "site"
-    fake_distribution(
-        site,
-        "tm-done-early",
-        "[trainmeter]\ndone_early = tm_done_early\n",
-        "from trainmeter_core.api import hookimpl\n\n"
-        "class DoneEarly:\n"
-        "    name = 'done-early'\n"
-        "    subscribes = ()\n"
-        "    shared = False\n\n"
-        "    def run(self, ctx):\n"
-        "        return\n\n"
-        "@hookimpl\n"
-        "def trainmeter_components():\n"
-        "    return [DoneEarly]\n",
-    )
-    env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
-    result = run_tm(["--", sys.executable, "-c", "import time; time.sleep(3)"], env)
+    result = _run_beside_a_plugin_component(tm_env, tmp_path, "done-early", "        return\n", sleep_s=3)
     assert result.returncode == 0, result.stderr
     said = [
         r
@@ -189,28 +170,8 @@ def test_a_component_that_ignores_the_stop_is_named_with_where_it_was_before_its
     # A plugin's component that never looks at ctx.stopping: its process waits for it 2.5 s, then says which
     # component it was and where, and ends without it, before the supervisor's kill at 3 s (which would say nothing
     # of where).
-    from test_plugins import fake_distribution
-
-    site = tmp_path / "site"
-    fake_distribution(
-        site,
-        "tm-stubborn",
-        "[trainmeter]\nstubborn = tm_stubborn\n",
-        "import time\n\n"
-        "from trainmeter_core.api import hookimpl\n\n"
-        "class Stubborn:\n"
-        "    name = 'stubborn'\n"
-        "    subscribes = ()\n"
-        "    shared = False\n\n"
-        "    def run(self, ctx):\n"
-        "        while True:\n"
-        "            time.sleep(0.05)\n\n"
-        "@hookimpl\n"
-        "def trainmeter_components():\n"
-        "    return [Stubborn]\n",
-    )
-    env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
-    result = run_tm(["--", sys.executable, "-c", "import time; time.sleep(2)"], env)
+    run_body = "        import time\n\n        while True:\n            time.sleep(0.05)\n"
+    result = _run_beside_a_plugin_component(tm_env, tmp_path, "stubborn", run_body, sleep_s=2)
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "component stubborn did not stop" in line]
     assert len(said) == 1, result.stderr
@@ -220,3 +181,29 @@ def test_a_component_that_ignores_the_stop_is_named_with_where_it_was_before_its
     assert "was killed" not in result.stderr, result.stderr
     ended_s = json.loads((only_run(tmp_path / "runs") / "summary.json").read_text())["tm_end_s"]["components"]
     assert 2.3 < ended_s < 2.95, ended_s
+
+
+def _run_beside_a_plugin_component(tm_env, tmp_path, name: str, run_body: str, sleep_s: float):
+    """tm over a command that sleeps ``sleep_s``, with a plugin's component ``name`` (its own process) whose ``run``
+    is ``run_body``, from a distribution ``tm-<name>`` installed in a folder of this test's; the dashboard off."""
+    from test_plugins import fake_distribution
+
+    module = "tm_" + name.replace("-", "_")
+    site = tmp_path / "site"
+    fake_distribution(
+        site,
+        f"tm-{name}",
+        f"[trainmeter]\n{module.removeprefix('tm_')} = {module}\n",
+        "from trainmeter_core.api import hookimpl\n\n"
+        "class Plugged:\n"
+        f"    name = {name!r}\n"
+        "    subscribes = ()\n"
+        "    shared = False\n\n"
+        "    def run(self, ctx):\n"
+        f"{run_body}\n"
+        "@hookimpl\n"
+        "def trainmeter_components():\n"
+        "    return [Plugged]\n",
+    )
+    env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
+    return run_tm(["--", sys.executable, "-c", f"import time; time.sleep({sleep_s})"], env)
