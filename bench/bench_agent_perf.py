@@ -187,24 +187,22 @@ def main() -> None:
                 by_variant[name].append(us_per_iteration(data, iterations))
                 print(f"  round {round_ + 1}, {name}: {iterations} iterations in {args.seconds:g} s")
     symbols = {name: mean(maps) for name, maps in by_variant.items()}
-    libraries = {
-        name: mean([_by_library(m) for m in maps]) for name, maps in by_variant.items()
-    }  # fmt: skip
+    libraries = {name: mean([_by_library(m) for m in maps]) for name, maps in by_variant.items()}
     names = list(runs)
-    plain = libraries["plain"]
     print(f"\nµs an iteration of the loop's thread by library, under perf (means of {args.rounds} rounds):")
     print(
         "  " + "".join(f"{n:>12}" for n in names) + "".join(f"{'+' + n:>12}" for n in names[1:]) + "  library"
     )
+    print(_row({n: sum(libraries[n].values()) for n in names}, names, "all", 1))
+    for lib in sorted(
+        libraries["plain"].keys() | libraries["tm"].keys(), key=lambda k: -libraries["tm"].get(k, 0.0)
+    )[:10]:
+        print(_row({n: libraries[n].get(lib, 0.0) for n in names}, names, lib, 2))
+    whole = {n: sum(libraries[n].values()) for n in names}
     print(
-        "  " + "".join(f"{sum(libraries[n].values()):12.1f}" for n in names)
-        + "".join(f"{sum(libraries[n].values()) - sum(plain.values()):+12.1f}" for n in names[1:]) + "  all"
-    )  # fmt: skip
-    for lib in sorted(plain.keys() | libraries["tm"].keys(), key=lambda k: -libraries["tm"].get(k, 0.0))[:10]:
-        print(
-            "  " + "".join(f"{libraries[n].get(lib, 0.0):12.2f}" for n in names)
-            + "".join(f"{libraries[n].get(lib, 0.0) - plain.get(lib, 0.0):+12.2f}" for n in names[1:]) + f"  {lib}"
-        )  # fmt: skip
+        "  added, of the plain loop: "
+        + ", ".join(f"{n} {(whole[n] - whole['plain']) / whole['plain']:.1%}" for n in names[1:])
+    )
     grown = sorted(
         symbols["tm"].keys() | symbols["plain"].keys(),
         key=lambda k: -(symbols["tm"].get(k, 0.0) - symbols["plain"].get(k, 0.0)),
@@ -221,6 +219,15 @@ def main() -> None:
     torch_cpu = [k for k in symbols["tm"] if k[0].startswith("libtorch_cpu")]
     more = sum(1 for k in torch_cpu if symbols["tm"].get(k, 0.0) > symbols["plain"].get(k, 0.0))
     print(f"\nlibtorch_cpu: {more} of its {len(torch_cpu)} sampled symbols took longer under tm than plain")
+
+
+def _row(values: dict[str, float], names: list[str], label: str, digits: int) -> str:
+    """One line of the library table: each variant's µs, then what each adds to the plain loop's."""
+    plain = values["plain"]
+    cells = [f"{values[n]:12.{digits}f}" for n in names] + [
+        f"{values[n] - plain:+12.{digits}f}" for n in names[1:]
+    ]
+    return "  " + "".join(cells) + f"  {label}"
 
 
 def _by_library(symbols: dict[tuple[str, str], float]) -> dict[str, float]:

@@ -61,9 +61,8 @@ class Scenario:
         self.env = dict(tm_env, TM_RUNS_DIR=str(self.folder / "runs"), TM_DISABLE_COMPONENTS="web")
         self.sleeps = sleeps
         self.gaps_s: list[float] = []
-        self.ends_s: list[
-            dict[str, float]
-        ] = []  # each attempt's summary.json tm_end_s: where a slow end's time went
+        # each attempt's summary.json tm_end_s: where a slow end's time went
+        self.ends_s: list[dict[str, float]] = []
         self.run: Path | None = None
         self._ended_t: float | None = None
 
