@@ -16,6 +16,7 @@ import math
 
 from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical
+from trainmeter_core.model.engine import block_columns
 from trainmeter_core.model.engine.attempts import MARKS_KEPT_MAX, RECENT_MARKS
 from trainmeter_core.model.engine.collectives import ORIGIN as _COLLECTIVES
 from trainmeter_core.model.engine.collectives import take_rank_values
@@ -111,7 +112,12 @@ def take_run(
     ``steady`` said yes for this state and block. Every value the rows change is held in a local while they run and
     stored once at the end (a store into a msgspec Struct costs 40 ns, and the row path makes about forty a step). A
     list whose tail alone is kept (the recent intervals and rates, the resume marks) is cut once at the end, to the
-    tail its cuts one by one would have left."""
+    tail its cuts one by one would have left.
+
+    A steady loop's run (data waits and steps in turn, each step with its loss, every value an ordinary one) is
+    taken column by column instead (``block_columns.take_alternating``), to the same state."""
+    if block_columns.take_alternating(state, derived, history, keeps, block, start, stop, s, p):
+        return
     steps_col, step_t_col, step_time_col, tokens_col = (
         block.step,
         block.step_t,
