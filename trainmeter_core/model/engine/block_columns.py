@@ -175,9 +175,8 @@ def take_alternating(
         # else each step's move is alpha times zero: the average stays as it is, bits and all
         state.interval_ema_s = step_ema if same_intervals else _ema(state.interval_ema_s, intervals, alpha)
         rates.extend(map(truediv, tokens[-STEP_WINDOW:], intervals[-STEP_WINDOW:]))
-        seen = list(
-            accumulate(tokens, add, initial=tokens_seen0)
-        )  # seen[j]: before step j, seen[j + 1] after it
+        # The tokens seen: seen[j] before step j, seen[j + 1] after it
+        seen = list(accumulate(tokens, add, initial=tokens_seen0))
         with_seen = range(with0, with0 + n + 1)
         state.tokens_seen, state.steps_with_tokens = seen[-1], with0 + n
     del recent[:-STEP_WINDOW]
