@@ -215,3 +215,24 @@ def test_a_sample_settled_on_the_spot_adds_what_the_pending_way_adds_pauses_and_
         assert fast["x"].weighted == general["x"].weighted
         assert fast["x"].covered_s == general["x"].covered_s
         assert fast["x"].pending == general["x"].pending
+
+
+def test_a_sample_whose_window_began_before_the_first_step_counts_only_its_part_inside():
+    # Each sample comes after a step later than its end (as a sampler's usually does), so each settles at once;
+    # the third's GPM window [108, 116] began 2 s before the first step (110): 6 s of it count, not 8.
+    run = Run()
+    run.shape("titan")
+    run.gpu(0, "GPU-0")
+    run.device(0, index=0, uuid="GPU-0")
+    samples = [(111.0, 1.0, 0.2), (113.0, 2.0, 0.4), (116.0, 8.0, 0.6)]  # t, GPM window, tensor_active
+    for i in range(21):
+        t = 110.0 + 0.5 * i
+        run.step(t, i + 1, step_time_s=0.5 if i else None, tokens_global=32768)
+        while samples and samples[0][0] < t - 0.25:
+            at, window_s, tensor = samples.pop(0)
+            run.add(sample(at, window_s, tensor_active=tensor, clock_sm_mhz=1830.0, clock_sm_max_mhz=1980.0))
+    run.tick(120.2, 1)
+    run.end(121.0)
+    _, snaps = feed(run.records)
+    # (0.2 × 1 + 0.4 × 2 + 0.6 × 6) / (1 + 2 + 6)
+    assert snaps[-1].metrics["tensor_active"].value == pytest.approx(4.6 / 9, rel=1e-12)

@@ -103,9 +103,23 @@ def take_gpu_sample(
         gpu.gpm_start_t,
     )
     readings = (util_gpu, sm_active, tensor_active, dram_active, power_w, clock_sm_mhz, ofu)
+    end_t = record.t
+    sums = gpu.window
+    # A sampler reads after the steps it covers, in a run without pauses: each reading settles at once, as
+    # training_window.add_sample settles it (written out here: a GPU sample comes to it seven times)
+    at_once = span is not None and end_t <= span.last_t and not span.gaps
     for name, start, value in zip(GPU_WINDOW_FIELDS, starts, readings, strict=True):
-        if value is not None and start is not None:
-            training_window.add_sample(gpu.window, name, start, record.t, value, span)
+        if value is None or start is None:
+            continue
+        window = sums.get(name) if at_once else None
+        if window is None or window.pending or not start < end_t:
+            training_window.add_sample(sums, name, start, end_t, value, span)
+            continue
+        first_t = span.first_t  # type: ignore[union-attr]  # at_once: a span
+        overlap = end_t - (start if start >= first_t else first_t)
+        if overlap > 0:
+            window.weighted += value * overlap
+            window.covered_s += overlap
     return values
 
 
