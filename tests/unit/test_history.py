@@ -141,21 +141,23 @@ def test_merging_raw_points_equals_merging_them_as_buckets_of_one_bit_for_bit():
     import random
     from array import array
 
-    from trainmeter_core.model.history import _merge_into
+    from trainmeter_core.model.history import _merge_into, _merge_raw
 
     rng = random.Random(20261201)
     specials = [math.nan, math.inf, -math.inf, -0.0, 0.0, 1e308, -1e-308]
     for _ in range(200):
-        n = rng.randrange(1, 80)
+        group = rng.choice([2, 3, 16])
+        n = group * rng.randrange(1, 20)
         values = [rng.choice(specials) if rng.random() < 0.2 else rng.uniform(-1e3, 1e3) for _ in range(n)]
-        axes = [[rng.choice([math.nan, float(i)]) for i in range(n)] for _ in range(4)]
+        # An axis NaN here and there (a bucket's x then looked for), or never (each bucket's newest point's x)
+        nans = [rng.random() < 0.5 for _ in range(4)]
+        axes = [[rng.choice([math.nan, float(i)]) if nan else float(i) for i in range(n)] for nan in nans]
         raw = [array("d", column) for column in axes] + [array("d", values)]
         as_buckets = raw + [array("d", values), array("d", values), array("d", [1.0] * n)]
-        group = rng.choice([2, 3, 16])
         merged_raw = [array("d") for _ in range(8)]
         merged_buckets = [array("d") for _ in range(8)]
-        _merge_into(merged_raw, raw, 0, n, group, raw=True)
-        _merge_into(merged_buckets, as_buckets, 0, n, group, raw=False)
+        _merge_raw(merged_raw, raw, n, group)
+        _merge_into(merged_buckets, as_buckets, 0, n, group)
         assert [column.tobytes() for column in merged_raw] == [column.tobytes() for column in merged_buckets]
 
 

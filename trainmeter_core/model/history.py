@@ -25,6 +25,7 @@ _AXIS_INDEX = {axis: i for i, axis in enumerate(X_AXES)} | {
     old: X_AXES.index(new) for old, new in AXIS_ALIASES.items()
 }
 _NAN = math.nan
+_isnan = math.isnan
 # A tier spills this many of its buckets-to-be at a time, so the array moves are rare and the bound stays tight.
 _SPILL_GROUPS = 16
 
@@ -154,11 +155,14 @@ class History:
         if tier + 1 == self._n_tiers:
             # The last tier has nowhere to spill: it merges all its buckets pairwise and so halves itself.
             merged = [array("d") for _ in range(8)]
-            _merge_into(merged, source, 0, len(source[4]), 2, raw=False)
+            _merge_into(merged, source, 0, len(source[4]), 2)
             entry.tiers[tier] = merged
             return
         target = entry.tiers[tier + 1]
-        _merge_into(target, source, 0, chunk, self._merge, raw=tier == 0)
+        if tier == 0:
+            _merge_raw(target, source, chunk, self._merge)
+        else:
+            _merge_into(target, source, 0, chunk, self._merge)
         for column in source:
             del column[:chunk]
         if len(target[4]) > self._capacity:
@@ -275,10 +279,61 @@ class NoHistory(History):
         raise ValueError("this engine kept no history (NoHistory): its state is no checkpoint")
 
 
-def _merge_into(
-    target: list[array], source: list[array], start: int, stop: int, group: int, *, raw: bool
-) -> None:
-    """Merge source entries [start, stop) in groups of ``group`` and append one bucket per group to ``target``."""
+def _merge_raw(target: list[array], source: list[array], stop: int, group: int) -> None:
+    """Merge the raw points [0, stop) of a tier (``stop`` a multiple of ``group``) in groups of ``group``: the very
+    buckets ``_merge_into`` makes of them as buckets of one (count 1, min = max = value), without building each.
+
+    Each axis at once where it can be: a bucket's x is its newest point's (a slice with a step picks them all)
+    unless one of those is NaN, and then that axis goes group by group. Each group's sum in C, in order (``reduce``,
+    not ``sum``, which compensates from Python 3.12 on; v × 1.0 is v exactly); where it is a number no value is NaN,
+    and min and max (in C) pick what the bucket loop picks, the first of equals included. Where it is NaN, the loop
+    does it all again: which NaN a sum of two NaNs keeps depends on the code that adds them (the interpreter's own
+    float add and ``operator.add`` differ), and the bucket merge's loop is the one to match, bit for bit."""
+    groups = range(0, stop, group)
+    for axis in range(4):
+        column = source[axis]
+        newest = column[group - 1 : stop : group]
+        if any(map(_isnan, newest)):
+            for first in groups:
+                x = _NAN
+                for i in range(first + group - 1, first - 1, -1):
+                    if column[i] == column[i]:
+                        x = column[i]
+                        break
+                target[axis].append(x)
+        else:
+            target[axis].extend(newest)
+    values = source[4][
+        :stop
+    ].tolist()  # each value a float object once, not once for each of sum, min and max
+    means, lows, highs = [], [], []
+    count = float(group)
+    for first in groups:
+        chunk = values[first : first + group]
+        total = _reduce(_add, chunk, 0.0)
+        if total == total:
+            low, high = min(chunk), max(chunk)
+        else:
+            total, low, high = 0.0, _NAN, _NAN
+            for v in chunk:
+                total += v
+                if v == v:
+                    if not v >= low:
+                        low = v
+                    if not v <= high:
+                        high = v
+        means.append(total / count)
+        lows.append(low)
+        highs.append(high)
+    target[4].extend(means)
+    target[5].extend(lows)
+    target[6].extend(highs)
+    target[7].extend([count] * len(groups))
+
+
+def _merge_into(target: list[array], source: list[array], start: int, stop: int, group: int) -> None:
+    """Merge the buckets [start, stop) of a tier in groups of ``group`` and append one bucket per group to
+    ``target`` (the raw tier's points: ``_merge_raw``)."""
     for first in range(start, stop, group):
         last = min(first + group, stop)
         for axis in range(4):
@@ -296,36 +351,14 @@ def _merge_into(
         high = _NAN
         values = source[4]
         # NaN never wins a comparison, so a NaN loss stays out of min/max yet still shows in the mean.
-        if raw:
-            # A raw point is its own bucket of one (v × 1.0 is v exactly): the same sums, without building each. The
-            # sum in C, in order (``reduce``, not ``sum``, which compensates from Python 3.12 on); where it is a number
-            # no value is NaN, and min and max (in C) pick what the loop below picks, the first of equals included.
-            # Where it is NaN, the loop does it all again: which NaN a sum of two NaNs keeps depends on the code that
-            # adds them (the interpreter's own float add and ``operator.add`` differ), and the bucket merge's loop is
-            # the one to match, bit for bit.
-            chunk = values[first:last]
-            total = _reduce(_add, chunk, 0.0)
-            if total == total:
-                low, high = min(chunk), max(chunk)
-            else:
-                total = 0.0
-                for v in chunk:
-                    total += v
-                    if v == v:
-                        if not v >= low:
-                            low = v
-                        if not v <= high:
-                            high = v
-            count = float(last - first)
-        else:
-            for i in range(first, last):
-                n, v, lo, hi = source[7][i], values[i], source[5][i], source[6][i]
-                total += v * n
-                count += n
-                if lo == lo and not lo >= low:
-                    low = lo
-                if hi == hi and not hi <= high:
-                    high = hi
+        for i in range(first, last):
+            n, v, lo, hi = source[7][i], values[i], source[5][i], source[6][i]
+            total += v * n
+            count += n
+            if lo == lo and not lo >= low:
+                low = lo
+            if hi == hi and not hi <= high:
+                high = hi
         target[4].append(total / count)
         target[5].append(low)
         target[6].append(high)
