@@ -1,10 +1,11 @@
 """A steady loop's runs taken column by column (``model/engine/block_columns.py``) leave the state, history included,
 byte for byte as their rows fed one by one leave it: over random steady runs (data waits of zero length among them,
-losses of 0.0, -0.0 and 1e300, every way of counting tokens, a data-parallel degree, runs long enough that the resume
-marks are cut inside one block, blocks of every length), and over the same runs with one thing in them that the
-columns do not take (a NaN loss, a step without its loss or its interval, an absurd token count, a data wait that ends
-before it starts or before the step before it), which send that run back to the letter-by-letter pass. And it does
-take them: most steps of a clean run go in by it."""
+losses of 0.0, -0.0 and 1e300, every way of counting tokens, a data-parallel degree and the collective probe's row
+after each step, a group's row now and then, runs long enough that the resume marks are cut inside one block, blocks
+of every length), and over the same runs with one thing in them that the columns do not take (a NaN loss, a step
+without its loss or its interval, an absurd token count, a data wait that ends before it starts or before the step
+before it), which send that run back to the letter-by-letter pass. And it does take them: most steps of a clean run
+go in by it."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def steady_run(rng: random.Random, steps: int, flaw: str | None) -> list[records
         out.append(records.Fact(t=0.6, name="tokens_per_step", value=rng.choice([1000, 1024]),
                                 provenance=rng.choice(["declared", "detected"]), origin="cli", **AGENT))  # fmt: skip
     tokenless = rng.random() < 0.3
+    collectives = rng.random() < 0.4  # a data-parallel loop: the collective probe's row after each step
     dp = rng.choice([1, 1, 2])
     tick_every = rng.choice([25, 700])
     flawed = set(rng.sample(range(steps), 3)) if flaw else set()
@@ -69,6 +71,17 @@ def steady_run(rng: random.Random, steps: int, flaw: str | None) -> list[records
             counts = {"tokens": tokens, "tokens_source": "input_ids", "tokens_global": tokens * dp}
         out.append(records.Step(step=step, step_time_s=interval, optimizers=1, micro_batches=1, dp=dp, t=t + 0.008,
                                 agent_us=3.0 if step % 16 == 0 else None, **counts, **AGENT))  # fmt: skip
+        if collectives:
+            values = {
+                "collective_wait_s": rng.choice([0.0, 0.001, 0.003]),
+                "coll.all_reduce.2.bytes": 4096.0,
+                "coll.all_reduce.2.time_s": rng.choice([0.0005, 0.0007]),
+                "coll.all_reduce.2.count": 1.0,
+            }
+            out.append(records.Metric(values=values, origin="collectives", step=step, t=t + 0.0085, **AGENT))
+            if step % 10 == 0:  # a group's own row, which stays in the log alone
+                out.append(records.Metric(values={"seq_first": float(step), "arrival_s": 0.0002},
+                                          origin="collectives:0", step=step, t=t + 0.0086, **AGENT))  # fmt: skip
         if step % tick_every == 0:
             out.append(records.Tick(n=step // tick_every, interval_s=1.0, t=t + 0.0095, source="hub", host="h",
                                     pid=1))  # fmt: skip
@@ -115,8 +128,8 @@ def test_steady_runs_taken_by_columns_leave_the_state_their_rows_leave(seed, fla
     taken: list[int] = []
     take = block_columns.take_alternating
 
-    def counting(state, derived, history, keeps, block, start, stop, s, p):
-        done = take(state, derived, history, keeps, block, start, stop, s, p)
+    def counting(state, derived, history, keeps, block, start, stop, s, p, m):
+        done = take(state, derived, history, keeps, block, start, stop, s, p, m)
         if done:
             taken.append(block.order.count("s", start, stop))
         return done
@@ -143,8 +156,8 @@ def test_a_long_block_cuts_the_resume_marks_inside_it(monkeypatch):
     taken: list[int] = []
     take = block_columns.take_alternating
 
-    def counting(state, derived, history, keeps, block, start, stop, s, p):
-        done = take(state, derived, history, keeps, block, start, stop, s, p)
+    def counting(state, derived, history, keeps, block, start, stop, s, p, m):
+        done = take(state, derived, history, keeps, block, start, stop, s, p, m)
         taken.extend([block.order.count("s", start, stop)] if done else [])
         return done
 

@@ -20,6 +20,8 @@ from operator import add, ge, gt, le, mul, sub, truediv
 
 from trainmeter_core.model import records
 from trainmeter_core.model.engine.attempts import MARKS_KEPT_MAX, RECENT_MARKS
+from trainmeter_core.model.engine.collectives import ORIGIN as _COLLECTIVES
+from trainmeter_core.model.engine.collectives import take_rank_values
 from trainmeter_core.model.engine.derived import MAX_TOKENS_PER_STEP, Derived
 from trainmeter_core.model.engine.state import STEP_WINDOW, EngineState, PendingPoint
 from trainmeter_core.model.formulas import EMA_ALPHA
@@ -55,11 +57,14 @@ def take_alternating(
     stop: int,
     s: int,
     p: int,
+    m: int,
 ) -> bool:
-    """Letters ``start`` to ``stop`` of the block (its steps from column index ``s``, its phases from ``p``) into the
-    state, as ``block_take.take_run`` takes them, when they are a run this module takes (its docstring); False, with
-    nothing changed, when they are not. ``block_take.steady`` said yes for this state and block, and the run holds no
-    letter but a step and a data wait (``block_take.fast_stop``).
+    """Letters ``start`` to ``stop`` of the block (its steps from column index ``s``, its phases from ``p``, its
+    metrics from ``m``) into the state, as ``block_take.take_run`` takes them, when they are a run this module takes
+    (its docstring); False, with nothing changed, when they are not. ``block_take.steady`` said yes for this state
+    and block, and the run holds no letter but a step, a data wait and the collective probe's rows
+    (``block_take.fast_stop``), which go into the rank's collective fields (none of which the steps touch) as
+    ``take_run`` takes them.
 
     What it takes: at least ``MIN_STEPS`` steps, data waits and steps in turn; every step's loss read at backward() and finite,
     and any loss held from before it too; every step's time finite and its interval a positive number; every step
@@ -71,7 +76,10 @@ def take_alternating(
     if n < MIN_STEPS:
         return False
     letters = order[start:stop]
-    if "ss" in letters or "pp" in letters or "m" in letters:
+    n_metrics = letters.count("m")  # the collective probe's rows (a data-parallel loop's), between the others
+    if n_metrics:
+        letters = letters.replace("m", "")
+    if "ss" in letters or "pp" in letters:
         return False
     leads = letters[0] == "p"  # a data wait before the run's first step
     trails = letters[-1] == "p"  # and one after its last
@@ -138,6 +146,11 @@ def take_alternating(
     shift = block.wall - block.t
     x_flop = derived.x_flop_per_token
     rank = state.ranks[0]
+    if n_metrics:
+        origins, values = block.metric_origin[m : m + n_metrics], block.metric_values[m : m + n_metrics]
+        for origin, figures in zip(origins, values, strict=True):
+            if origin == _COLLECTIVES:  # a group's own row ("collectives:<group>") stays in the log alone
+                take_rank_values(rank, figures)
     span = state.step_spans[block.host]
     steps0 = state.steps
     tokens_seen0, with0 = state.tokens_seen, state.steps_with_tokens

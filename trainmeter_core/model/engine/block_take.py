@@ -114,9 +114,9 @@ def take_run(
     list whose tail alone is kept (the recent intervals and rates, the resume marks) is cut once at the end, to the
     tail its cuts one by one would have left.
 
-    A steady loop's run (data waits and steps in turn, each step with its loss, every value an ordinary one) is
-    taken column by column instead (``block_columns.take_alternating``), to the same state."""
-    if block_columns.take_alternating(state, derived, history, keeps, block, start, stop, s, p):
+    A steady loop's run (data waits and steps in turn, each step with its loss and perhaps the collective probe's
+    row, every value an ordinary one) is taken column by column instead (``block_columns.take_alternating``), to the same state."""
+    if block_columns.take_alternating(state, derived, history, keeps, block, start, stop, s, p, m):
         return
     steps_col, step_t_col, step_time_col, tokens_col = (
         block.step,
