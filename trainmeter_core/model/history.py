@@ -279,6 +279,15 @@ class NoHistory(History):
         raise ValueError("this engine kept no history (NoHistory): its state is no checkpoint")
 
 
+def _newest_known(column: array, first: int, last: int) -> float:
+    """Where a bucket of entries [first, last) sits on an axis: at its newest entry that knows the axis (NaN if
+    none does)."""
+    for i in range(last - 1, first - 1, -1):
+        if column[i] == column[i]:
+            return column[i]
+    return _NAN
+
+
 def _merge_raw(target: list[array], source: list[array], stop: int, group: int) -> None:
     """Merge the raw points [0, stop) of a tier (``stop`` a multiple of ``group``) in groups of ``group``: the very
     buckets ``_merge_into`` makes of them as buckets of one (count 1, min = max = value), without building each.
@@ -294,18 +303,11 @@ def _merge_raw(target: list[array], source: list[array], stop: int, group: int) 
         column = source[axis]
         newest = column[group - 1 : stop : group]
         if any(map(_isnan, newest)):
-            for first in groups:
-                x = _NAN
-                for i in range(first + group - 1, first - 1, -1):
-                    if column[i] == column[i]:
-                        x = column[i]
-                        break
-                target[axis].append(x)
+            target[axis].extend([_newest_known(column, first, first + group) for first in groups])
         else:
             target[axis].extend(newest)
-    values = source[4][
-        :stop
-    ].tolist()  # each value a float object once, not once for each of sum, min and max
+    # Each value a float object once, not once for each of the sum, the minimum and the maximum
+    values = source[4][:stop].tolist()
     means, lows, highs = [], [], []
     count = float(group)
     for first in groups:
@@ -337,14 +339,7 @@ def _merge_into(target: list[array], source: list[array], start: int, stop: int,
     for first in range(start, stop, group):
         last = min(first + group, stop)
         for axis in range(4):
-            # A bucket sits at its newest point that knows this axis.
-            column = source[axis]
-            x = _NAN
-            for i in range(last - 1, first - 1, -1):
-                if column[i] == column[i]:
-                    x = column[i]
-                    break
-            target[axis].append(x)
+            target[axis].append(_newest_known(source[axis], first, last))
         total = 0.0
         count = 0.0
         low = _NAN

@@ -1,6 +1,6 @@
-"""A steady loop's run of letters taken column by column: its data waits and steps alternate (``pspsps...``), every
-step has its loss read at ``backward()``, and every value is an ordinary one (the conditions ``take_alternating``
-checks). Most of a block's rows are such a run, and here each quantity the rows add to is worked out over its column
+"""A steady loop's run of letters taken column by column: its data waits and steps alternate (``pspsps...``, with
+the collective probe's row after each step in a data-parallel loop), every step has its loss read at ``backward()``,
+and every value is an ordinary one (the conditions ``take_alternating`` checks). Most of a block's rows are such a run, and here each quantity the rows add to is worked out over its column
 by the interpreter's own builtins (``map``, ``itertools.accumulate``, ``functools.reduce``, ``max``) and the four
 moving averages by a loop of one line each, where ``block_take.take_run`` goes letter by letter through some sixty
 lines a step. Pure: no I/O, no clock.
@@ -28,7 +28,6 @@ from trainmeter_core.model.formulas import EMA_ALPHA
 from trainmeter_core.model.history import History
 
 _NAN = math.nan
-_INF = math.inf
 _LOSS = "train_loss"  # as block_take names them
 _BACKWARD = "backward"
 _DATA_WAIT = "data_wait"
