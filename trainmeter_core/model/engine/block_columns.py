@@ -28,10 +28,12 @@ from trainmeter_core.model.formulas import EMA_ALPHA
 from trainmeter_core.model.history import History
 
 _NAN = math.nan
-_LOSS = "train_loss"  # as block_take names them
-_BACKWARD = "backward"
-_DATA_WAIT = "data_wait"
-_RANK_0_STEP_TIME = "tm:rank:0:step_time_s"
+#: The names a steady block's rows go under (``block_take`` reads them from here): the key the agent's loss from
+#: backward() carries, its origin, the data wait's phase, and the series of rank 0's step time.
+LOSS = "train_loss"
+BACKWARD = "backward"
+DATA_WAIT = "data_wait"
+RANK_0_STEP_TIME = "tm:rank:0:step_time_s"
 _isfinite = math.isfinite
 #: The fewest steps a run taken here has. Below about 20 the letter-by-letter pass is cheaper: the columns' set-up
 #: (a dozen lists, the history's two series) costs about 30 µs a run, against 1.5 to 2 µs a step saved (measured with
@@ -111,7 +113,7 @@ def take_alternating(
     # and that step's time: its start)
     waited = list(map(sub, ends, starts))
     afters = waited
-    held = state.pending_backward.get(_LOSS)
+    held = state.pending_backward.get(LOSS)
     if held is not None and not _isfinite(held.point.value):
         return False
     # The tokens each step counts, one way for all of them
@@ -242,32 +244,32 @@ def take_alternating(
     # The data waits' own counts and sums; the map of phases after the last step: emptied by the steps, then the wait
     # after the last one (each wait ended after the step before it)
     phases_seen = state.phases_seen
-    phases_seen[_DATA_WAIT] = phases_seen.get(_DATA_WAIT, 0) + n_waits
-    wait_s = state.phase_s.get(_DATA_WAIT)
-    state.phase_s[_DATA_WAIT] = reduce(add, waited, 0.0 if wait_s is None else wait_s)
-    state.phase_after_last_s = {_DATA_WAIT: 0.0 + afters[-1]} if trails else {}
+    phases_seen[DATA_WAIT] = phases_seen.get(DATA_WAIT, 0) + n_waits
+    wait_s = state.phase_s.get(DATA_WAIT)
+    state.phase_s[DATA_WAIT] = reduce(add, waited, 0.0 if wait_s is None else wait_s)
+    state.phase_after_last_s = {DATA_WAIT: 0.0 + afters[-1]} if trails else {}
 
     # The losses: the one held from before, then each step's but the last, are committed in turn; the last is held
     commits = losses[:-1] if held is None else [held.point.value, *losses[:-1]]
     state.loss_seen = True
     tick_max = state.loss_tick_max
     state.loss_tick_max = max(commits) if tick_max is None else max(tick_max, *commits)
-    state.series[_LOSS] = records.SeriesPoint(
-        canonical=_LOSS, raw_key=_LOSS, value=losses[-2], step=steps_col[-2], t=loss_ts[-2], origin=_BACKWARD
+    state.series[LOSS] = records.SeriesPoint(
+        canonical=LOSS, raw_key=LOSS, value=losses[-2], step=steps_col[-2], t=loss_ts[-2], origin=BACKWARD
     )
     pending = state.pending_backward
-    pending.pop(_LOSS, None)
+    pending.pop(LOSS, None)
     last = n - 1
     had_tokens = with_seen[last] if with_seen is not None else with0
     seen_before = seen[last] if seen is not None else tokens_seen0
-    pending[_LOSS] = PendingPoint(
+    pending[LOSS] = PendingPoint(
         point=records.SeriesPoint(
-            canonical=_LOSS,
-            raw_key=_LOSS,
+            canonical=LOSS,
+            raw_key=LOSS,
             value=losses[-1],
             step=steps_col[-1],
             t=loss_ts[-1],
-            origin=_BACKWARD,
+            origin=BACKWARD,
         ),
         x_step=float(steps_col[-1]),
         x_tokens=float(seen_before) if had_tokens else _NAN,
@@ -318,13 +320,13 @@ def _points(
         loss_wall.insert(0, held.wall)
         loss_value = [held.point.value, *loss_value]
     step_points = (
-        _RANK_0_STEP_TIME,
+        RANK_0_STEP_TIME,
         x_step,
         x_tokens[1:],
         x_flop_at[1:],
         list(map(add, t_col, repeat(shift))),
         list(intervals),
     )
-    loss_points = (_LOSS, loss_x, loss_tokens, loss_flop, loss_wall, list(loss_value))
+    loss_points = (LOSS, loss_x, loss_tokens, loss_flop, loss_wall, list(loss_value))
     for points in (loss_points, step_points) if held is not None else (step_points, loss_points):
         history.add_points(*points)

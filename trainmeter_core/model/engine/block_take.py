@@ -27,10 +27,8 @@ from trainmeter_core.model.history import History
 
 _INF = math.inf
 _NAN = math.nan
-_LOSS = "train_loss"  # the key the agent's loss from backward() carries
-_BACKWARD = "backward"
-_DATA_WAIT = "data_wait"
-_RANK_0_STEP_TIME = "tm:rank:0:step_time_s"
+_LOSS, _BACKWARD, _DATA_WAIT = block_columns.LOSS, block_columns.BACKWARD, block_columns.DATA_WAIT
+_RANK_0_STEP_TIME = block_columns.RANK_0_STEP_TIME
 #: The loss's key names its own series whatever else the loop reports (``Engine._on_metric`` looks it up each time).
 _LOSS_IS_ITS_SERIES = canonical(_LOSS, False) == canonical(_LOSS, True) == _LOSS
 
