@@ -284,7 +284,7 @@ class Agent(StepRecords, EmitCalls):
         self.outbox.put(record, now, steps=1 if type(record) is self._rec_module().Step else 0)
 
     def flush(self) -> None:
-        """Send what is queued as one batch now (a window closes on its own after 250 ms, 50 ms in a process's first
+        """Send what is queued as one batch now (a window closes on its own after a second, 50 ms in a process's first
         windows, and at exit and fork)."""
         if self._ready():
             self.outbox.flush()

@@ -20,9 +20,9 @@ from trainmeter_agent._reasons import NO_TOKENS  # not _module_probe's module: i
 from trainmeter_core.bus.step_page import COUNTED, HANDED, WINDOWS, StepPage
 
 #: A window leaves at most this long after its first row (run/child.py's FLUSH_S: why this long) ...
-WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "0.25"))
+WINDOW_S = float(os.environ.get("TM_AGENT_FLUSH_S", "1"))
 #: ... or once it holds this many rows and records (a step and its loss are one row, two records).
-MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "4000"))
+MAX_RECORDS = int(os.environ.get("TM_AGENT_FLUSH_RECORDS", "16000"))
 #: A process's first windows are shorter, unless the command's environment chose the window: the first steps reach
 #: the dashboard within 50 ms, and what starts at a process's first window (the collective probe times ``Work.wait``
 #: from then on) starts as soon as it did with 50 ms windows. Twenty windows are about a second of a loop that fills

@@ -69,9 +69,11 @@ def test_a_job_nodes_agents_get_windows_of_a_second_unless_the_user_set_one_and_
     assert mine == {"TM_AGENT_FLUSH_S": "0.2"}  # the user's window, kept
     said: list[str] = []
     (notice,) = lost_windows([KEY], said.append, tmp_path, {}, env)
-    assert "at most 1000 ms or 4000 of its records" in notice.message
+    assert "at most 1000 ms or 16000 of its records" in notice.message
+    (users,) = lost_windows([KEY], said.append, tmp_path, {}, mine)
+    assert "at most 200 ms or 16000 of its records" in users.message
     (single,) = lost_windows([KEY], said.append, tmp_path, {}, {})
-    assert "at most 250 ms or 4000 of its records" in single.message  # without one: the agent's defaults
+    assert "at most 1000 ms or 16000 of its records" in single.message  # without one: the agent's defaults
 
 
 def test_the_launchers_default_window_is_the_agents():

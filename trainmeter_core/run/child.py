@@ -25,21 +25,25 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: The ``trainmeter.agent`` entry points' names, one per line, in the command's environment (the run directory's
 #: agent-plugins.json has the whole list): the agent watches the import of each, and needs no JSON to read them.
 AGENT_PLUGIN_NAMES = "TM_AGENT_PLUGIN_NAMES"
-#: How long an agent's flush window stays open at most (trainmeter_agent/_outbox.py): 250 ms unless the command's
+#: How long an agent's flush window stays open at most (trainmeter_agent/_outbox.py): a second unless the command's
 #: environment says otherwise, after a process's first twenty windows of at most 50 ms (_outbox.START_WINDOWS, unless
 #: the environment chose the window). Each window wakes the hub, the recorder and the engine, and on the tight loop a
-#: wake costs more than the rows it brings: 250 ms windows cut tm's processes' CPU by a quarter to a half against 50 ms
-#: (docs/performance.md, "Short first windows, then 250 ms"). The first windows stay short so that the
-#: first steps show at once and what starts at a process's first window (the collective probe's timing) starts early ...
-FLUSH_ENV, FLUSH_S = "TM_AGENT_FLUSH_S", "0.25"
-#: ... and a second on a node of a job. A rank of a job steps a few times a second, so a short window leaves with one
-#: step in it, and the job hub takes a block of one step at 1.6 times the rows a second it takes as records, against
-#: 8 times for blocks of ten (bench/bench_jobhub.py, docs/performance.md "The job hub"). The price: a rank's steps
-#: reach the hubs up to a second later (the dashboard's snapshots come once a second), and a rank killed by SIGKILL
-#: loses up to a second of steps, which its node's launcher counts and says (goodbyes.lost_windows).
+#: window's fixed cost in them is more than its rows': 250 ms windows cut tm's processes' CPU by a quarter to a half
+#: against 50 ms, windows of a second by a fifth more (docs/performance.md, "Windows of a second"), as long as the
+#: engine's ticks, so the dashboard's snapshots lag the loop by a second more at most. The first windows stay short so
+#: that the first steps show at once and what starts at a process's first window (the collective probe's timing)
+#: starts early ...
+FLUSH_ENV, FLUSH_S = "TM_AGENT_FLUSH_S", "1"
+#: ... and on a node of a job a second from the first window: a rank of a job steps a few times a second, so a short
+#: window leaves with one step in it, and the job hub takes a block of one step at 1.6 times the rows a second it takes
+#: as records, against 8 times for blocks of ten (bench/bench_jobhub.py, docs/performance.md "The job hub"). The price,
+#: there as in a single-node run: steps reach the hubs up to a second later (the dashboard's snapshots come once a
+#: second), and a process killed by SIGKILL loses up to a second of steps, which its launcher counts and says
+#: (goodbyes.lost_windows).
 JOB_FLUSH_S = "1"
-#: The records a window holds at most (trainmeter_agent/_outbox.py's MAX_RECORDS) unless the environment says otherwise
-FLUSH_RECORDS_ENV, FLUSH_RECORDS = "TM_AGENT_FLUSH_RECORDS", "4000"
+#: The records a window holds at most (trainmeter_agent/_outbox.py's MAX_RECORDS) unless the environment says otherwise:
+#: a second of a fast tight loop (5,000 steps a second, each a step and a data wait) with room to spare
+FLUSH_RECORDS_ENV, FLUSH_RECORDS = "TM_AGENT_FLUSH_RECORDS", "16000"
 
 
 def exec_untouched(command: list[str], script_mode: bool) -> NoReturn:

@@ -19,9 +19,11 @@ BIN = Path(sys.executable).parent
 TM = str(BIN / "tm") if (BIN / "tm").exists() else shutil.which("tm")
 SECRET = "T0A1B2C3/B9Z8Y7X6/q1w2e3r4t5y6u7i8"  # shaped like a Slack webhook's secret path
 TOKEN = "123456:AAH-test-token-0123456789"
-STEPS = 80
+STEPS = 100
 # The loss is NaN for 2 s, two snapshot periods: the first check after it turns NaN sees NaN as the latest value (a
-# stretch shorter than a period may be over by the check, which then fires on the count alone, another message).
+# stretch shorter than a period may be over by the check, which then fires on the count alone, another message). The
+# steps after it leave the clear time to come (the window a second, the tick a second, 1 s of finite losses) and its
+# webhook time for three attempts before the run ends: with 80 steps, it came at the last tick and the sink stopped.
 LOOP = f"""
 import math, time
 from trainmeter_agent import emit
