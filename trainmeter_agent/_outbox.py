@@ -2,8 +2,8 @@
 window at a time as one ``batch`` message: the rows as ``records.Block`` s, with the whole records queued between them
 (facts, notices, general steps) in the order they came.
 
-A window leaves when it has been open ``window_s`` (checked at the loop's next row or record, or by the one flush
-thread once the loop has gone quiet), when it holds ``max_records`` rows and records, before a fork, and at exit. A
+A window leaves at the first multiple of ``window_s`` on the monotonic clock after its first row (``ALIGNED_MAX_S``;
+checked at the loop's next row or record, or by the one flush thread once the loop has gone quiet), when it holds ``max_records`` rows and records, before a fork, and at exit. A
 send costs more than everything else the agent does in an iteration, so a tight loop pays for one send per window.
 SIGKILL (and a default SIGTERM) cannot flush: such a process loses at most the window that was open, and the launcher
 says how many steps that was (the step page, ``trainmeter_core.bus.step_page``). It never installs a signal handler (a Python handler
@@ -44,6 +44,14 @@ START_WINDOWS = start_windows(os.environ)
 #: wakes once a second instead of never (bench/bench_agent.py, "waking thread") added +1.2, +0.5 and -0.5 µs per
 #: iteration in three runs, within their noise. The cost of a look: one lock, two attributes, one clock read.
 QUIET_MAX_S = 1.0
+#: A window of at most this long closes at the first row after a multiple of its length on the monotonic clock (the
+#: same clock in every process of a machine), not its length after its own first row: the ranks of a machine then send
+#: the same stretch of steps at the same moment, and the hub ticks half a second after it (bus/hub.py), so each
+#: snapshot compares every rank at the same step. With windows of a second, unaligned, a rank's blocks could reach the
+#: engine up to a second before another's, and on a loaded machine the straggler rule, which compares the ranks'
+#: recent collective waits, named a rank of a clean run (tests/e2e/test_straggler_e2e.py, 2 runs of 3). A longer window
+#: (a test's 3600 s, to close by count alone) keeps its length from its first row.
+ALIGNED_MAX_S = 1.0
 
 # The row letters of a block's ``order`` (records.block: STEP, PHASE, METRIC).
 _STEP, _PHASE, _METRIC = "s", "p", "m"
@@ -112,7 +120,7 @@ class Outbox:
         self._columns(max(1, self.max_records))
         self._batch: list = []  # whole records and cut blocks, in order
         self._queued = 0  # rows and whole records in the open window
-        self._opened_t = 0.0
+        self._due_t = 0.0  # when the open window is due to leave
         self.ready = False  # the flush thread flushes only once the agent may send (hello went out)
 
     def _columns(self, capacity: int) -> None:
@@ -208,11 +216,7 @@ class Outbox:
             self._queued = queued
             if queued == 1:
                 self._opened(t)
-            elif (
-                t - self._opened_t >= self.window_s
-                or queued >= self.max_records
-                or rows + 1 >= self._capacity
-            ):
+            elif t >= self._due_t or queued >= self.max_records or rows + 1 >= self._capacity:
                 self._flush()
         finally:
             lock.release()
@@ -236,11 +240,7 @@ class Outbox:
             self._queued = queued
             if queued == 1:
                 self._opened(end_t)
-            elif (
-                end_t - self._opened_t >= self.window_s
-                or queued >= self.max_records
-                or rows + 1 >= self._capacity
-            ):
+            elif end_t >= self._due_t or queued >= self.max_records or rows + 1 >= self._capacity:
                 self._flush()
         finally:
             lock.release()
@@ -277,12 +277,14 @@ class Outbox:
         self._queued = queued
         if queued == 1:
             self._opened(now)
-        elif now - self._opened_t >= self.window_s or queued >= self.max_records:
+        elif now >= self._due_t or queued >= self.max_records:
             self._flush()
 
     def _opened(self, now: float) -> None:
-        """The first row or record of a window: its clock starts, and the flush thread watches it if it slept."""
-        self._opened_t = now
+        """The first row or record of a window: when it is due (ALIGNED_MAX_S), and the flush thread watches it if it
+        slept."""
+        window_s = self.window_s
+        self._due_t = now - now % window_s + window_s if window_s <= ALIGNED_MAX_S else now + window_s
         if self._idle:
             self._wake()
 
@@ -309,7 +311,7 @@ class Outbox:
             self._cut()
         batch, self._batch = self._batch, []
         self._queued = 0
-        self._opened_t = 0.0  # keeps no clock reading of the window alive past it
+        self._due_t = 0.0  # keeps no clock reading of the window alive past it
         self._loop_flushed = True  # (or the flush thread, which clears it next)
         slots = self._slots
         slots[WINDOWS] += 1
@@ -393,7 +395,7 @@ class Outbox:
                         level += 1
                     continue
                 level = 0
-                if self._queued and self.ready and time.monotonic() - self._opened_t >= self.window_s:
+                if self._queued and self.ready and time.monotonic() >= self._due_t:
                     try:
                         self._flush()
                     except Exception:

@@ -82,3 +82,7 @@ def test_the_launchers_default_window_is_the_agents():
 
     assert float(child.FLUSH_S) == _outbox.WINDOW_S
     assert int(child.FLUSH_RECORDS) == _outbox.MAX_RECORDS
+    # The hub's ticks fall between two closes of the windows it aligns as the agent does
+    from trainmeter_core.bus import tick_clock
+
+    assert tick_clock.ALIGNED_MAX_S == _outbox.ALIGNED_MAX_S

@@ -236,3 +236,33 @@ def test_the_flush_thread_sends_a_window_the_loop_left_open(queued):
     while len(sent) < queued and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(sent) == queued
+
+
+def test_a_window_of_at_most_a_second_closes_at_the_first_row_after_a_multiple_of_its_length_on_the_clock():
+    # Every process of a machine then sends the same stretch of time at once (docs/performance.md, "Windows of a
+    # second"). The times are ahead of the clock: the flush thread never finds one of these windows due by itself.
+    outbox, sent = _collecting(window_s=0.25)
+    base = math.floor(time.monotonic()) + 100.0
+
+    def row(step: int, t: float) -> None:
+        outbox.put_phase("data_wait", t - 0.01, t, step, "dataloader")
+
+    row(1, base + 0.10)
+    row(2, base + 0.20)
+    assert not sent
+    row(3, base + 0.26)  # past base + 0.25, a multiple of 0.25 s, though the window opened 0.16 s before
+    assert [len(b) for b in sent] == [1] and sent[0][0].phase_step == [1, 2, 3]
+    row(4, base + 0.30)
+    row(5, base + 0.49)
+    assert len(sent) == 1
+    row(6, base + 0.51)
+    assert len(sent) == 2 and sent[1][0].phase_step == [4, 5, 6]
+    # A window longer than ALIGNED_MAX_S (a test's hour, to close by count alone) keeps its length from its first row.
+    assert _outbox.ALIGNED_MAX_S == 1.0
+    long, long_sent = _collecting(window_s=60.0)
+    minute = (math.floor(time.monotonic() / 60.0) + 2) * 60.0
+    long.put_phase("data_wait", minute - 0.2, minute - 0.1, 1, "dataloader")
+    long.put_phase("data_wait", minute + 0.1, minute + 0.2, 2, "dataloader")
+    assert not long_sent
+    long.put_phase("data_wait", minute + 59.9, minute + 59.95, 3, "dataloader")  # 60 s after its first row
+    assert len(long_sent) == 1

@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from trainmeter_core.bus import block_intake
+from trainmeter_core.bus import block_intake, tick_clock
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
 from trainmeter_core.bus.publish import Publication
 from trainmeter_core.model import records
@@ -197,7 +197,7 @@ class Hub:
             for sock in job.sockets():
                 poller.register(sock, zmq.POLLIN)
         now = time.monotonic()
-        next_tick = now + self.tick_s
+        next_tick = tick_clock.next_tick(now, self.tick_s)
         next_stats = now + self.stats_every_s
         while True:
             due = (
@@ -236,7 +236,7 @@ class Hub:
                 )
                 next_tick += self.tick_s
                 if next_tick < now:  # the machine stalled: skip the missed ticks instead of bursting them
-                    next_tick = now + self.tick_s
+                    next_tick = tick_clock.next_tick(now, self.tick_s)
             if now >= next_stats:
                 self._own(self.stats())
                 next_stats = now + self.stats_every_s
