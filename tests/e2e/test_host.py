@@ -215,3 +215,39 @@ def test_the_filesystem_of_a_checkpoint_folder_is_watched_once_the_training_save
     ]
     assert watched and {fs["path"] for fs in watched} == {str(folder)}
     assert all(fs["total_b"] > 0 for fs in watched)
+
+
+class _BeatContext:
+    """What the host sampler uses of its ComponentContext: the messages it publishes, and a stop after a beat."""
+
+    def __init__(self, run_dir) -> None:
+        import threading
+
+        self.child_pid = os.getpid()
+        self.run_dir = run_dir
+        self.stopping = threading.Event()
+        self.messages: list[list] = []
+
+    def publish(self, record) -> bool:
+        return self.publish_many([record])
+
+    def publish_many(self, batch) -> bool:
+        self.messages.append(list(batch))
+        if any(type(record).__name__ == "SampleNode" for record in batch):
+            self.stopping.set()  # the beat's last record
+        return True
+
+    def recv(self, timeout_s: float):
+        return None
+
+
+def test_a_beats_tree_and_node_samples_leave_as_one_message(tmp_path):
+    # One wake of the hub a second for both, not two (docs/performance.md, "Windows of a second")
+    from trainmeter_core.model import records
+    from trainmeter_sources.host_sampler import HostSampler
+
+    ctx = _BeatContext(tmp_path)
+    HostSampler().run(ctx)
+    ((tree, node),) = ctx.messages
+    assert type(tree) is records.SampleHost and tree.root_pid == os.getpid()
+    assert type(node) is records.SampleNode and node.t == tree.t

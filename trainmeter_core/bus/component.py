@@ -103,6 +103,10 @@ class ComponentContext:
     def publish(self, record: records.Record) -> bool:
         return self._producer.send(record)
 
+    def publish_many(self, batch: list[records.Record]) -> bool:
+        """Publish records made together as one message (``Producer.send_many``): the hub takes them in one wake."""
+        return self._producer.send_many(batch)
+
     def recv(self, timeout_s: float) -> records.Record | records.Unknown | None:
         """The next record, or None after at most ``timeout_s``, or at once when the component is asked to stop (the
         end of a run waits on it): woken by the stop's pipe where ``stopping`` is a ``Stopping``, else looking at the
