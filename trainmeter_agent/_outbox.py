@@ -3,8 +3,9 @@ window at a time as one ``batch`` message: the rows as ``records.Block`` s, with
 (facts, notices, general steps) in the order they came.
 
 A window leaves at the first multiple of ``window_s`` on the monotonic clock after its first row (``ALIGNED_MAX_S``;
-checked at the loop's next row or record, or by the one flush thread once the loop has gone quiet), when it holds ``max_records`` rows and records, before a fork, and at exit. A
-send costs more than everything else the agent does in an iteration, so a tight loop pays for one send per window.
+checked at the loop's next row or record, or by the one flush thread once the loop has gone quiet), when it holds
+``max_records`` rows and records, before a fork, and at exit. A send costs more than everything else the agent does in
+an iteration, so a tight loop pays for one send per window.
 SIGKILL (and a default SIGTERM) cannot flush: such a process loses at most the window that was open, and the launcher
 says how many steps that was (the step page, ``trainmeter_core.bus.step_page``). It never installs a signal handler (a Python handler
 would delay a signal meant to kill a process stuck in native code) and never raises into the loop.
@@ -46,7 +47,7 @@ START_WINDOWS = start_windows(os.environ)
 QUIET_MAX_S = 1.0
 #: A window of at most this long closes at the first row after a multiple of its length on the monotonic clock (the
 #: same clock in every process of a machine), not its length after its own first row: the ranks of a machine then send
-#: the same stretch of steps at the same moment, and the hub ticks half a second after it (bus/hub.py), so each
+#: the same stretch of steps at the same moment, and the hub ticks half a second after it (bus/tick_clock.py), so each
 #: snapshot compares every rank at the same step. With windows of a second, unaligned, a rank's blocks could reach the
 #: engine up to a second before another's, and on a loaded machine the straggler rule, which compares the ranks'
 #: recent collective waits, named a rank of a clean run (tests/e2e/test_straggler_e2e.py, 2 runs of 3). A longer window
