@@ -197,7 +197,7 @@ class Hub:
             for sock in job.sockets():
                 poller.register(sock, zmq.POLLIN)
         now = time.monotonic()
-        next_tick = tick_clock.next_tick(now, self.tick_s)
+        next_tick = tick_clock.first_tick(now, self.tick_s)
         next_stats = now + self.stats_every_s
         while True:
             due = (

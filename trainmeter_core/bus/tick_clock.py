@@ -10,6 +10,12 @@ from __future__ import annotations
 ALIGNED_MAX_S = 1.0
 
 
+def first_tick(start: float, period: float) -> float:
+    """The hub's first tick, for a hub started at ``start``: the first tick at least a period after it, so that the
+    launcher's ``run.start`` (written once it has described the run) comes before it, as before ticks were aligned."""
+    return start + period if period > ALIGNED_MAX_S else next_tick(start + period, period)
+
+
 def next_tick(now: float, period: float) -> float:
     """The first tick after ``now`` on the monotonic clock, for ticks ``period`` seconds apart."""
     if period > ALIGNED_MAX_S:
