@@ -152,8 +152,11 @@ def fake_gpus(tmp_path, script: dict) -> dict[str, str]:
 
 @pytest.mark.xdist_group("heavy")
 def test_a_fake_gpu_that_throttles_for_heat_fires_once_and_clears_when_it_stops(tm_env, tmp_path):
-    env = fake_gpus(tmp_path, {"1": {"throttle": "thermal", "throttle_until_s": 4.0}})
-    result, run, alerts = alerts_of_run(tmp_path, tm_env, steps=100, env=env)
+    # 5 s of throttling: the hub's first tick comes 1 to 2 s after its start (half a second past a whole second of the
+    # clock, bus/tick_clock.py), and the rule needs 2 s of it from the first snapshot that sees a GPU sample; with 4 s
+    # the first snapshot came late enough once that no alert fired. The run's 12 s leave the clear its 2 s.
+    env = fake_gpus(tmp_path, {"1": {"throttle": "thermal", "throttle_until_s": 5.0}})
+    result, run, alerts = alerts_of_run(tmp_path, tm_env, steps=120, env=env)
     assert result.returncode == 0, result.stderr
     host = next(r["host"] for r in log_records(run) if r["kind"] == "sample.gpu")
     assert states(alerts) == [
