@@ -54,10 +54,9 @@ def test_a_process_within_its_grace_keeps_the_watch_looking_and_a_judged_one_doe
         monkeypatch.setattr(silence, "GRACE_S", 3600.0)
         assert watch.check() == [] and watch.waiting  # born just now: its grace runs
         monkeypatch.setattr(silence, "GRACE_S", 0.0)
-        assert (
-            watch.check() == [] and not watch.waiting
-        )  # judged now (it said hello, by this test's word) ...
-        assert watch.check() == [] and not watch.waiting  # ... and once only
+        # Judged now (it said hello, by this test's word), and once only
+        assert watch.check() == [] and not watch.waiting
+        assert watch.check() == [] and not watch.waiting
         assert len(watch.done) == 1
     finally:
         child.kill()
