@@ -306,3 +306,66 @@ def test_the_straggler_alert_clears_once_the_rank_keeps_up_again():
     assert states == [("fired", "rank 0")]
     (cleared,) = after
     assert (cleared.state, cleared.subject) == ("cleared", "rank 0")
+
+
+def lagging_world(steps: dict[int, range], wait_s) -> Engine:
+    """An engine fed clean ranks whose rows reached it over different steps (``steps``: rank → its steps), as the
+    probe's reads deliver them seconds apart: at step s every rank waits ``wait_s(s)`` + 0.1 ms × its rank in a
+    100 ms step."""
+    engine = Engine()
+    for rank, reported in steps.items():
+        for step in reported:
+            t = 100.0 + 0.1 * step
+            values = {"collective_wait_s": wait_s(step) + 0.0001 * rank}
+            engine.feed(
+                records.Metric(values=values, origin="collectives", step=step, host="n1", rank=rank, t=t)
+            )
+            engine.feed(records.Step(step=step, host="n1", rank=rank, t=t))
+    return engine
+
+
+def test_ranks_whose_rows_arrived_up_to_different_steps_are_compared_over_the_same_steps():
+    """Every rank waits 50 ms a step in the first 150 steps and 10 ms after; rank 3's rows arrived up to step 300, the
+    others' up to step 140. Their EMAs differ by 40 ms, 40% of the step (the straggler named before this comparison);
+    over the steps every rank reported they differ by the 0.1 ms a rank adds, and no rank is named."""
+    early = range(1, 141)
+    engine = lagging_world(
+        {0: early, 1: early, 2: early, 3: range(1, 301)}, lambda s: 0.05 if s <= 150 else 0.01
+    )
+    snapshot = engine.snapshot()
+    emas = {r.rank: r.collective_wait_s for r in snapshot.ranks}
+    assert emas[0] - emas[3] > 0.035  # the EMAs alone would name rank 3
+    assert snapshot.metrics["straggler_rank"].value is None
+    assert snapshot.metrics["straggler_rank"].absent.startswith(
+        "no straggler: the others wait 0.2 ms per step for rank 0"
+    )
+    inputs = snapshot.explain["straggler_wait_s"].inputs
+    compared = collectives.STRETCHES_COMPARED * collectives.STRETCH_STEPS
+    assert inputs["steps_compared"].value == compared
+    assert inputs["steps_compared"].source == f"steps {136 - compared} to 135"  # the last stretch all ended
+    assert inputs["rank 3 wait"].value == pytest.approx(0.0503)
+
+
+def test_ranks_that_share_no_reported_steps_name_no_straggler_and_say_why():
+    engine = lagging_world({0: range(1, 21), 1: range(2000, 2030)}, lambda step: 0.01)
+    assert engine.state.ranks[1].wait_stretches == [250, 251, 252, 253]
+    metrics = engine.snapshot().metrics
+    why = f"the ranks' collective waits share no {collectives.STRETCH_STEPS} steps that every rank reported to their end"
+    assert metrics["straggler_rank"].absent == why and metrics["straggler_wait_s"].absent == why
+
+
+def test_a_resumed_attempts_earlier_steps_start_the_ranks_stretches_again():
+    engine = lagging_world({0: range(1, 101)}, lambda step: 0.01)
+    rank = engine.state.ranks[0]
+    assert (
+        rank.wait_stretches == list(range(13)) and sum(rank.wait_counts) == 100
+    )  # steps 1-100, stretches 0-12
+    for step in range(41, 41 + 8 * collectives.STRETCHES_KEPT + 1):  # the attempt resumed at step 41
+        values = {"collective_wait_s": 0.5}
+        engine.feed(
+            records.Metric(values=values, origin="collectives", step=step, host="n1", rank=0, t=200.0)
+        )
+        if step == 41:
+            assert (rank.wait_stretches, rank.wait_sums_s, rank.wait_counts) == ([5], [0.5], [1])
+    assert len(rank.wait_stretches) == collectives.STRETCHES_KEPT
+    assert rank.wait_stretches[-1] == (41 + 8 * collectives.STRETCHES_KEPT) // 8

@@ -149,9 +149,10 @@ def take_alternating(
     rank = state.ranks[0]
     if n_metrics:
         origins, values = block.metric_origin[m : m + n_metrics], block.metric_values[m : m + n_metrics]
-        for origin, figures in zip(origins, values, strict=True):
+        metric_steps = block.metric_step[m : m + n_metrics]
+        for origin, figures, metric_step in zip(origins, values, metric_steps, strict=True):
             if origin == _COLLECTIVES:  # a group's own row ("collectives:<group>") stays in the log alone
-                take_rank_values(rank, figures)
+                take_rank_values(rank, figures, metric_step)
     span = state.step_spans[block.host]
     steps0 = state.steps
     tokens_seen0, with0 = state.tokens_seen, state.steps_with_tokens

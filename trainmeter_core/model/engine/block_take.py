@@ -123,7 +123,11 @@ def take_run(
         block.tokens,
     )
     loss_col, loss_t_col = block.loss, block.loss_t
-    metric_origin_col, metric_values_col = block.metric_origin, block.metric_values
+    metric_origin_col, metric_values_col, metric_step_col = (
+        block.metric_origin,
+        block.metric_values,
+        block.metric_step,
+    )
     phase_start_col, phase_end_col = block.phase_start_t, block.phase_end_t
     dp = block.dp
     counted = block.tokens_absent is None  # else no step here has a token count (and the column is empty)
@@ -209,7 +213,7 @@ def take_run(
             # fields of the collectives this pass holds none of; a group's row (origin "collectives:<group>") stays
             # in the log alone
             if metric_origin_col[m] == _COLLECTIVES:
-                take_rank_values(rank, metric_values_col[m])
+                take_rank_values(rank, metric_values_col[m], metric_step_col[m])
             m += 1
             continue
         if letter == "p":

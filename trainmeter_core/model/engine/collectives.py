@@ -4,6 +4,7 @@ measured wait, never the clocks of different hosts (docs/metrics.md, "Communicat
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from trainmeter_core.model import formulas, records
@@ -16,8 +17,14 @@ ORIGIN = "collectives"
 WAIT_KEY = "collective_wait_s"
 #: The straggler is named when the others' median wait exceeds its own by this share of the median step time.
 STRAGGLER_SHARE = 0.10
-#: Steps with a collective wait a rank must have reported before it is compared (its EMA has settled by then).
+#: Steps with a collective wait a rank must have reported before it is compared.
 STRAGGLER_MIN_STEPS = 10
+#: The straggler compares each rank's mean wait over the same steps: the latest STRETCHES_COMPARED stretches of
+#: STRETCH_STEPS steps that every compared rank has reported to their end (docs/metrics.md, "Why the same steps").
+STRETCH_STEPS = 8
+STRETCHES_COMPARED = 4
+#: Stretches a rank keeps: a rank whose rows arrive this many steps ahead of another's still shares some with it.
+STRETCHES_KEPT = 128
 #: A GPU whose SM clock is this much below the other GPUs' of its host (their median) counts as slow.
 CLOCK_BELOW = 0.10
 #: The clock event reasons that slow a GPU down (power or heat; nvml.h).
@@ -63,10 +70,10 @@ def take_collectives(state: EngineState, record: records.Metric) -> None:
     rank = state.ranks.get(rank_id)
     if rank is None:
         rank = state.ranks[rank_id] = RankState(host=record.host)
-    take_rank_values(rank, record.values)
+    take_rank_values(rank, record.values, record.step)
 
 
-def take_rank_values(rank: RankState, values: dict[str, float]) -> None:
+def take_rank_values(rank: RankState, values: dict[str, float], step: int | None) -> None:
     """``take_collectives`` for a rank whose state exists (its fields of the collectives alone: the engine's one pass
     over a block's steps takes a step's row by this between two steps, ``block_take.take_run``)."""
     wait = values.get(WAIT_KEY)
@@ -74,6 +81,8 @@ def take_rank_values(rank: RankState, values: dict[str, float]) -> None:
         previous = rank.collective_wait_ema_s
         rank.collective_wait_ema_s = wait if previous is None else previous + _ALPHA * (wait - previous)
         rank.collective_steps += 1
+        if step is not None:
+            _take_stretch(rank, step // STRETCH_STEPS, wait)
     per_op: dict[str, dict[str, float]] = {}
     for key, value in values.items():
         if not key.startswith("coll."):
@@ -95,6 +104,61 @@ def take_rank_values(rank: RankState, values: dict[str, float]) -> None:
         kind.bytes_ema = _ema(kind.bytes_ema, fields.get("bytes"))
         kind.time_ema_s = _ema(kind.time_ema_s, fields.get("time_s"))
         kind.count_ema = _ema(kind.count_ema, fields.get("count"))
+
+
+def _take_stretch(rank: RankState, stretch: int, wait: float) -> None:
+    """One step's wait into its stretch. The probe sends a rank's steps in order: a step of an earlier stretch than
+    the latest is a resumed attempt's, and the stretches before it start again."""
+    stretches = rank.wait_stretches
+    if stretches and stretches[-1] == stretch:
+        rank.wait_sums_s[-1] += wait
+        rank.wait_counts[-1] += 1
+        return
+    if stretches and stretch < stretches[-1]:
+        stretches.clear()
+        rank.wait_sums_s.clear()
+        rank.wait_counts.clear()
+    stretches.append(stretch)
+    rank.wait_sums_s.append(wait)
+    rank.wait_counts.append(1)
+    if len(stretches) > STRETCHES_KEPT:
+        del stretches[0], rank.wait_sums_s[0], rank.wait_counts[0]
+
+
+def _index(rank: RankState, stretch: int) -> int | None:
+    """Where ``stretch`` is among the rank's kept stretches, None where it has none: where its steps had no gap, at
+    its distance from the latest, else found by bisection."""
+    stretches = rank.wait_stretches
+    at = len(stretches) - 1 - (stretches[-1] - stretch)
+    if 0 <= at and stretches[at] == stretch:
+        return at
+    at = bisect.bisect_left(stretches, stretch)
+    return at if at < len(stretches) and stretches[at] == stretch else None
+
+
+def common_waits(ranks: list[RankState]) -> tuple[list[float], list[int]] | None:
+    """Each rank's mean wait per step over the latest STRETCHES_COMPARED stretches that every one of ``ranks``
+    reported to its end (a stretch before each rank's latest), and those stretches, latest first; None where they
+    share none."""
+    if any(not r.wait_stretches for r in ranks):
+        return None
+    ended = min(r.wait_stretches[-1] for r in ranks)  # every rank's stretches before this one are complete
+    oldest = max(r.wait_stretches[0] for r in ranks)
+    sums, counts = [0.0] * len(ranks), [0] * len(ranks)
+    chosen: list[int] = []
+    stretch = ended - 1
+    while stretch >= oldest and len(chosen) < STRETCHES_COMPARED:
+        found = [_index(r, stretch) for r in ranks]
+        if None not in found:
+            chosen.append(stretch)
+            for i, (r, at) in enumerate(zip(ranks, found, strict=True)):
+                sums[i] += r.wait_sums_s[at]  # type: ignore[index]
+                counts[i] += r.wait_counts[at]  # type: ignore[index]
+        stretch -= 1
+    if not chosen:
+        return None
+    means = [total / n for total, n in zip(sums, counts, strict=True)]
+    return means, chosen
 
 
 def _ema(previous: float | None, sample: float | None) -> float | None:
@@ -183,35 +247,49 @@ def _factor_words(op: str) -> str:
 
 def straggler(snap: SnapshotBuilder, stats: list[records.RankStat]) -> None:
     """``straggler_wait_s``, how long the others wait per step for the rank that waits least (its cause the label),
-    and ``straggler_rank``, that rank, named once the wait exceeds STRAGGLER_SHARE of the median step time."""
+    and ``straggler_rank``, that rank, named once the wait exceeds STRAGGLER_SHARE of the median step time. The waits
+    compared are each rank's mean over the same steps (``common_waits``), never EMAs at steps of their own: a rank's
+    rows arrive seconds after another's, and at one step every rank's wait moves together."""
+    over = f"{STRETCHES_COMPARED * STRETCH_STEPS} steps"
     rank_formula = (
         f"the rank with the least collective wait, named when the other ranks' median wait exceeds its own by "
-        f"{STRAGGLER_SHARE:.0%} of the median step time (ranks with {STRAGGLER_MIN_STEPS} or more steps reported)"
+        f"{STRAGGLER_SHARE:.0%} of the median step time (each rank's mean wait over the latest {over} every rank "
+        f"reported; ranks with {STRAGGLER_MIN_STEPS} or more steps reported)"
     )
-    wait_formula = "median of the other ranks' collective waits − the least-waiting rank's (EMAs per step)"
+    wait_formula = (
+        f"median of the other ranks' collective waits − the least-waiting rank's (means per step over the latest "
+        f"{over} every rank reported)"
+    )
     compared = [
         s
         for s in stats
         if s.collective_wait_s is not None and s.collective_steps >= STRAGGLER_MIN_STEPS and s.step_time_s
     ]
-    if len(compared) < 2:
+    common = common_waits([snap.state.ranks[s.rank] for s in compared]) if len(compared) >= 2 else None
+    if common is None:
         reporting = [s for s in stats if s.collective_wait_s is not None]
         if not reporting:
             why = NO_PROBE
         elif len(reporting) < 2:
             why = FEW_RANKS
-        else:
+        elif len(compared) < 2:
             why = f"fewer than 2 ranks have reported {STRAGGLER_MIN_STEPS} steps of collective waits"
+        else:
+            why = f"the ranks' collective waits share no {STRETCH_STEPS} steps that every rank reported to their end"
         snap.put("straggler_rank", rank_formula, absent=why)
         snap.put("straggler_wait_s", wait_formula, absent=why, unit="s")
         return
-    slow = min(compared, key=lambda s: (s.collective_wait_s, s.rank))
+    means, stretches = common
+    wait_of = {s.rank: mean for s, mean in zip(compared, means, strict=True)}
+    slow = min(compared, key=lambda s: (wait_of[s.rank], s.rank))
     others = [s for s in compared if s is not slow]
-    gap_s = formulas.median([s.collective_wait_s for s in others]) - slow.collective_wait_s  # type: ignore[misc]
+    gap_s = formulas.median([wait_of[s.rank] for s in others]) - wait_of[slow.rank]
     step_s = formulas.median([s.step_time_s for s in compared])  # type: ignore[misc]
     cause, evidence = _cause(snap, slow, others, gap_s)
     threshold_s = STRAGGLER_SHARE * step_s
-    inputs = {f"rank {s.rank} wait": EI(value=s.collective_wait_s, unit="s", source=s.host) for s in compared}
+    inputs = {f"rank {s.rank} wait": EI(value=wait_of[s.rank], unit="s", source=s.host) for s in compared}
+    first, last = stretches[-1] * STRETCH_STEPS, (stretches[0] + 1) * STRETCH_STEPS - 1
+    inputs["steps_compared"] = EI(value=len(stretches) * STRETCH_STEPS, source=f"steps {first} to {last}")
     inputs["median_step_time_s"] = EI(value=step_s, unit="s")
     inputs["threshold_s"] = EI(
         value=threshold_s, unit="s", source=f"{STRAGGLER_SHARE:.0%} of the median step"

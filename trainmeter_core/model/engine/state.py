@@ -41,6 +41,12 @@ class RankState(msgspec.Struct, kw_only=True):
     collective_wait_ema_s: float | None = None
     collective_steps: int = 0
     collectives: dict[str, CollectiveOp] = {}
+    # The same waits by stretches of steps, for the straggler's comparison over the steps every rank reported
+    # (collectives.STRETCH_STEPS steps a stretch, numbered step // STRETCH_STEPS): its latest stretches' numbers,
+    # ascending, and each one's sum of waits and count of steps.
+    wait_stretches: list[int] = []
+    wait_sums_s: list[float] = []
+    wait_counts: list[int] = []
 
 
 class CollectiveOp(msgspec.Struct, kw_only=True):
