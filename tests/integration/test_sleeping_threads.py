@@ -13,7 +13,7 @@ import select
 import threading
 import time
 
-from trainmeter_core.bus.client import Subscriber
+from trainmeter_core.bus.client import Subscriber, poll_ms
 from trainmeter_core.bus.component import STOP_CHECK_S, ComponentContext, Stopping
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
@@ -156,3 +156,17 @@ def test_an_idle_writer_sleeps_and_a_record_put_wakes_it(tmp_path, monkeypatch):
     finally:
         recorder.close()
     assert [r.step for r in read_log(tmp_path)] == list(range(1, 2002))
+
+
+def test_a_subscriber_waits_out_a_timeout_of_less_than_a_millisecond(tmp_path):
+    """pyzmq truncates a poll's float milliseconds: a wait of 0.5 ms was a poll that returned at once, so a loop that
+    waits for a due time spun through its last millisecond (``client.poll_ms`` rounds up)."""
+    subscriber = Subscriber(f"ipc://{tmp_path}/nobody-publishes", None)
+    try:
+        started = time.monotonic()
+        for _ in range(100):
+            assert subscriber.recv(0.0005) is None
+        assert time.monotonic() - started >= 100 * 0.0005  # each waited its half millisecond at least
+    finally:
+        subscriber.close()
+    assert poll_ms(0.0005) == 1 and poll_ms(0.0) == 0 and poll_ms(-1.0) == 0 and poll_ms(1.5) == 1500

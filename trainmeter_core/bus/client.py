@@ -8,6 +8,7 @@ process, so it imports zmq lazily and nothing heavy at import time.
 
 from __future__ import annotations
 
+import math
 import os
 import socket as _socket
 import threading
@@ -216,6 +217,13 @@ def read_endpoints(run_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(run_dir) / "endpoints.json").read_text())
 
 
+def poll_ms(timeout_s: float) -> int:
+    """A zmq poll's timeout in whole milliseconds, rounded up. pyzmq truncates a float's, so a wait of less than a
+    millisecond was a poll that returned at once, and a loop waiting for a due time polled in a spin through its last
+    millisecond: the hub, 90 passes a second (docs/performance.md, "Polls that did not wait")."""
+    return max(0, math.ceil(timeout_s * 1000))
+
+
 class Subscriber:
     """A SUB socket on the hub's XPUB, filtered by kind. Records come back typed, with their ``seq`` set.
 
@@ -273,7 +281,7 @@ class Subscriber:
                 poller.register(self._sock, zmq.POLLIN)
                 poller.register(wake_fd, zmq.POLLIN)
         while not self._pending:
-            ready = poller.poll(None if timeout_s is None else int(timeout_s * 1000))
+            ready = poller.poll(None if timeout_s is None else poll_ms(timeout_s))
             if not ready:
                 return None
             if wake_fd is not None and all(socket == wake_fd for socket, _ in ready):

@@ -22,7 +22,7 @@ import zmq
 
 from trainmeter_core.bus import jobkeys
 from trainmeter_core.bus import jobwire as wire
-from trainmeter_core.bus.client import HOSTNAME
+from trainmeter_core.bus.client import HOSTNAME, poll_ms
 from trainmeter_core.model import records
 
 RESEND_MAX = int(os.environ.get("TM_JOB_RESEND_MAX", "1000000"))
@@ -156,8 +156,7 @@ class Forwarder:
                         poller.register(sock, zmq.POLLIN)
                         poller.register(monitor, zmq.POLLIN)
                 waiting = self.connected and bool(self._unsent or self._inbox)
-                timeout_ms = max(0.0, last_send + SEND_EVERY_S - now) * 1000 if waiting else 100
-                ready = dict(poller.poll(timeout_ms))
+                ready = dict(poller.poll(poll_ms(last_send + SEND_EVERY_S - now) if waiting else 100))
                 if self._wake_r in ready:
                     try:
                         os.read(self._wake_r, 4096)

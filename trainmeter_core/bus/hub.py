@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from trainmeter_core.bus import block_intake, tick_clock
-from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME
+from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME, poll_ms
 from trainmeter_core.bus.publish import Publication
 from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import Recorder
@@ -203,8 +203,7 @@ class Hub:
             due = (
                 min(next_tick, next_stats) if job is None else min(next_tick, next_stats, job.next_timer(now))
             )
-            timeout_ms = max(0.0, due - time.monotonic()) * 1000
-            events = dict(poller.poll(timeout_ms))
+            events = dict(poller.poll(poll_ms(due - time.monotonic())))
             if self._wake_r in events:
                 try:
                     os.read(self._wake_r, 4096)
