@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from trainmeter_core.bus.component import Component, ComponentContext
-from trainmeter_core.bus.proctree import ProcessTree, ProcStat, read_io_b, read_rss_b
+from trainmeter_core.bus.proctree import KeptFiles, ProcessTree, ProcStat, read_io_b, read_rss_b
 from trainmeter_core.model import records
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 from trainmeter_sources.node import NodeReader
@@ -37,7 +37,8 @@ class TreeSampler:
 
     @classmethod
     def for_root(cls, root: int, proc: str = "/proc") -> TreeSampler:
-        return cls(root, ProcessTree(root, proc))
+        """A sampler of ``root``'s tree that keeps the files it reads each beat open (``KeptFiles``)."""
+        return cls(root, ProcessTree(root, proc, files=KeptFiles()))
 
     def sample(self, now_t: float) -> records.SampleHost | None:
         """The tree now; None once every process of it is gone."""
@@ -49,9 +50,10 @@ class TreeSampler:
         record = records.SampleHost(root_pid=self.root, procs=len(stats), t=now_t)
         absent: dict[str, str] = {}
         record.threads = sum(s.threads for s in stats.values())
-        rss = {pid: read_rss_b(pid, proc) for pid in stats}
+        files = self.tree.files
+        rss = {pid: read_rss_b(pid, proc, files) for pid in stats}
         record.rss_b = sum(r for r in rss.values() if r is not None)
-        io = {pid: read_io_b(pid, proc) for pid in stats}
+        io = {pid: read_io_b(pid, proc, files) for pid in stats}
         cores: dict[int, float] = {}
         if window_s is None:
             for name in ("cpu_cores", "window_s", "io_read_bps", "io_write_bps"):
@@ -106,26 +108,31 @@ class HostSampler(Component):
         tree = TreeSampler.for_root(root) if root else None
         node = NodeReader()
         paths: dict[str, list[str]] = {"run": [str(ctx.run_dir)], "checkpoints": [], "shm": [SHM]}
-        next_t = time.monotonic()
-        while not ctx.stopping.is_set():
-            now_t = time.monotonic()
-            batch: list[records.Record] = []
-            if tree is not None:
-                record = tree.sample(now_t)
-                if record is not None:
-                    batch.append(record)
-            sample = node.read(
-                now_t, paths, cgroup_pid=root if root and os.path.exists(f"/proc/{root}") else "self"
-            )
-            sample.t = now_t
-            batch.append(sample)
-            # One message for both: the hub wakes once a second for them, not twice (on a virtual machine a wake costs
-            # 0.1 to 0.3 ms of CPU, docs/performance.md "Windows of a second").
-            ctx.publish_many(batch)
-            next_t += interval_s
-            if next_t < time.monotonic():
-                next_t = time.monotonic() + interval_s
-            self._wait(ctx, next_t, paths)
+        try:
+            next_t = time.monotonic()
+            while not ctx.stopping.is_set():
+                now_t = time.monotonic()
+                batch: list[records.Record] = []
+                if tree is not None:
+                    record = tree.sample(now_t)
+                    if record is not None:
+                        batch.append(record)
+                sample = node.read(
+                    now_t, paths, cgroup_pid=root if root and os.path.exists(f"/proc/{root}") else "self"
+                )
+                sample.t = now_t
+                batch.append(sample)
+                # One message for both: the hub wakes once a second for them, not twice (on a virtual machine a
+                # wake costs 0.1 to 0.3 ms of CPU, docs/performance.md "Windows of a second").
+                ctx.publish_many(batch)
+                next_t += interval_s
+                if next_t < time.monotonic():
+                    next_t = time.monotonic() + interval_s
+                self._wait(ctx, next_t, paths)
+        finally:
+            node.close()  # the files it kept open
+            if tree is not None and tree.tree.files is not None:
+                tree.tree.files.close()
 
     @staticmethod
     def _wait(ctx: ComponentContext, until_t: float, paths: dict[str, list[str]]) -> None:

@@ -9,9 +9,11 @@ names them absent ("first sample: no window yet") instead of guessing.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 
+from trainmeter_core.bus.proctree import KeptFiles
 from trainmeter_core.model import records
 from trainmeter_core.model.platform_adapters import FIRST_SAMPLE
 
@@ -19,6 +21,13 @@ SECTOR_B = 512  # /proc/diskstats counts 512-byte sectors whatever the device's 
 # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number; anything this large is no limit.
 _UNLIMITED_B = 1 << 60
 _NOT_DISKS = ("loop", "ram", "zram", "fd", "sr")
+#: The fields of /proc/meminfo a node sample reads.
+_MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "SwapTotal", "SwapFree"})
+#: How long a cgroup file found missing is not looked for again (where the cgroup's own files sit differs between a
+#: host and a container: the candidate that is not there would be looked up on every beat).
+MISSING_RETRY_S = 30.0
+#: How long a filesystem's mount point is taken as known while statvfs still names the same filesystem.
+MOUNT_KEPT_S = 60.0
 
 
 @dataclass
@@ -37,42 +46,60 @@ def _read(path: str) -> str | None:
         return None
 
 
-def cpu_times(proc: str = "/proc") -> list[int] | None:
+def _kept(files: KeptFiles, retry_s: float | None = None) -> Callable[[str], str | None]:
+    """``_read`` through files kept open."""
+
+    def read(path: str) -> str | None:
+        data = files.read(path, retry_s=retry_s)
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    return read
+
+
+def cpu_times(proc: str = "/proc", read: Callable[[str], str | None] = _read) -> list[int] | None:
     """The first eight fields of the ``cpu`` line: user nice system idle iowait irq softirq steal (clock ticks)."""
-    text = _read(f"{proc}/stat")
+    text = read(f"{proc}/stat")
     if not text or not text.startswith("cpu "):
         return None
     values = [int(x) for x in text.split("\n", 1)[0].split()[1:9]]
     return values if len(values) == 8 else None
 
 
-def meminfo_b(proc: str = "/proc") -> dict[str, int]:
-    """``/proc/meminfo`` in bytes (the file says kB and means KiB)."""
+def meminfo_b(
+    proc: str = "/proc", read: Callable[[str], str | None] = _read, keys: Container[str] | None = None
+) -> dict[str, int]:
+    """``/proc/meminfo`` in bytes (the file says kB and means KiB): every field, or those of ``keys``."""
     values = {}
-    for line in (_read(f"{proc}/meminfo") or "").splitlines():
+    for line in (read(f"{proc}/meminfo") or "").splitlines():
         key, _, rest = line.partition(":")
+        if keys is not None and key not in keys:
+            continue
         parts = rest.split()
         if parts and parts[0].isdigit():
             values[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
     return values
 
 
-def disk_counters(proc: str = "/proc", sys_block: str = "/sys/block") -> dict[str, tuple[int, int, int]]:
+def disk_counters(
+    proc: str = "/proc", sys_block: str = "/sys/block", read: Callable[[str], str | None] = _read
+) -> dict[str, tuple[int, int, int]]:
     try:
         whole = {name for name in os.listdir(sys_block) if not name.startswith(_NOT_DISKS)}
     except OSError:
         whole = set()
     counters = {}
-    for line in (_read(f"{proc}/diskstats") or "").splitlines():
+    for line in (read(f"{proc}/diskstats") or "").splitlines():
         fields = line.split()
         if len(fields) >= 13 and fields[2] in whole:
             counters[fields[2]] = (int(fields[5]), int(fields[9]), int(fields[12]))
     return counters
 
 
-def net_counters(proc: str = "/proc") -> dict[str, tuple[int, int]]:
+def net_counters(
+    proc: str = "/proc", read: Callable[[str], str | None] = _read
+) -> dict[str, tuple[int, int]]:
     counters = {}
-    for line in (_read(f"{proc}/net/dev") or "").splitlines()[2:]:
+    for line in (read(f"{proc}/net/dev") or "").splitlines()[2:]:
         name, _, rest = line.partition(":")
         fields = rest.split()
         name = name.strip()
@@ -81,23 +108,28 @@ def net_counters(proc: str = "/proc") -> dict[str, tuple[int, int]]:
     return counters
 
 
-def cgroup_limits(pid: int | str = "self", proc: str = "/proc", root: str = "/sys/fs/cgroup") -> dict:
+def cgroup_limits(
+    pid: int | str = "self", proc: str = "/proc", root: str = "/sys/fs/cgroup", files: KeptFiles | None = None
+) -> dict:
     """``cpu_quota_cores``, ``mem_limit_b``, ``mem_used_b`` of the cgroup ``pid`` lives in, and reasons for the rest.
 
     cgroup v2 (``cpu.max``, ``memory.max``, ``memory.current``) or v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``,
-    ``memory.limit_in_bytes``, ``memory.usage_in_bytes``); a quota of 200000 per 100000 µs is 2 cores.
+    ``memory.limit_in_bytes``, ``memory.usage_in_bytes``); a quota of 200000 per 100000 µs is 2 cores. ``files``: read
+    through files kept open, a cgroup file found missing looked for again after ``MISSING_RETRY_S``.
     """
+    read = _read if files is None else _kept(files)
+    read_cgroup = _read if files is None else _kept(files, MISSING_RETRY_S)
     found: dict = {"absent": {}}
     paths: dict[str, str] = {}
-    for line in (_read(f"{proc}/{pid}/cgroup") or "").splitlines():
+    for line in (read(f"{proc}/{pid}/cgroup") or "").splitlines():
         _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
         for controller in controllers.split(",") if controllers else [""]:
             paths[controller] = path
-    v2 = os.path.exists(f"{root}/cgroup.controllers")
+    v2 = read_cgroup(f"{root}/cgroup.controllers") is not None
 
     def first(candidates: Iterable[str]) -> str | None:
         for candidate in candidates:
-            text = _read(candidate)
+            text = read_cgroup(candidate)
             if text is not None:
                 return text.strip()
         return None
@@ -151,15 +183,30 @@ def mount_of(path: str) -> str | None:
         current = parent
 
 
-def filesystem(role: str, path: str) -> records.FsStat | None:
+def filesystem(
+    role: str, path: str, mounts: dict[str, tuple[int, str | None, float]] | None = None
+) -> records.FsStat | None:
+    """``path``'s filesystem, its size and what is free. ``mounts`` keeps each path's mount point (with the statvfs
+    ``f_fsid`` it was found under and when): looked up again when the filesystem changes or after ``MOUNT_KEPT_S``,
+    not on every beat (``mount_of`` walks up the path, a realpath and two lstats a level)."""
     try:
         st = os.statvfs(path)
     except OSError:
         return None
+    if mounts is None:
+        mount = mount_of(path)
+    else:
+        now = time.monotonic()
+        kept = mounts.get(path)
+        if kept is not None and kept[0] == st.f_fsid and now - kept[2] < MOUNT_KEPT_S:
+            mount = kept[1]
+        else:
+            mount = mount_of(path)
+            mounts[path] = (st.f_fsid, mount, now)
     return records.FsStat(
         role=role,  # type: ignore[arg-type]
         path=path,
-        mount=mount_of(path),
+        mount=mount,
         total_b=st.f_blocks * st.f_frsize,
         avail_b=st.f_bavail * st.f_frsize,
     )
@@ -175,13 +222,24 @@ class NodeReader:
         self.sys_block = sys_block
         self.cgroup_root = cgroup_root
         self._previous: _Counters | None = None
+        #: The files it reads on every beat, kept open (``KeptFiles``), and each path's mount point (``filesystem``)
+        self.files = KeptFiles()
+        self._read = _kept(self.files)
+        self._mounts: dict[str, tuple[int, str | None, float]] = {}
+
+    def close(self) -> None:
+        """Close the files it keeps open."""
+        self.files.close()
 
     def read(
         self, now_t: float, paths: Mapping[str, Iterable[str]], cgroup_pid: int | str = "self"
     ) -> records.SampleNode:
         """The ``sample.node`` record; ``paths`` maps a role (run, checkpoints, shm) to the paths that play it."""
         counters = _Counters(
-            now_t, cpu_times(self.proc), disk_counters(self.proc, self.sys_block), net_counters(self.proc)
+            now_t,
+            cpu_times(self.proc, self._read),
+            disk_counters(self.proc, self.sys_block, self._read),
+            net_counters(self.proc, self._read),
         )
         previous, self._previous = self._previous, counters
         node = records.SampleNode(cpu_count=os.cpu_count())
@@ -204,12 +262,12 @@ class NodeReader:
             self._cpu_split(node, absent, previous.cpu, counters.cpu)
             node.disks = _disk_rates(previous.disks, counters.disks, window_s)
             node.net = _net_rates(previous.net, counters.net, window_s)
-        load = (_read(f"{self.proc}/loadavg") or "").split()
+        load = (self._read(f"{self.proc}/loadavg") or "").split()
         if len(load) >= 3:
             node.load1, node.load5, node.load15 = (float(x) for x in load[:3])
         else:
             absent.update(load1="no /proc/loadavg", load5="no /proc/loadavg", load15="no /proc/loadavg")
-        memory = meminfo_b(self.proc)
+        memory = meminfo_b(self.proc, self._read, _MEMINFO_KEYS)
         for field, key in (
             ("mem_total_b", "MemTotal"),
             ("mem_available_b", "MemAvailable"),
@@ -223,11 +281,11 @@ class NodeReader:
             node.swap_used_b = memory["SwapTotal"] - memory["SwapFree"]
         else:
             absent["swap_used_b"] = "no SwapFree in /proc/meminfo"
-        limits = cgroup_limits(cgroup_pid, self.proc, self.cgroup_root)
+        limits = cgroup_limits(cgroup_pid, self.proc, self.cgroup_root, self.files)
         absent.update(limits.pop("absent"))
         for field, value in limits.items():
             setattr(node, field, value)
-        node.filesystems = _filesystems(paths)
+        node.filesystems = _filesystems(paths, self._mounts)
         node.absent = absent
         return node
 
@@ -282,7 +340,9 @@ def _net_rates(before: dict, after: dict, window_s: float) -> list[records.NetSt
     ]
 
 
-def _filesystems(paths: Mapping[str, Iterable[str]]) -> list[records.FsStat]:
+def _filesystems(
+    paths: Mapping[str, Iterable[str]], mounts: dict[str, tuple[int, str | None, float]]
+) -> list[records.FsStat]:
     found = []
     seen: set[tuple[str, str]] = set()
     for role, role_paths in paths.items():
@@ -290,7 +350,7 @@ def _filesystems(paths: Mapping[str, Iterable[str]]) -> list[records.FsStat]:
             if (role, path) in seen:
                 continue
             seen.add((role, path))
-            stat = filesystem(role, path)
+            stat = filesystem(role, path, mounts)
             if stat is not None:
                 found.append(stat)
     return found

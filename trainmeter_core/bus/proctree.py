@@ -6,8 +6,10 @@ created somewhere (the last pid in ``/proc/loadavg`` moved); a stable tree costs
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -26,12 +28,81 @@ class ProcStat:
     )
 
 
-def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
-    """One process's ``stat``, or None if it is gone (or a zombie, which uses nothing any more)."""
+#: What ``KeptFiles.read`` asks for in one ``pread``; a larger file takes more.
+_CHUNK_B = 65536
+
+
+class KeptFiles:
+    """Files of ``/proc`` and ``/sys`` that a sampler reads again and again, each kept open and read from its start by
+    ``os.pread``: procfs and sysfs make a file's contents afresh at each read from offset 0. Opening and closing ten
+    such files cost a beat 0.44 ms of CPU after a second's sleep, reading them this way 0.19 ms (docs/performance.md,
+    "The host sampler's beat"). A file kept for a process reads as gone once that process is, never as another's
+    that took its pid. A file that cannot be opened or read gives None and is closed; the next read opens it again,
+    at once or, with ``retry_s``, once that long has passed (a path that is missing for good is not looked up on
+    every beat)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._groups: dict[str, int | None] = {}
+        self._missing: dict[str, float] = {}
+
+    def read(self, path: str, group: int | None = None, retry_s: float | None = None) -> bytes | None:
+        """The file's contents now, or None; ``group`` (a pid, say) lets ``keep_groups`` close it later."""
+        fd = self._fds.get(path)
+        if fd is None:
+            if retry_s is not None and time.monotonic() < self._missing.get(path, -math.inf):
+                return None
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                if retry_s is not None:
+                    self._missing[path] = time.monotonic() + retry_s
+                return None
+            self._missing.pop(path, None)
+            self._fds[path], self._groups[path] = fd, group
+        try:
+            data = os.pread(fd, _CHUNK_B, 0)
+            if len(data) == _CHUNK_B:
+                parts = [data]
+                while len(parts[-1]) == _CHUNK_B:
+                    parts.append(os.pread(fd, _CHUNK_B, _CHUNK_B * len(parts)))
+                data = b"".join(parts)
+        except OSError:
+            self.forget(path)
+            return None
+        return data
+
+    def forget(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        self._groups.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def keep_groups(self, groups: Container[int]) -> None:
+        """Close the files read with a group that ``groups`` does not hold (the pids that left a tree)."""
+        for path, group in list(self._groups.items()):
+            if group is not None and group not in groups:
+                self.forget(path)
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self.forget(path)
+
+
+def _read_bytes(path: str, files: KeptFiles | None, group: int | None = None) -> bytes | None:
+    if files is not None:
+        return files.read(path, group)
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            data = f.read()
+        with open(path, "rb") as f:
+            return f.read()
     except OSError:
+        return None
+
+
+def read_stat(pid: int, proc: str = "/proc", files: KeptFiles | None = None) -> ProcStat | None:
+    """One process's ``stat``, or None if it is gone (or a zombie, which uses nothing any more)."""
+    data = _read_bytes(f"{proc}/{pid}/stat", files, pid)
+    if data is None:
         return None
     # The name sits in parentheses and may itself hold spaces or parentheses: split at the last ')'.
     close = data.rfind(b")")
@@ -51,20 +122,18 @@ def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
     )
 
 
-def read_rss_b(pid: int, proc: str = "/proc") -> int | None:
+def read_rss_b(pid: int, proc: str = "/proc", files: KeptFiles | None = None) -> int | None:
+    data = _read_bytes(f"{proc}/{pid}/statm", files, pid)
     try:
-        with open(f"{proc}/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE_B
-    except (OSError, IndexError, ValueError):
+        return int(data.split()[1]) * PAGE_B if data is not None else None
+    except (IndexError, ValueError):
         return None
 
 
-def read_io_b(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
+def read_io_b(pid: int, proc: str = "/proc", files: KeptFiles | None = None) -> tuple[int, int] | None:
     """(bytes read, bytes written) from storage, cumulative; None when ``io`` is not readable (another user's)."""
-    try:
-        with open(f"{proc}/{pid}/io", "rb") as f:
-            text = f.read()
-    except OSError:
+    text = _read_bytes(f"{proc}/{pid}/io", files, pid)
+    if text is None:
         return None
     values = {}
     for line in text.splitlines():
@@ -100,12 +169,12 @@ def read_cmdline(pid: int, proc: str = "/proc") -> list[str] | None:
     return [part.decode(errors="replace") for part in data.split(b"\0") if part]
 
 
-def last_pid(proc: str = "/proc") -> int | None:
+def last_pid(proc: str = "/proc", files: KeptFiles | None = None) -> int | None:
     """The last pid the kernel handed out in this pid namespace (the fifth field of ``/proc/loadavg``)."""
+    data = _read_bytes(f"{proc}/loadavg", files)
     try:
-        with open(f"{proc}/loadavg", "rb") as f:
-            return int(f.read().split()[4])
-    except (OSError, IndexError, ValueError):
+        return int(data.split()[4]) if data is not None else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -143,11 +212,17 @@ class ProcessTree:
     """The processes under ``root`` (itself included), kept current at the cost of the tree, not of ``/proc``."""
 
     def __init__(
-        self, root: int, proc: str = "/proc", last_pid_reader: Callable[[], int | None] | None = None
+        self,
+        root: int,
+        proc: str = "/proc",
+        last_pid_reader: Callable[[], int | None] | None = None,
+        files: KeptFiles | None = None,
     ):
         self.root = root
         self.proc = proc
-        self._last_pid = last_pid_reader or (lambda: last_pid(proc))
+        #: Where ``refresh`` reads each process's ``stat`` and the last pid (kept open), when given
+        self.files = files
+        self._last_pid = last_pid_reader or (lambda: last_pid(proc, files))
         self._seen_last_pid: int | None = None
         self.pids: set[int] = set()
         self.walks = 0  # how many times the tree was walked from the root (the benchmark and tests read it)
@@ -160,10 +235,12 @@ class ProcessTree:
             self._seen_last_pid = newest
         stats = {}
         for pid in sorted(self.pids):
-            stat = read_stat(pid, self.proc)
+            stat = read_stat(pid, self.proc, self.files)
             if stat is not None:
                 stats[pid] = stat
         self.pids = set(stats)
+        if self.files is not None:
+            self.files.keep_groups(self.pids)  # the files of processes that left the tree are closed
         return stats
 
     def _walk(self) -> None:
