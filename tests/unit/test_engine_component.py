@@ -98,3 +98,43 @@ def test_asking_again_with_nothing_new_rewrites_no_file(tmp_path):
     saved.now(ctx)  # type: ignore[arg-type]
     assert (tmp_path / CHECKPOINT).stat().st_ino == inode and first
     assert [records.kind_of(r) for r in ctx.records].count("history.sync") == 2  # answered both times
+
+
+def test_an_engine_nobody_asked_journals_nothing_and_its_empty_deltas_say_they_are_not_complete(tmp_path):
+    """The engine component's engine keeps no journal until the first ``history.request``: its deltas number the ticks
+    and say they lack points, so a copy loaded before it was asked asks again; from the request on, a copy loaded from
+    the answer's checkpoint and fed the deltas holds the engine's history exactly."""
+    live = LiveEngine(Engine(history=JournaledHistory(capacity=64, merge=2, tiers=3)), journal=False)
+    ctx = Published()
+    logged = run_records(600)
+    half = (
+        next(i for i, r in enumerate(logged) if isinstance(r, records.Tick) and r.n == 60) + 1
+    )  # step 300's tick
+    for record in logged[:half]:
+        for out in live.feed(record):
+            ctx.publish(out)
+    before = [r for r in ctx.records if isinstance(r, records.HistoryDelta)]
+    assert [d.n for d in before] == list(range(1, 61))
+    assert all(not d.complete and not d.runs and not d.points and not d.series for d in before)
+    assert live.history.added_points("train_loss") == 300  # the history itself keeps every point
+    # A copy that loaded a checkpoint written before anyone asked (a periodic one) cannot use the next delta.
+    early = HistoryReplica()
+    early.load(History(capacity=64, merge=2, tiers=3), live.incarnation, 59)
+    assert early.apply(before[-1]) == "out of step" and early.n == 59
+
+    live.listened()  # what the component does on a history.request, before it answers
+    Saved(tmp_path, live).now(ctx)  # type: ignore[arg-type]
+    sync = ctx.records[-1]
+    assert isinstance(sync, records.HistorySync) and sync.n == 60  # nothing journaled: no extra delta
+    saved = load_history(tmp_path)
+    assert saved is not None
+    replica = HistoryReplica()
+    replica.load(saved.history, saved.incarnation, saved.history_n)
+    after = []
+    for record in logged[half:]:
+        after += [out for out in live.feed(record) if isinstance(out, records.HistoryDelta)]
+    assert all(d.complete for d in after)
+    losses = [step for d in after for run in d.runs if d.series[run[0]] == "train_loss" for step in run[1]]
+    assert losses == [float(step) for step in range(301, 601)]  # every step's loss after the request, once
+    assert all(replica.apply(d) == "applied" for d in after)
+    assert replica.history.to_state() == live.history.to_state()  # every tier, every byte

@@ -83,3 +83,24 @@ def test_runs_of_points_reach_a_copy_as_the_engine_holds_them_each_series_in_its
         assert replica.apply(delta) == "applied"
     assert engine.journaled() == 0
     assert records.encode(replica.history.to_state()) == records.encode(engine.to_state())
+
+
+def test_a_journal_switched_off_keeps_the_points_in_the_history_alone():
+    history = JournaledHistory()
+    history.journaling = False
+    history.add_point("lr", 1.0, 100.0, NAN, 5.0, 1e-3)
+    history.add_points("train_loss", [3.0, 4.0], [300.0, 400.0], [NAN, NAN], [7.0, 8.0], [1.2, 1.1])
+    assert history.journaled() == 0 and history.take() == ([], [])
+    assert history.added_points("lr") == 1 and history.added_points("train_loss") == 2
+    history.journaling = True
+    history.add_point("lr", 2.0, 200.0, NAN, 6.0, 1e-3)
+    assert history.journaled() == 1
+
+
+def test_a_copy_takes_a_delta_that_says_it_lacks_points_as_out_of_step_unless_it_already_has_it():
+    replica = HistoryReplica()
+    replica.load(History(), "e1", 4)
+    assert replica.apply(records.HistoryDelta(incarnation="e1", n=4, complete=False)) == "already"
+    assert replica.apply(records.HistoryDelta(incarnation="e1", n=5, complete=False)) == "out of step"
+    assert replica.n == 4
+    assert replica.apply(records.HistoryDelta(incarnation="e1", n=5)) == "applied"

@@ -1,6 +1,7 @@
 """The engine on the bus, the one engine of a live run: feeds every record, in hub order, to the pure engine and
-publishes its snapshots, each followed by a ``history`` delta (the points added since the previous one), so the
-dashboard keeps a copy of the history instead of computing it again.
+publishes its snapshots, each followed by a ``history`` delta (the points added since the previous one, journaled from
+the first ``history.request`` on: until a dashboard asks, a delta is empty and says so), so the dashboard keeps a copy
+of the history instead of computing it again.
 
 It checkpoints to its own file (``engine.ckpt``, this component its only writer) every few minutes, at the end, and when
 a dashboard asks for the whole history (``history.request``, answered by ``history.sync``). After a restart it loads
@@ -34,14 +35,21 @@ class LiveEngine:
     """
 
     def __init__(
-        self, engine: Engine | None = None, through_seq: int = 0, incarnation: str | None = None
+        self,
+        engine: Engine | None = None,
+        through_seq: int = 0,
+        incarnation: str | None = None,
+        journal: bool = True,
     ) -> None:
+        """``journal``: False keeps no journal of the history's points until ``listened`` (the first
+        ``history.request``): its deltas until then are empty and say they are not complete."""
         self.engine = engine if engine is not None else Engine(history=JournaledHistory())
         if not isinstance(self.engine.history, JournaledHistory):
             raise TypeError(
                 "a live engine journals its history: restore it with history_type=JournaledHistory"
             )
         self.history: JournaledHistory = self.engine.history
+        self.history.journaling = journal
         self.through_seq = through_seq
         self.incarnation = incarnation or secrets.token_hex(4)
         self.n = 0  # the last history delta published
@@ -71,6 +79,11 @@ class LiveEngine:
         """Live from here on: the history's past reaches a dashboard whole (``history.sync``), never as a delta."""
         self.history.forget()
 
+    def listened(self) -> None:
+        """Someone keeps a copy of the history (a ``history.request`` came): journal every point from here on. The
+        points before reach it whole, through the checkpoint that answers the request."""
+        self.history.journaling = True
+
     def feed(self, record: records.Record | records.Unknown) -> list[records.Record]:
         """Feed one live record; returns what to publish: nothing, or its snapshot followed by the history delta."""
         if (
@@ -89,10 +102,16 @@ class LiveEngine:
 
     def delta(self) -> records.HistoryDelta:
         """The points added since the previous delta, as the next delta."""
-        names, runs = self.history.take()
+        history = self.history
+        names, runs = history.take()
         self.n += 1
         return records.HistoryDelta(
-            incarnation=self.incarnation, n=self.n, through_seq=self.through_seq, series=names, runs=runs
+            incarnation=self.incarnation,
+            n=self.n,
+            complete=history.journaling,
+            through_seq=self.through_seq,
+            series=names,
+            runs=runs,
         )
 
     def pending_points(self) -> bool:
@@ -109,7 +128,9 @@ class EngineComponent(Component):
 
     def run(self, ctx: ComponentContext) -> None:
         engine, through_seq = load_checkpoint(ctx.run_dir, JournaledHistory)
-        live = LiveEngine(engine, through_seq)
+        # No journal until a dashboard asks: a tight loop's points are 225 KB of deltas a second, sent to nobody in a
+        # run without one (docs/performance.md, "Deltas nobody asked for").
+        live = LiveEngine(engine, through_seq, journal=False)
         handover = HandOver(ctx.run_dir, ctx.recv, ctx.stopping)
         ended = False
 
@@ -135,6 +156,7 @@ class EngineComponent(Component):
                     ctx.publish(out)
                 kind = records.kind_of(record)
                 if kind == "history.request":
+                    live.listened()
                     saved.now(ctx)
                 elif kind == "run.end":
                     saved.now(ctx)

@@ -25,6 +25,8 @@ class JournaledHistory(History):
 
     def __init__(self, capacity: int = 4096, merge: int = 16, tiers: int = 3) -> None:
         super().__init__(capacity, merge, tiers)
+        #: False: points are added to the history alone, nothing journaled (nobody receives deltas yet)
+        self.journaling = True
         # In the order added: a point (its series, then its axes and value as floats), or a run of points of one series
         # (``add_points``: its series, then each axis and the values as a list)
         self._journal: list[tuple[str, Any, Any, Any, Any, Any]] = []
@@ -33,7 +35,8 @@ class JournaledHistory(History):
         self, series: str, step: float, tokens: float, flop: float, wall: float, value: float
     ) -> None:
         super().add_point(series, step, tokens, flop, wall, value)
-        self._journal.append((series, step, tokens, flop, wall, value))
+        if self.journaling:
+            self._journal.append((series, step, tokens, flop, wall, value))
 
     def add_points(
         self,
@@ -45,7 +48,7 @@ class JournaledHistory(History):
         value: Sequence[float],
     ) -> None:
         super().add_points(series, step, tokens, flop, wall, value)
-        if value:
+        if value and self.journaling:
             self._journal.append((series, list(step), list(tokens), list(flop), list(wall), list(value)))
 
     def take(
@@ -108,13 +111,14 @@ class HistoryReplica:
         self.n = n
 
     def apply(self, delta: records.HistoryDelta) -> Applied:
-        """Apply the next delta. ``already``: this copy reflects it; ``out of step``: a delta is missing or another
-        engine sent it, and only a whole history puts the copy right (it is left untouched)."""
+        """Apply the next delta. ``already``: this copy reflects it; ``out of step``: a delta is missing, another
+        engine sent it, or it lacks points (the engine kept no journal), and only a whole history puts the copy right
+        (it is left untouched)."""
         if delta.incarnation != self.incarnation:
             return "out of step"
         if delta.n <= self.n:
             return "already"
-        if delta.n != self.n + 1:
+        if delta.n != self.n + 1 or not delta.complete:
             return "out of step"
         names = delta.series
         if not all(0 <= point[0] < len(names) for point in delta.points):

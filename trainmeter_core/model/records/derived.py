@@ -168,10 +168,13 @@ class HistoryDelta(Record, tag="history", kw_only=True):
     The engine sends a series' points as one run, ``[series index, steps, tokens, flops, walls, values]``: columns of
     one length, in the order it added them, the runs in the order their series first gained a point. A point of
     ``points`` is ``[series index, step, tokens, flop, wall, value]``, as an engine before the runs sent every point; a
-    replica applies ``points`` first, then ``runs``. An axis the engine did not know is NaN (``null`` in JSON)."""
+    replica applies ``points`` first, then ``runs``. An axis the engine did not know is NaN (``null`` in JSON).
+    ``complete`` is false while the engine keeps no journal of its points (nobody has asked for its history since it
+    started): such a delta only numbers the tick, and a replica must ask for the whole history."""
 
     incarnation: str  # one engine process's life: a restarted engine starts a new one and counts ``n`` from 1
     n: int
+    complete: bool = True  # false: not every point added since the previous delta is in it
     through_seq: int | None = None  # the last hub sequence number the history reflects
     series: list[str] = []  # the names the points refer to, by index
     points: list[tuple[int, float, float, float, float, float]] = []
