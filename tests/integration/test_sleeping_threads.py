@@ -14,7 +14,7 @@ import threading
 import time
 
 from trainmeter_core.bus.client import Subscriber, poll_ms
-from trainmeter_core.bus.component import STOP_CHECK_S, ComponentContext, Stopping
+from trainmeter_core.bus.component import STOP_CHECK_S, ComponentContext, Stopping, alerts_until_stopped
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.recorder import Recorder
@@ -95,6 +95,32 @@ def test_a_component_waiting_for_records_sleeps_through_its_timeout_and_wakes_at
         started = time.monotonic()
         assert ctx.recv(60.0) is None
         assert STOP_CHECK_S * 0.5 <= time.monotonic() - started < 30.0
+    finally:
+        ctx.close()
+
+
+def test_an_alert_sink_sleeps_while_no_alert_comes_and_ends_soon_after_the_stop(tmp_path):
+    # alerts_until_stopped waited a second at a time (a wake a second in every sink: the terminal's, the alerts
+    # file's, a webhook's); the stop's pipe ends its wait, so it now waits for as long as no record comes.
+    stopping = Stopping()
+    (tmp_path / "endpoints.json").write_text(
+        json.dumps({"in": f"ipc://{tmp_path}/in", "out": f"ipc://{tmp_path}/out"})
+    )
+    (tmp_path / "meta.json").write_text("{}")
+    ctx = ComponentContext("sink", tmp_path, stopping, ("alert",))
+    try:
+        got: list = []
+        sink = threading.Thread(target=lambda: got.extend(alerts_until_stopped(ctx)))
+        sink.start()
+        time.sleep(0.5)  # past the log's first read, in its wait
+        before = _wakes(sink)
+        time.sleep(3.0)
+        during = _wakes(sink) - before
+        assert during <= 1, f"{during} wakes in 3 s with no record"
+        stopping.set()
+        started = time.monotonic()
+        sink.join(30.0)
+        assert not sink.is_alive() and time.monotonic() - started < 10.0 and got == []
     finally:
         ctx.close()
 

@@ -152,6 +152,10 @@ class ComponentContext:
 
 #: The hub's once-a-second record, received by an alert sink until one comes (``alerts_until_stopped``)
 TICK = "tick"
+#: How long an alert sink waits for its next record while the run goes on: the stop wakes it at once where the
+#: context can be woken (``ComponentContext.recv``), so a shorter wait would only wake it for nothing, 0.1 to 0.2 ms
+#: of CPU each time (docs/performance.md, "Sinks that wait for an alert").
+ALERT_WAIT_S = 60.0
 
 
 def alerts_until_stopped(ctx: ComponentContext) -> Iterator[records.Alert]:
@@ -184,7 +188,7 @@ def alerts_until_stopped(ctx: ComponentContext) -> Iterator[records.Alert]:
             drain_until, last_t = now + STOP_DRAIN_MAX_S, now
         if drain_until is not None and (now >= drain_until or now - last_t >= STOP_QUIET_S):  # type: ignore[operator]
             break
-        record = ctx.recv(1.0)  # at once at the stop, and every STOP_CHECK_S from then on
+        record = ctx.recv(ALERT_WAIT_S)  # at once at the stop, and every STOP_CHECK_S from then on
         alert = isinstance(record, records.Alert)
         if not alert and not (ticks and type(record) is records.Tick):
             continue
