@@ -60,12 +60,14 @@ def test_a_subscriber_waiting_with_a_wake_fd_returns_when_the_fd_is_readable(tmp
         subscriber.close()
 
 
-def _context(tmp_path, stopping: threading.Event) -> ComponentContext:
+def _context(
+    tmp_path, stopping: threading.Event, name: str = "test", kinds: tuple[str, ...] = ("tick",)
+) -> ComponentContext:
     (tmp_path / "endpoints.json").write_text(
         json.dumps({"in": f"ipc://{tmp_path}/in", "out": f"ipc://{tmp_path}/out"})
     )
     (tmp_path / "meta.json").write_text("{}")
-    return ComponentContext("test", tmp_path, stopping, ("tick",))
+    return ComponentContext(name, tmp_path, stopping, kinds)
 
 
 def test_a_component_waiting_for_records_sleeps_through_its_timeout_and_wakes_at_the_stop(tmp_path):
@@ -103,11 +105,7 @@ def test_an_alert_sink_sleeps_while_no_alert_comes_and_ends_soon_after_the_stop(
     # alerts_until_stopped waited a second at a time (a wake a second in every sink: the terminal's, the alerts
     # file's, a webhook's); the stop's pipe ends its wait, so it now waits for as long as no record comes.
     stopping = Stopping()
-    (tmp_path / "endpoints.json").write_text(
-        json.dumps({"in": f"ipc://{tmp_path}/in", "out": f"ipc://{tmp_path}/out"})
-    )
-    (tmp_path / "meta.json").write_text("{}")
-    ctx = ComponentContext("sink", tmp_path, stopping, ("alert",))
+    ctx = _context(tmp_path, stopping, "sink", ("alert",))
     try:
         got: list = []
         sink = threading.Thread(target=lambda: got.extend(alerts_until_stopped(ctx)))
