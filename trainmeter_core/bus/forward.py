@@ -64,6 +64,9 @@ class Forwarder:
         self.max_bytes = max_bytes
         self._held_b = 0  # the bytes of the records held (in flight or unsent), on the forwarder's thread
         self.head = 0  # the last forwarding sequence number given (on the hub's thread)
+        self._taken = (
+            0  # the last one moved from the inbox to the forwarder's thread (``head`` may be ahead of it)
+        )
         self.acked = 0
         self.overflowed = 0  # records that fell out of the resend buffer before the job hub acknowledged them
         self.sent_messages = 0
@@ -293,6 +296,7 @@ class Forwarder:
         while inbox:
             item = inbox.popleft()
             unsent.append(item)
+            self._taken = item[0]
             self._held_b += len(item[1])  # type: ignore[arg-type]
         excess = len(self._inflight) + len(unsent) - self.max_records
         # Past either bound the oldest goes (the newest always stays): the job hub learns of it as a gap when it asks.
@@ -303,12 +307,14 @@ class Forwarder:
             excess -= 1
 
     def _floor(self) -> int:
-        """The oldest forwarding sequence number still held."""
+        """The oldest forwarding sequence number still held. With nothing held, the one after the last taken from the
+        inbox, never ``head + 1``: the hub may have numbered records this thread has not taken yet, and a want answered
+        from ``head`` would tell them lost as a gap while they wait in the inbox."""
         if self._inflight:
             return self._inflight[0][0]
         if self._unsent:
             return self._unsent[0][0]
-        return self.head + 1
+        return self._taken + 1
 
     def _read(self, sock: zmq.Socket) -> None:
         while True:
