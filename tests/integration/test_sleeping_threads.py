@@ -13,8 +13,10 @@ import select
 import threading
 import time
 
-from trainmeter_core.bus.client import Subscriber, poll_ms
+from trainmeter_core.bus.client import Producer, Subscriber, poll_ms
 from trainmeter_core.bus.component import STOP_CHECK_S, ComponentContext, Stopping, alerts_until_stopped
+from trainmeter_core.bus.hub import Hub
+from trainmeter_core.components.engine import EngineComponent
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.recorder import Recorder
@@ -120,6 +122,47 @@ def test_an_alert_sink_sleeps_while_no_alert_comes_and_ends_soon_after_the_stop(
         sink.join(30.0)
         assert not sink.is_alive() and time.monotonic() - started < 10.0 and got == []
     finally:
+        ctx.close()
+
+
+def test_the_engine_sleeps_while_no_record_comes_and_ends_soon_after_the_stop(tmp_path):
+    # The engine's loop looked every 0.5 s for a checkpoint due every 300 s: two wakes a second of an idle run, a third
+    # of the engine's. It now waits until the checkpoint is due, the stop's pipe ending the wait.
+    recorder = Recorder(tmp_path)
+    hub = Hub(f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out", recorder, tick_s=3600.0, stats_every_s=3600.0)
+    recorder.start()
+    hub.start()
+    stopping = Stopping()
+    ctx = _context(tmp_path, stopping, "engine", EngineComponent.subscribes)
+    producer = Producer(f"ipc://{tmp_path}/in", "test")
+    listener = Subscriber(f"ipc://{tmp_path}/out", {"snapshot"})
+    engine = threading.Thread(target=EngineComponent().run, args=(ctx,))
+    try:
+        engine.start()
+        # Ticks until the engine's snapshot of one is heard: it is then past its catch-up, in its live loop.
+        n, heard = 0, None
+        deadline = time.monotonic() + 60.0
+        while heard is None and time.monotonic() < deadline:
+            n += 1
+            producer.send(records.Tick(n=n, interval_s=1.0, child_alive=True))
+            heard = listener.recv(0.2)
+        assert isinstance(heard, records.Snapshot), "no snapshot from the engine within 60 s"
+        time.sleep(0.5)  # the last tick's snapshot out, the engine back in its wait
+        before = _wakes(engine)
+        time.sleep(3.0)
+        during = _wakes(engine) - before
+        assert during <= 1, f"{during} wakes in 3 s with no record"
+        stopping.set()
+        started = time.monotonic()
+        engine.join(30.0)
+        assert not engine.is_alive() and time.monotonic() - started < 10.0
+    finally:
+        stopping.set()
+        engine.join(30.0)
+        producer.close()
+        listener.close()
+        hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=1.0))
+        recorder.close()
         ctx.close()
 
 
