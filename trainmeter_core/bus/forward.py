@@ -64,9 +64,8 @@ class Forwarder:
         self.max_bytes = max_bytes
         self._held_b = 0  # the bytes of the records held (in flight or unsent), on the forwarder's thread
         self.head = 0  # the last forwarding sequence number given (on the hub's thread)
-        self._taken = (
-            0  # the last one moved from the inbox to the forwarder's thread (``head`` may be ahead of it)
-        )
+        # The last one moved from the inbox to the forwarder's thread (``head`` may be ahead of it)
+        self._taken = 0
         self.acked = 0
         self.overflowed = 0  # records that fell out of the resend buffer before the job hub acknowledged them
         self.sent_messages = 0
