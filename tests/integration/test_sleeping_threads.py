@@ -31,6 +31,19 @@ def _wakes(thread: threading.Thread) -> int:
     raise AssertionError("no voluntary_ctxt_switches line")
 
 
+def _sleeps_then_stops(thread: threading.Thread, stopping: threading.Event) -> None:
+    """``thread``, waiting for a record that does not come, wakes at most once in 3 s, and ends within 10 s of the
+    stop."""
+    before = _wakes(thread)
+    time.sleep(3.0)
+    during = _wakes(thread) - before
+    assert during <= 1, f"{during} wakes in 3 s with no record"
+    stopping.set()
+    started = time.monotonic()
+    thread.join(30.0)
+    assert not thread.is_alive() and time.monotonic() - started < 10.0
+
+
 def _set_later(event: threading.Event, after_s: float) -> threading.Thread:
     thread = threading.Thread(target=lambda: (time.sleep(after_s), event.set()), daemon=True)
     thread.start()
@@ -113,14 +126,8 @@ def test_an_alert_sink_sleeps_while_no_alert_comes_and_ends_soon_after_the_stop(
         sink = threading.Thread(target=lambda: got.extend(alerts_until_stopped(ctx)))
         sink.start()
         time.sleep(0.5)  # past the log's first read, in its wait
-        before = _wakes(sink)
-        time.sleep(3.0)
-        during = _wakes(sink) - before
-        assert during <= 1, f"{during} wakes in 3 s with no record"
-        stopping.set()
-        started = time.monotonic()
-        sink.join(30.0)
-        assert not sink.is_alive() and time.monotonic() - started < 10.0 and got == []
+        _sleeps_then_stops(sink, stopping)
+        assert got == []
     finally:
         ctx.close()
 
@@ -148,14 +155,7 @@ def test_the_engine_sleeps_while_no_record_comes_and_ends_soon_after_the_stop(tm
             heard = listener.recv(0.2)
         assert isinstance(heard, records.Snapshot), "no snapshot from the engine within 60 s"
         time.sleep(0.5)  # the last tick's snapshot out, the engine back in its wait
-        before = _wakes(engine)
-        time.sleep(3.0)
-        during = _wakes(engine) - before
-        assert during <= 1, f"{during} wakes in 3 s with no record"
-        stopping.set()
-        started = time.monotonic()
-        engine.join(30.0)
-        assert not engine.is_alive() and time.monotonic() - started < 10.0
+        _sleeps_then_stops(engine, stopping)
     finally:
         stopping.set()
         engine.join(30.0)
