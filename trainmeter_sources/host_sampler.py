@@ -51,8 +51,17 @@ class TreeSampler:
         absent: dict[str, str] = {}
         record.threads = sum(s.threads for s in stats.values())
         files = self.tree.files
-        rss = {pid: read_rss_b(pid, proc, files) for pid in stats}
-        record.rss_b = sum(r for r in rss.values() if r is not None)
+        # A process reads 0 once it has let its memory go on its way out (one that exited between its stat and its
+        # statm, read through a file kept open, or one in its exit): unknown, never nothing. Every process of a run
+        # holds pages while it lives.
+        rss = {pid: read_rss_b(pid, proc, files) or None for pid in stats}
+        known = [r for r in rss.values() if r is not None]
+        if known:
+            record.rss_b = sum(known)
+        else:
+            absent["rss_b"] = (
+                "no process of the tree had memory to read (each was exiting, or its statm unreadable)"
+            )
         io = {pid: read_io_b(pid, proc, files) for pid in stats}
         cores: dict[int, float] = {}
         if window_s is None:
