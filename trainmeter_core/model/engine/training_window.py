@@ -117,15 +117,26 @@ def settle(window: WindowSum, span: StepSpan | None) -> None:
         if len(pending) > MAX_PENDING:
             del pending[: len(pending) - MAX_PENDING]
         return
+    # _overlap written out where the run never paused (a sampler's readings come here up to seven times a sample):
+    # a settled sample's overlap is its end less the later of its start and the window's first step, as max() picks
+    # it; the sums are added to in the list's order, as one attribute at a time would
+    last_t, first_t, gaps = span.last_t, span.first_t, span.gaps
+    weighted, covered = window.weighted, window.covered_s
     kept: list[Pending] = []
     for sample in pending:
-        if sample.end_t <= span.last_t:
-            overlap = _overlap(span, sample.start_t, sample.end_t, sample.end_t)
+        end_t = sample.end_t
+        if end_t <= last_t:
+            start_t = sample.start_t
+            if gaps:
+                overlap = _overlap(span, start_t, end_t, end_t)
+            else:
+                overlap = end_t - (first_t if first_t > start_t else start_t)
             if overlap > 0:
-                window.weighted += sample.value * overlap
-                window.covered_s += overlap
+                weighted += sample.value * overlap
+                covered += overlap
         else:
             kept.append(sample)
+    window.weighted, window.covered_s = weighted, covered
     while len(kept) > MAX_PENDING:
         # Keep the oldest (it may straddle the window's end) and merge the next two into one stretch.
         first, second = kept[1], kept[2]
