@@ -9,7 +9,6 @@ from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import training_window
 from trainmeter_core.model.engine.builder import EI, SnapshotBuilder
 from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, GpuState
-from trainmeter_core.model.rig import ofu_clock
 
 # Every number says in its label which window it covers (the latest sample or the training window) and OFU also the
 # clock it is scaled to; a number that lacks a sample is absent with the reason, and a node without a GPU has no GPU
@@ -185,7 +184,7 @@ def _ofu_bases(
     bases = {}
     for gpu in gpus:
         key = _key(gpu)
-        basis, reason = ofu_clock(snap.derived.rig.sampled.get(key), gpu.clock_sm_max_mhz)
+        basis, reason = snap.derived.ofu_clock(key, gpu.clock_sm_max_mhz)
         if basis is None:
             bases[key] = (gpu.ofu_label, gpu.ofu_basis, reason)
         else:
@@ -213,7 +212,7 @@ def _ofu_latest(
     inputs: dict[str, records.ExplainInput] = {}
     for gpu in gpus if reason is None else []:
         key = _key(gpu)
-        basis, _ = ofu_clock(snap.derived.rig.sampled.get(key), gpu.clock_sm_max_mhz)
+        basis, _ = snap.derived.ofu_clock(key, gpu.clock_sm_max_mhz)
         if gpu.tensor_active is None:
             reason = gpu.absent.get("tensor_active") or f"no tensor-pipe counter (GPM) from {key}"
         elif gpu.clock_sm_mhz is None:

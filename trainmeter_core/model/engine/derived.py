@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from trainmeter_core.model.facts import ModelFlops, model_flops, whole
-from trainmeter_core.model.rig import Rig, resolve_rig
+from trainmeter_core.model.rig import ClockBasis, Rig, ofu_clock, resolve_rig
 
 if TYPE_CHECKING:
     from trainmeter_core.model.engine.state import EngineState
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 #: Beyond any real batch (2**40 tokens in one step); a larger count is a broken emitter's, and would overflow the sums.
 MAX_TOKENS_PER_STEP = 2**40
 _NAN = math.nan
+#: The most answers ``Derived.ofu_clock`` keeps (a GPU's max SM clock seldom changes: a few per GPU of a job).
+_OFU_CLOCKS_MAX = 4096
 
 
 class Derived:
@@ -32,6 +34,7 @@ class Derived:
         "fact_warnings",
         "facts_version",
         "flops",
+        "ofu_clocks",
         "other_tokens_per_step",
         "rig",
         "state",
@@ -48,6 +51,8 @@ class Derived:
         self.other_tokens_per_step: int | None = None
         self.dp: int | None = None  # the declared data-parallel degree
         self.fact_warnings: list[str] = []
+        # ofu_clock's answers for this rig, by sampled GPU and its max SM clock (emptied with the rig)
+        self.ofu_clocks: dict[tuple[str, float | None], tuple[ClockBasis | None, str | None]] = {}
 
     def refresh(self) -> Derived:
         """Up to date with the state's facts (recomputed only when a fact changed); returns itself."""
@@ -57,6 +62,7 @@ class Derived:
             self.facts_version = facts.version
             visible = {host: tuple(entries) for host, entries in state.visible_devices.items()}
             self.rig = resolve_rig(facts, visible)
+            self.ofu_clocks = {}
             flops = self.flops = model_flops(facts)
             self.fact_warnings = facts.warnings()
             self.x_flop_per_token = flops.value if flops.value is not None else _NAN
@@ -69,6 +75,17 @@ class Derived:
             dp = whole(facts.value("dp"))
             self.dp = dp if dp is not None and 1 <= dp < MAX_TOKENS_PER_STEP else None
         return self
+
+    def ofu_clock(self, key: str, clock_sm_max_mhz: float | None) -> tuple[ClockBasis | None, str | None]:
+        """``rig.ofu_clock`` for the sampled GPU ``key`` (``host/gpuN``) of the current rig, worked out once per GPU and
+        max SM clock: it builds its words each time (2 µs), and a GPU sample asks for it, as each snapshot does."""
+        memo = (key, clock_sm_max_mhz)
+        answer = self.ofu_clocks.get(memo)
+        if answer is None:
+            if len(self.ofu_clocks) >= _OFU_CLOCKS_MAX:
+                self.ofu_clocks.clear()  # a sampler reporting a new max clock each time: never a growing memo
+            answer = self.ofu_clocks[memo] = ofu_clock(self.rig.sampled.get(key), clock_sm_max_mhz)
+        return answer
 
     def x(self) -> tuple[float, float, float]:
         """The step, tokens and FLOPs-spent x values of a point recorded now (NaN for one not known yet)."""

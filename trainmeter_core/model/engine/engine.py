@@ -421,7 +421,7 @@ class Engine:
             and derived.facts_version != state.facts.version
         ):
             derived.refresh()  # OFU reads the rig's clock basis; without a GPM window, the rig as it was
-        values = take_gpu_sample(state, gpu, record, derived.rig.sampled.get(key))
+        values = take_gpu_sample(state, gpu, record, derived, key)
         if self._keeps:
             step, tokens, flops = derived.x()
             add = self._history.add_point

@@ -7,9 +7,9 @@ import math
 
 from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import attempts, energy, training_window
+from trainmeter_core.model.engine.derived import Derived
 from trainmeter_core.model.engine.state import GPU_WINDOW_FIELDS, EngineState, GpuState
 from trainmeter_core.model.platform_adapters import GPU_LOST
-from trainmeter_core.model.rig import RigDevice, ofu_clock
 
 # The sample fields the engine uses, with the largest value that makes sense (fractions 0..1, a generous ceiling
 # else); each is also kept as history, one line per GPU in the dashboard's GPUs part.
@@ -34,11 +34,11 @@ NODE_WINDOW_FIELDS = (
 
 
 def take_gpu_sample(
-    state: EngineState, gpu: GpuState, record: records.SampleGpu, device: RigDevice | None
+    state: EngineState, gpu: GpuState, record: records.SampleGpu, derived: Derived, key: str
 ) -> list[float | None]:
     """One GPU sample into its state: the latest readings (a reading out of range is absent, never a number), energy,
-    OFU × window for observed FLOPs, health, and each counter over the training window. Returns the readings of
-    ``GPU_FIELDS`` for the history."""
+    OFU × window for observed FLOPs (its clock basis from the rig's device ``key``), health, and each counter over the
+    training window. Returns the readings of ``GPU_FIELDS`` for the history."""
     absent = record.absent
     values: list[float | None] = []
     for name, upper in GPU_FIELDS:
@@ -83,7 +83,7 @@ def take_gpu_sample(
     gpu.lost = GPU_LOST in absent.values()
     ofu = None
     if window_s is not None and window_s > 0:
-        basis, _ = ofu_clock(device, clock_max)
+        basis, _ = derived.ofu_clock(key, clock_max)
         if basis is not None:
             gpu.ofu_label, gpu.ofu_basis = basis.label, basis.basis
         if tensor_active is not None and clock_sm_mhz is not None and basis is not None:
