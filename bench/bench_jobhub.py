@@ -1,7 +1,7 @@
 """The job hub on one core: step rows per second from simulated nodes of a large job, one record per row (as nodes
 sent them before blocks) against blocks of rows, in the same run, and how many rows were lost on the way.
 
-Reproduce: ``.venv/bin/python bench/bench_jobhub.py [--nodes 64] [--ranks 8] [--steps 200] [--block-steps 1,10,100]``
+Reproduce: ``.venv/bin/python bench/bench_jobhub.py [--nodes 64] [--ranks 8] [--steps 200] [--block-steps 1,10,100] [--gpus 8]``
 
 The path measured is the job hub's whole side of the real one: ``nodes`` DEALER sockets, each with its own node key
 (CURVE, through the job hub's ZAP allow-list), speak the forwarder's protocol (``hello``, then ``recs`` groups numbered
@@ -16,6 +16,11 @@ process's CPU per row (every thread: the hub's, the recorder's, ZeroMQ's). Lost:
 A block of ``b`` steps is what an agent sends when ``b`` steps fall in one flush window: at 10 steps/s a rank fills
 one step per 100 ms, so the block size of a large job is set by the agent's flush interval, which is why several are
 printed. A figure, never a pass or fail: the issue's target (42) is 15 times the one-record-per-row rate.
+
+``--gpus N`` runs each block size again with every node's N GPUs sampled ``--gpu-hz`` times a second (default 2, the
+sampler's beat), each sample a copy of a real H200 one from ``tests/fixtures/real`` (about 1.1 KB): GPU samples go
+one record each, so a node's second costs the job hub its blocks and 16 samples (8 GPUs), and the line says how many
+such nodes one core of it takes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -30,6 +36,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -131,10 +139,44 @@ def _rows_as_block(node: int, rank: int, first: int, steps: int) -> records.Bloc
     )
 
 
-def _node_payloads(node: int, ranks: int, steps: int, block_steps: int) -> list[bytes]:
-    """What one node forwards, in the order its hub took it: its ranks' flushes interleaved (0: one record a row)."""
+#: A real NVML sample of an H200 (its GPM window, clocks, energy, the ``absent`` reason every sample carries), from the
+#: fixture's run: what a node's sampler sends for each GPU at each beat.
+_REAL_GPU_LOG = (
+    Path(__file__).resolve().parent.parent / "tests/fixtures/real/h200-nanogpt-kill/events-0001.jsonl"
+)
+
+
+def _real_gpu_sample() -> records.SampleGpu:
+    with open(_REAL_GPU_LOG, "rb") as lines:
+        samples = [line for line in lines if b'"kind":"sample.gpu"' in line and b'"gpm_window_s"' in line]
+    return msgspec.json.decode(samples[len(samples) // 2], type=records.SampleGpu)
+
+
+def _gpu_samples(
+    real: records.SampleGpu, node: int, gpus: int, hz: float, first: int, count: int
+) -> list[bytes]:
+    """The node's GPUs sampled ``hz`` times a second over the steps ``first`` to ``first + count - 1`` (10 a second),
+    each a copy of the real sample with this GPU's host, index, uuid and time."""
+    out = []
+    beats = range(math.ceil((first - 1) * STEP_S * hz), math.ceil((first - 1 + count) * STEP_S * hz))
+    for beat in beats:
+        t = 100.0 + beat / hz
+        for index in range(gpus):
+            sample = msgspec.structs.replace(
+                real, host=_host(node), index=index, uuid=f"GPU-{node}-{index}", t=t, wall=1.7e9 + t, seq=None
+            )
+            out.append(records.encode(sample))
+    return out
+
+
+def _node_payloads(
+    node: int, ranks: int, steps: int, block_steps: int, gpus: int = 0, hz: float = 0.0
+) -> list[bytes]:
+    """What one node forwards, in the order its hub took it: its ranks' flushes interleaved (0: one record a row),
+    then, with ``gpus``, its GPUs' samples of the same seconds."""
     payloads: list[bytes] = []
     chunk = block_steps or 1
+    real = _real_gpu_sample() if gpus else None
     for first in range(1, steps + 1, chunk):
         count = min(chunk, steps + 1 - first)
         for rank in range(ranks):
@@ -142,6 +184,8 @@ def _node_payloads(node: int, ranks: int, steps: int, block_steps: int) -> list[
                 payloads.append(records.encode(_rows_as_block(node, rank, first, count)))
             else:
                 payloads += [records.encode(r) for r in _rows_as_records(node, rank, first, count)]
+        if real is not None:
+            payloads += _gpu_samples(real, node, gpus, hz, first, count)
     return payloads
 
 
@@ -163,7 +207,9 @@ def _pin(cpu: int) -> None:
     os.sched_setaffinity(0, {cpus[cpu % len(cpus)]})
 
 
-def job_hub_main(folder: str, nodes: int, expected_rows: int, to_hub, from_hub) -> None:
+def job_hub_main(
+    folder: str, nodes: int, expected_rows: int, expected_samples: int, to_hub, from_hub
+) -> None:
     """The job hub, pinned to one core: reports its endpoint, measures from "go" until every row is in its log."""
     _pin(0)
     from trainmeter_core.bus.hub import Hub
@@ -187,14 +233,16 @@ def job_hub_main(folder: str, nodes: int, expected_rows: int, to_hub, from_hub) 
 
     deadline = wall + 600
     while (
-        rows_in() < expected_rows or (recorder.flushed_seq or 0) < hub.seq
+        rows_in() < expected_rows
+        or hub.kinds.get("sample.gpu", 0) < expected_samples
+        or (recorder.flushed_seq or 0) < hub.seq
     ) and time.monotonic() < deadline:
         time.sleep(0.002)
     wall, cpu = time.monotonic() - wall, time.process_time() - cpu
     malformed = hub.malformed
     hub.finish(records.RunEnd(status=0, reason="exited", elapsed_s=wall))
     recorder.close()
-    logged = 0
+    logged = samples = 0
     hosts = {_host(n) for n in range(1, nodes + 1)}
     # Segments in order, the closed ones gzipped (a log of blocks passes the 128 MiB segment limit).
     for segment in sorted(run.glob("events-*.jsonl*")):
@@ -202,12 +250,16 @@ def job_hub_main(folder: str, nodes: int, expected_rows: int, to_hub, from_hub) 
             for line in lines:
                 record = json.loads(line)
                 if record.get("host") in hosts:
-                    logged += record["rows"] if record["kind"] == "block" else 1
+                    if record["kind"] == "sample.gpu":
+                        samples += 1
+                    else:
+                        logged += record["rows"] if record["kind"] == "block" else 1
     from_hub.put(
         {
             "wall_s": wall,
             "cpu_s": cpu,
             "logged": logged,
+            "samples_logged": samples,
             "malformed": malformed,
             "queue_dropped": recorder.queue_dropped,
             "log_bytes": recorder.bytes_written,
@@ -216,7 +268,16 @@ def job_hub_main(folder: str, nodes: int, expected_rows: int, to_hub, from_hub) 
 
 
 def nodes_main(
-    folder: str, endpoint: str, nodes: int, ranks: int, steps: int, block_steps: int, to_nodes, ready
+    folder: str,
+    endpoint: str,
+    nodes: int,
+    ranks: int,
+    steps: int,
+    block_steps: int,
+    gpus: int,
+    hz: float,
+    to_nodes,
+    ready,
 ):
     """The simulated nodes, pinned to another core: each says hello and is asked for its first record, then all
     send their groups in turn, a group per node at a time."""
@@ -225,7 +286,9 @@ def nodes_main(
 
     keys = jobkeys.load(Path(folder) / "keys")
     assert keys is not None
-    streams = [_groups(_node_payloads(node, ranks, steps, block_steps)) for node in range(1, nodes + 1)]
+    streams = [
+        _groups(_node_payloads(node, ranks, steps, block_steps, gpus, hz)) for node in range(1, nodes + 1)
+    ]
     ctx = zmq.Context()
     socks = []
     for node in range(1, nodes + 1):
@@ -263,18 +326,20 @@ def nodes_main(
     ctx.term()
 
 
-def measure(nodes: int, ranks: int, steps: int, block_steps: int) -> dict:
+def measure(nodes: int, ranks: int, steps: int, block_steps: int, gpus: int = 0, hz: float = 0.0) -> dict:
     folder = tempfile.mkdtemp(prefix="tmbjh", dir="/tmp")
     try:
         jobkeys.create(Path(folder) / "keys", RUN)
         ctx = mp.get_context("spawn")
         to_hub, from_hub, to_nodes, from_nodes = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
         expected = nodes * ranks * steps * 3
-        hub = ctx.Process(target=job_hub_main, args=(folder, nodes, expected, to_hub, from_hub))
+        samples = nodes * gpus * math.ceil(steps * STEP_S * hz) if gpus else 0
+        hub = ctx.Process(target=job_hub_main, args=(folder, nodes, expected, samples, to_hub, from_hub))
         hub.start()
         endpoint = from_hub.get(timeout=60)
         sender = ctx.Process(
-            target=nodes_main, args=(folder, endpoint, nodes, ranks, steps, block_steps, to_nodes, from_nodes)
+            target=nodes_main,
+            args=(folder, endpoint, nodes, ranks, steps, block_steps, gpus, hz, to_nodes, from_nodes),
         )
         sender.start()
         assert from_nodes.get(timeout=600) == "ready"
@@ -288,6 +353,9 @@ def measure(nodes: int, ranks: int, steps: int, block_steps: int) -> dict:
         hub.join(60)
         figures["rows"] = expected
         figures["lost"] = expected - figures["logged"]
+        figures["samples"] = samples
+        figures["samples_lost"] = samples - figures["samples_logged"]
+        figures["node_s"] = nodes * steps * STEP_S  # seconds of the nodes' work sent
         return figures
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -303,11 +371,19 @@ def main() -> None:
         default="1,10,100",
         help="steps per block, comma-separated; blocks of b steps run min(b, 10) times --steps per rank",
     )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="also, for each block size, the same run with this many GPUs a node sampled (a real H200 sample each)",
+    )
+    parser.add_argument("--gpu-hz", type=float, default=2.0, help="samples a GPU a second (the sampler's: 2)")
     args = parser.parse_args()
     sizes = [int(x) for x in args.block_steps.split(",") if x]
     print(
         f"reproduce: {sys.executable} bench/bench_jobhub.py --nodes {args.nodes} --ranks {args.ranks} "
         f"--steps {args.steps} --block-steps {args.block_steps}"
+        + (f" --gpus {args.gpus} --gpu-hz {args.gpu_hz:g}" if args.gpus else "")
     )
     print(f"{args.nodes} nodes x {args.ranks} ranks, 3 rows a step; job hub on one core of {os.cpu_count()}")
     baseline = None
@@ -325,6 +401,19 @@ def main() -> None:
         )
         if baseline is None:
             baseline = rate
+        if args.gpus and block_steps:
+            # The same seconds of the same nodes with their GPUs' samples: what a node's second costs the job hub
+            # with and without them, and so how many such nodes one core of it takes
+            g = measure(args.nodes, args.ranks, steps, block_steps, args.gpus, args.gpu_hz)
+            bare_ms, with_ms = (x["cpu_s"] / x["node_s"] * 1e3 for x in (f, g))
+            print(
+                f"{'+ ' + str(args.gpus) + ' GPUs at ' + format(args.gpu_hz, 'g') + ' Hz':>22}: job hub CPU a "
+                f"node-second {with_ms:.3f} ms against {bare_ms:.3f} without the samples ("
+                f"{(g['cpu_s'] - f['cpu_s']) / max(g['samples'], 1) * 1e6:.1f} us a sample.gpu): one core takes about "
+                f"{1e3 / with_ms:,.0f} such nodes, {1e3 / bare_ms:,.0f} without | {g['samples']:,} samples, lost "
+                f"{g['samples_lost']}, rows lost {g['lost']} | malformed {g['malformed']} | log queue dropped "
+                f"{g['queue_dropped']}"
+            )
     print(f"load average: {os.getloadavg()[0]:.1f}")
 
 
