@@ -170,13 +170,18 @@ def _gpu_samples(
 
 
 def _node_payloads(
-    node: int, ranks: int, steps: int, block_steps: int, gpus: int = 0, hz: float = 0.0
+    node: int,
+    ranks: int,
+    steps: int,
+    block_steps: int,
+    gpus: int = 0,
+    hz: float = 0.0,
+    real: records.SampleGpu | None = None,
 ) -> list[bytes]:
     """What one node forwards, in the order its hub took it: its ranks' flushes interleaved (0: one record a row),
-    then, with ``gpus``, its GPUs' samples of the same seconds."""
+    then, with ``gpus``, its GPUs' samples of the same seconds (copies of ``real``)."""
     payloads: list[bytes] = []
     chunk = block_steps or 1
-    real = _real_gpu_sample() if gpus else None
     for first in range(1, steps + 1, chunk):
         count = min(chunk, steps + 1 - first)
         for rank in range(ranks):
@@ -184,7 +189,8 @@ def _node_payloads(
                 payloads.append(records.encode(_rows_as_block(node, rank, first, count)))
             else:
                 payloads += [records.encode(r) for r in _rows_as_records(node, rank, first, count)]
-        if real is not None:
+        if gpus:
+            assert real is not None, "a node's GPU samples are copies of a real one"
             payloads += _gpu_samples(real, node, gpus, hz, first, count)
     return payloads
 
@@ -286,8 +292,10 @@ def nodes_main(
 
     keys = jobkeys.load(Path(folder) / "keys")
     assert keys is not None
+    real = _real_gpu_sample() if gpus else None  # read from the fixture once, copied for every node's GPUs
     streams = [
-        _groups(_node_payloads(node, ranks, steps, block_steps, gpus, hz)) for node in range(1, nodes + 1)
+        _groups(_node_payloads(node, ranks, steps, block_steps, gpus, hz, real))
+        for node in range(1, nodes + 1)
     ]
     ctx = zmq.Context()
     socks = []

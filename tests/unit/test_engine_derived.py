@@ -79,11 +79,8 @@ def test_the_ofu_clock_is_the_rigs_answer_and_follows_the_rig_when_a_fact_change
     assert derived.ofu_clock("n1/gpu0", 1980.0)[0] is None
     state.facts.add(gpu_fact(1830.0))
     derived.refresh()
-    for clock_max in (
-        1980.0,
-        None,
-        1000.0,
-    ):  # above, none, and below the tensor clock (the max SM clock is used)
+    # Max SM clocks above the tensor clock, none, and below it (the max SM clock is then the basis)
+    for clock_max in (1980.0, None, 1000.0):
         answer = derived.ofu_clock("n1/gpu0", clock_max)
         assert answer == ofu_clock(derived.rig.sampled["n1/gpu0"], clock_max)
         assert derived.ofu_clock("n1/gpu0", clock_max) is answer  # worked out once
