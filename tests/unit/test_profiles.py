@@ -282,6 +282,22 @@ def test_a_damaged_trace_is_refused_with_one_line(damage, says):
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_damage_deep_in_a_chunk_is_found_in_a_few_decodes_and_named_at_its_events_start():
+    # A byte no JSON holds inside event 1,500 of 2,000, all in one chunk. Stepping back one event a try, the reader
+    # decoded the 1,500 events before it again for each of them (5 decodes an event: 7,500 here, 22 s for a real
+    # 10 MB trace damaged at its 868th KB); each try now ends before the byte the last one failed at.
+    data = events_json(2000)
+    damaged_event = data.find(b'"ts": 15000.0')
+    start = data.rfind(b"\n  {", 0, damaged_event) + 3  # the event's own brace (its name holds one too)
+    data = data[:damaged_event] + b"\xa0" + data[damaged_event + 1 :]
+    reader = TraceReader(io.BytesIO(data), Event, chunk_b=1 << 22)
+    with pytest.raises(TraceError) as refused:
+        for _ in reader:
+            pass
+    assert f"invalid JSON in traceEvents at byte {start:,}," in str(refused.value)
+    assert reader.decodes <= 20, reader.decodes
+
+
 def test_a_gzip_cut_short_is_refused_and_a_whole_one_read(tmp_path):
     whole = tmp_path / "a.pt.trace.json.gz"
     whole.write_bytes(gzip.compress(events_json(30)))
