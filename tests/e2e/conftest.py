@@ -1,6 +1,6 @@
 """The end-to-end tests: they run ``tm``, a training script or torch, as a user would. Each is marked ``e2e``; those
 with several processes or a torch loop are also ``heavy`` (marked in their files), and two heavy tests never share the
-cores."""
+cores; a test whose processes mostly wait is not (docs/architecture.md, "Tests")."""
 
 from layers import mark_layer
 
