@@ -298,6 +298,17 @@ def test_damage_deep_in_a_chunk_is_found_in_a_few_decodes_and_named_at_its_event
     assert reader.decodes <= 20, reader.decodes
 
 
+@pytest.mark.parametrize("chunk_b", [64, 1 << 22])
+def test_a_key_after_the_events_holding_objects_in_a_list_is_read_whole_with_every_event(chunk_b):
+    # The buffer's last "}, {" then lies in that list, after the events end: the try cut there fails with trailing
+    # characters at the byte after the events' "]", and the next try ends before that byte, at the last event.
+    trace = json.loads(events_json(40))
+    trace["deviceProperties"] = [{"id": i, "name": "A100"} for i in range(3)]
+    meta, events = read_all(json.dumps(trace, indent=1).encode(), chunk_b)
+    assert [e.ts for e in events] == [10.0 * i for i in range(40)]
+    assert meta["deviceProperties"][2] == {"id": 2, "name": "A100"}
+
+
 def test_a_gzip_cut_short_is_refused_and_a_whole_one_read(tmp_path):
     whole = tmp_path / "a.pt.trace.json.gz"
     whole.write_bytes(gzip.compress(events_json(30)))
