@@ -294,8 +294,30 @@ def test_damage_deep_in_a_chunk_is_found_in_a_few_decodes_and_named_at_its_event
     with pytest.raises(TraceError) as refused:
         for _ in reader:
             pass
-    assert f"invalid JSON in traceEvents at byte {start:,}," in str(refused.value)
+    assert str(refused.value) == (
+        f"invalid JSON in traceEvents at byte {start:,}: the event that starts there breaks at byte {damaged_event:,}"
+    )
     assert reader.decodes <= 20, reader.decodes
+
+
+def test_damage_in_a_trace_larger_than_the_largest_value_is_named_where_it_is_without_reading_on():
+    # Past the damage no more of the file can mend it: the refusal names it at once, whatever the file's size, where
+    # the reader read on to its largest value (here 4 KiB) and then said no event ends within it ("not a trace").
+    data = events_json(2000)
+    damaged_event = data.find(b'"ts": 9000.0')
+    start = data.rfind(b"\n  {", 0, damaged_event) + 3
+    data = data[:damaged_event] + b"\xa0" + data[damaged_event + 1 :]
+    reader = TraceReader(io.BytesIO(data), Event, chunk_b=1024, max_value_b=4096)
+    events = []
+    with pytest.raises(TraceError) as refused:
+        for item in reader:
+            if item[0] == "events":
+                events.extend(item[1])
+    assert str(refused.value) == (
+        f"invalid JSON in traceEvents at byte {start:,}: the event that starts there breaks at byte {damaged_event:,}"
+    )
+    assert [e.ts for e in events] == [10.0 * i for i in range(900)]  # every event before the damaged one
+    assert reader.bytes_read < start + 3 * 1024, (reader.bytes_read, start)
 
 
 @pytest.mark.parametrize("chunk_b", [64, 1 << 22])

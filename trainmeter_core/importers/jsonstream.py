@@ -64,6 +64,7 @@ class TraceReader:
         self.saw_events = False
         self.decodes = 0  # batches tried (``_decode`` calls): what reading a damaged trace costs
         self._failed_at: int | None = None  # where in its items msgspec found the last batch tried malformed
+        self._damaged = False  # and whether that byte is in the file's own bytes, not the cut's (``_decode``)
 
     # -- the buffer ------------------------------------------------------------------------------------------------
 
@@ -229,6 +230,7 @@ class TraceReader:
                 yield ("events", batch)
 
     def _batch(self) -> list:
+        damage: int | None = None  # the first byte of the file found malformed after this batch's start
         while True:
             buf = self.buf
             start = self.pos
@@ -249,11 +251,27 @@ class TraceReader:
                 # in front of it (a trace damaged at its 868 KB took 22 s to refuse, 3,566 batches of one event).
                 # A cut inside a string says nothing of where ("truncated"): one event back, as before.
                 end = k if self._failed_at is None else min(k, start + self._failed_at)
+                damage = self._damage(damage, start)
             for cut, after in self._cuts_forward(buf, start, tried):
+                tried.add(cut)
                 events = self._decode(buf[start : cut + 1])
                 if events is not None:
                     self.pos = after
                     return events
+                damage = self._damage(damage, start)
+            if damage is not None:
+                # Bytes of the file itself break the JSON there: no more of the file mends them, so no batch ends
+                # after them. A batch that ends before them is one of the cuts in front (the last tries): else the
+                # events array is damaged at this event, whatever the file's size.
+                for cut, after in self._cuts_before(buf, start, damage - self.offset, tried):
+                    events = self._decode(buf[start : cut + 1])
+                    if events is not None:
+                        self.pos = after
+                        return events
+                raise TraceError(
+                    f"invalid JSON in traceEvents {self._where()}: the event that starts there breaks at byte "
+                    f"{damage:,}"
+                )
             if len(buf) - start > self.max_value_b:
                 raise TraceError(
                     f"no event ends within {self.max_value_b >> 20} MiB {self._where()}: not a trace"
@@ -305,19 +323,45 @@ class TraceReader:
             at = k + 1
         return cuts
 
+    def _damage(self, damage: int | None, start: int) -> int | None:
+        """The file's first byte known to break its JSON after the batch's ``start``: ``damage`` or the byte the last
+        try failed at, where that byte is the file's fault (``_decode``)."""
+        if not self._damaged:
+            return damage
+        at = self.offset + start + self._failed_at  # type: ignore[operator]  # damaged: msgspec named a byte
+        return at if damage is None else min(damage, at)
+
+    def _cuts_before(self, buf: bytes, start: int, end: int, tried: set[int]) -> list[tuple[int, int]]:
+        """Every place before ``end`` where an item of the events array may end that no try took yet, last first."""
+        cuts = []
+        while (cut := self._cut_back(buf, start, end)) is not None:
+            if cut[0] not in tried:
+                cuts.append(cut)
+            end = cut[0]
+        return cuts
+
     def _decode(self, items: bytes) -> list | None:
-        """The events of ``items`` (JSON values separated by commas), or None when they are not valid JSON."""
+        """The events of ``items`` (JSON values separated by commas), or None when they are not valid JSON.
+
+        When they are not, ``_failed_at`` is the byte of ``items`` msgspec named (None: it named none, as for a cut
+        inside a string), and ``_damaged`` whether that byte is the file's own fault: a byte of ``items`` that cannot
+        follow the bytes before it, which is the same byte in the file (the bytes from an item's start on read the
+        same there, one array deeper). Not so for the byte after the items (the "]" the try added, where a cut left a
+        value open) or for trailing characters (a cut past the events array's own "]", into a later key)."""
         text = b"[" + items + b"]"
         self.decodes += 1
         self._failed_at = None
+        self._damaged = False
         try:
             return self._typed.decode(text)
         except msgspec.ValidationError:
             pass  # valid so far, but some event has a field of the wrong type: take the others one by one
         except msgspec.DecodeError as exc:
-            failed_at = _FAILED_AT.search(str(exc))
+            message = str(exc)
+            failed_at = _FAILED_AT.search(message)
             if failed_at is not None:  # the text's byte, less the "[" before the items
                 self._failed_at = int(failed_at.group(1)) - 1
+                self._damaged = self._failed_at < len(items) and "trailing characters" not in message
             return None
         except RecursionError:
             return None
