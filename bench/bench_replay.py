@@ -10,7 +10,8 @@ usage: python bench/bench_replay.py [--records N] [--fuzz N] [--rounds N] [--pee
 Targets (issue 16): >= 365k records/s and <= 200 MB for 1M records.
 
 The block log (issue 42): ``--block-steps`` steps (default 1M) of the same run as the agent sends them now, its steps,
-losses and data waits in blocks of at most 1,000 rows (333 steps: one flush), the GPU samples and ticks of those
+losses and data waits in blocks of at most 1,000 rows (333 steps: one flush), the GPU samples (8 GPUs once a second,
+each a copy of a real H200's NVML sample: about 1 KB with its GPM window and energy counter) and ticks of those
 seconds after each block (the hub numbers a block when it arrives). Its replay (``final_snapshot``, a fresh process)
 beside a bare ``msgspec.json`` decode of the same file into typed records (``records.Block`` for its blocks). Targets:
 replay at least half the speed of that decode, peak memory <= 200 MB.
@@ -161,13 +162,45 @@ def synthetic_log(path: Path, n: int) -> tuple[int, int]:
 BLOCK_ROWS = 1_000
 
 
+#: A real NVML sample of an H200 in the middle of its run (its GPM window, clocks, energy counter, PCIe and NVLink rates,
+#: the ``absent`` reason every sample carries): what the sampler sends for each GPU at each beat, about 1 KB a line.
+_REAL_GPU_LOG = (
+    Path(__file__).resolve().parent.parent / "tests/fixtures/real/h200-nanogpt-kill/events-0001.jsonl"
+)
+
+
+def _real_gpu_sample() -> records.SampleGpu:
+    with open(_REAL_GPU_LOG, "rb") as lines:
+        samples = [line for line in lines if b'"kind":"sample.gpu"' in line and b'"gpm_window_s"' in line]
+    return msgspec.json.decode(samples[len(samples) // 2], type=records.SampleGpu)
+
+
+def _gpu_sample(real: records.SampleGpu, gpu: int, t: float, elapsed_s: float) -> records.SampleGpu:
+    """GPU ``gpu``'s sample at ``t``: a copy of the real one on its own GPU, its GPM window the second before ``t`` and
+    its energy counter risen at the real sample's power since the run began."""
+    return msgspec.structs.replace(
+        real,
+        index=gpu,
+        uuid=f"GPU-bench-{gpu}",
+        host="bench",
+        t=t,
+        wall=None,
+        seq=None,
+        gpm_window_s=1.0,
+        gpm_window_start_t=t - 1.0,
+        energy_j=(real.energy_j or 0.0) + (real.power_w or 0.0) * elapsed_s,
+    )
+
+
 def block_log(path: Path, steps: int, emit_every: int = 0) -> tuple[int, int]:
     """The run of ``synthetic_log``, ``steps`` steps of it, as the agent sends it now: its facts, then per flush one
     block of 333 steps (each step's data wait, loss and step: 999 rows; with ``emit_every``, a learning rate the loop
-    emits after every that many steps, as a loop that logs it does) and the GPU samples and ticks of those seconds
-    (numbered after the block, which the hub numbers when it arrives). Returns (records the log stands for, lines)."""
+    emits after every that many steps, as a loop that logs it does) and the GPU samples (``_gpu_sample``) and ticks
+    of those seconds (numbered after the block, which the hub numbers when it arrives). Returns (records the log
+    stands for, lines)."""
     from blocks import block_of
 
+    real = _real_gpu_sample()
     seq = lines = 0
     t, wall = 1000.0, 1.8e9
     agent = {"source": "agent", "host": "bench", "pid": 4242, "v": records.SCHEMA_VERSION}
@@ -218,9 +251,7 @@ def block_log(path: Path, steps: int, emit_every: int = 0) -> tuple[int, int]:
                     rows.append(records.Metric(values={"lr": 3e-4}, step=step, origin="emit", t=t, **agent))
                 if step % STEPS_PER_S == 0:
                     for gpu in range(GPUS):
-                        after.append(records.SampleGpu(index=gpu, util_gpu=0.9, sm_active=0.7, tensor_active=0.4,
-                                                       dram_active=0.3, clock_sm_mhz=1755.0, power_w=600.0,
-                                                       source="gpu", t=t))  # fmt: skip
+                        after.append(_gpu_sample(real, gpu, t, t - 1000.0))
                     after.append(records.Tick(n=step // STEPS_PER_S, interval_s=1.0, source="launcher", t=t))
             for row in rows:
                 numbered(row)
