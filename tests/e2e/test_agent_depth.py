@@ -15,7 +15,9 @@ from test_agent import SCRIPTS, Run, kinds, plain_env, tm_lines
 from trainmeter_agent._agent import MODEL_PROBES
 from trainmeter_agent._iterations import AGENT_US_EVERY
 
-heavy = pytest.mark.xdist_group("heavy")
+# One busy process a test and nothing timed: these run beside the heavy tests, not in their line, together so that
+# the module's fixtures are built once (docs/architecture.md, "Tests").
+together = pytest.mark.xdist_group("agent_depth")
 GPT = str(SCRIPTS / "gpt_loop.py")
 NO_TOKENS = "no integer id tensor seen in the model's inputs: pass --tokens-per-step"
 
@@ -51,7 +53,7 @@ def facts(records: list[dict]) -> dict[str, dict]:
 # Acceptance 1: a small GPT's tokens, micro-batches and shape
 
 
-@heavy
+@together
 def test_a_small_gpt_with_accumulation_and_eval_is_measured_as_the_model_counts_itself(run, torch):
     result, _ = gpt(run, "--steps", "6", "--accum", "4", "--eval-every", "2", "--dataloader")
     records = run.records()
@@ -91,7 +93,7 @@ def test_a_small_gpt_with_accumulation_and_eval_is_measured_as_the_model_counts_
         assert found[f"probe.{probe}"]["value"] == "attached", probe
 
 
-@heavy
+@together
 def test_one_real_step_is_counted_with_the_flop_counter_and_marked(run, torch):
     gpt(run, "--steps", "4", "--accum", "2")
     records = run.records()
@@ -134,7 +136,7 @@ def test_emitted_tokens_win_over_detected_ones(run, torch):
 # Phases
 
 
-@heavy
+@together
 def test_checkpoints_are_phases_with_the_files_they_wrote(run, torch, tmp_path):
     _require("safetensors")
     folder = tmp_path / "ckpt"
@@ -151,7 +153,7 @@ def test_checkpoints_are_phases_with_the_files_they_wrote(run, torch, tmp_path):
     assert [f["value"] for f in said] == [[str(folder)], [str(folder), str(folder / "dcp")]]
 
 
-@heavy
+@together
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_dataloader_workers_stay_dormant(run, torch, context):
     gpt(run, "--steps", "3", "--dataloader", "--workers", "1", "--worker-context", context)
@@ -185,7 +187,7 @@ def _same_run(tmp_path, run: Run, options: list[str]) -> tuple[dict, list[dict],
     return measured, extra, done.stderr
 
 
-@heavy
+@together
 def test_three_hundred_steps_give_the_same_losses_and_weights_with_and_without_tm(run, torch, tmp_path):
     measured, extra, _ = _same_run(tmp_path, run, ["--steps", "300", "--accum", "2", "--eval-every", "50"])
     assert len(measured["losses"]) == 300
@@ -202,7 +204,7 @@ def test_three_hundred_steps_give_the_same_losses_and_weights_with_and_without_t
     assert overhead[-1]["note"].endswith("records dropped so far: 0")
 
 
-@heavy
+@together
 def test_three_hundred_steps_are_the_same_with_the_tensorboard_tap_on(run, torch, tmp_path):
     _require("tensorboard")
     options = ["--steps", "300", "--tensorboard", str(tmp_path / "tb")]
@@ -212,7 +214,7 @@ def test_three_hundred_steps_are_the_same_with_the_tensorboard_tap_on(run, torch
     assert len([m for m in tapped if "loss/train" in m["values"]]) == 300
 
 
-@heavy
+@together
 def test_three_hundred_compiled_steps_are_the_same_and_measured_through_the_compiled_model(
     run, torch, tmp_path
 ):
@@ -262,7 +264,7 @@ def probe_control(tmp_path_factory):
     }
 
 
-@heavy
+@together
 @pytest.mark.parametrize("probe", MODEL_PROBES)
 def test_an_internal_error_in_a_model_probe_says_one_line_and_changes_no_loss(
     run, torch, probe_control, probe
@@ -277,7 +279,7 @@ def test_an_internal_error_in_a_model_probe_says_one_line_and_changes_no_loss(
     assert facts(run.records())[f"probe.{probe}"]["value"] == "not attached: stopped after an internal error"
 
 
-@heavy
+@together
 @pytest.mark.parametrize(
     ("error", "expected"),
     [("forward", "ValueError"), ("stop_iteration", "StopIteration"), ("interrupt", "KeyboardInterrupt")],
@@ -430,7 +432,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 _RUN_DEPENDENT = {"t", "wall", "step_time_s", "agent_us", "start_t", "end_t", "pid", "seq", "dropped"}
 
 
-@heavy
+@together
 def test_the_steady_step_path_sends_the_records_the_general_path_sends(run, torch):
     args = ["--steps", "34", "--accum", "2", "--eval-every", "4", "--dataloader"]
     run.python([GPT, *args], run.env(), byes=1)
@@ -458,7 +460,7 @@ def test_the_steady_step_path_sends_the_records_the_general_path_sends(run, torc
         assert all(r["agent_us"] > 0 for r in later if "agent_us" in r)
 
 
-@heavy
+@together
 def test_a_loop_without_token_ids_takes_the_steady_path_and_sends_what_the_general_path_sends(run, torch):
     # train_loop.py feeds its model floats: each step has micro-batches and no token count, and its reason.
     args = [str(SCRIPTS / "train_loop.py"), "plain", "40"]
@@ -506,7 +508,7 @@ print(json.dumps({"shape": list(out.shape), "hooks": hooks, "own_forward": "forw
 """
 
 
-@heavy
+@together
 def test_a_model_deep_copied_and_saved_whole_under_tm_behaves_as_without_it(run, torch, tmp_path):
     done = run.python([COPY_MODEL, str(tmp_path / "with-tm.pt")], run.env())
     with_tm = json.loads(done.stdout)

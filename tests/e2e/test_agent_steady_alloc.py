@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-heavy = pytest.mark.xdist_group("heavy")
+# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
+# "Tests").
 
 # The benches' tight loop (bench/tight_loop.py: Embedding + Linear, DataLoader batch 1, AdamW), warmed, then measured.
 # Prints the positive differences of the agent's files between the two snapshots, and the windows sent between them.
@@ -136,7 +135,6 @@ def _grown(run, leak: str = "", loop: dict[str, str] = IDS) -> dict:
     return json.loads(done.stdout)
 
 
-@heavy
 def test_ten_thousand_steady_iterations_leave_nothing_allocated_in_the_agents_files(run, torch):
     measured = _grown(run)
     assert measured["steady"]  # the iterations took the steady way the test is about
@@ -155,7 +153,6 @@ _agent.Agent.send_step = _counted
 """
 
 
-@heavy
 def test_a_loop_fed_no_token_ids_takes_the_steady_way_and_leaves_nothing_either(run, torch):
     measured = _grown(run, GENERAL_COUNTED, FLOATS)
     assert measured["steady"] and measured["windows"] > 0
@@ -164,7 +161,6 @@ def test_a_loop_fed_no_token_ids_takes_the_steady_way_and_leaves_nothing_either(
     assert measured["grown"] == []
 
 
-@heavy
 def test_the_overhead_facts_timing_leaves_nothing_either(run, torch):
     # Its sums since the last fact were a float and an int made at each timed step (an int past 256 is an object):
     # one more of each at the second snapshot than at the first, seen once by CI in a loaded run.
@@ -173,7 +169,6 @@ def test_the_overhead_facts_timing_leaves_nothing_either(run, torch):
     assert measured["grown"] == []
 
 
-@heavy
 def test_a_step_row_kept_per_iteration_is_seen(run, torch):
     # The leak's tuples are made in the agent's files (_step_records.py calls put_step with them): the test sees them.
     measured = _grown(run, LEAK)

@@ -12,7 +12,6 @@ import gzip
 import json
 
 import msgspec
-import pytest
 
 from trainmeter_core.commands.cli import main as tm
 from trainmeter_core.model import records
@@ -42,7 +41,8 @@ def line_of(seq: int) -> bytes:
     return LOSS % (t, wall, 10.0 / seq, seq // 2, seq)
 
 
-@pytest.mark.xdist_group("heavy")
+# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
+# "Tests").
 def test_tm_view_json_of_a_million_records_from_its_checkpoint_decodes_only_the_tail(
     tmp_path, capsys, monkeypatch
 ):
