@@ -18,12 +18,16 @@ def run_tm(args: list[str], env: dict[str, str], timeout: float = 120, **kw) -> 
     return subprocess.run([TM, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def log_records(run_dir: Path, blocks: bool = False) -> list[dict]:
+def log_records(run_dir: Path, blocks: bool = False, live: bool = False) -> list[dict]:
     """Every line of a run's log as plain JSON (the raw form a user would grep), each block's line as the records it
-    stands for (``expand_blocks``), or as it is with ``blocks``."""
+    stands for (``expand_blocks``), or as it is with ``blocks``. With ``live``, a log the recorder still writes: its
+    last line counts once its newline is written (a test that polls may read it half written)."""
     out = []
     for seg in sorted(run_dir.glob("events-*.jsonl")):
-        for line in seg.read_text().splitlines():
+        text = seg.read_text()
+        if live:
+            text = text[: text.rfind("\n") + 1]
+        for line in text.splitlines():
             out.append(json.loads(line))
     return out if blocks else expand_blocks(out)
 

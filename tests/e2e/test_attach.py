@@ -42,7 +42,12 @@ def start_training(tmp_path, seconds: float) -> tuple[subprocess.Popen, object]:
 
 def host_samples(runs) -> list[dict]:
     run_dirs = [p for p in runs.iterdir() if p.is_dir()] if runs.exists() else []
-    return [r for d in run_dirs for r in log_records(d) if r["kind"] == "sample.host" and "cpu_cores" in r]
+    return [
+        r
+        for d in run_dirs
+        for r in log_records(d, live=True)
+        if r["kind"] == "sample.host" and "cpu_cores" in r
+    ]
 
 
 @pytest.mark.xdist_group("heavy")

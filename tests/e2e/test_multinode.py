@@ -205,7 +205,9 @@ def test_three_nodes_are_one_job_and_node_twos_outage_loses_nothing(job_nodes, t
         job.started((2,), 15)
         hub_run = job.run_dir(0)
         wait_for(
-            lambda: any(r["kind"] == "step" and r.get("host") == "node2" for r in log_records(hub_run)),
+            lambda: any(
+                r["kind"] == "step" and r.get("host") == "node2" for r in log_records(hub_run, live=True)
+            ),
             what="node 2's steps at the job hub",
         )
         job_nodes.link(2, up=False)
@@ -335,7 +337,9 @@ def test_a_killed_nodes_tm_is_lost_once_and_its_training_finishes(job_nodes, tmp
         job.started((1,), 10)
         hub_run = job.run_dir(0)
         wait_for(
-            lambda: any(r.get("host") == "node1" and r["kind"] == "step" for r in log_records(hub_run)),
+            lambda: any(
+                r.get("host") == "node1" and r["kind"] == "step" for r in log_records(hub_run, live=True)
+            ),
             what="node 1's steps at the job hub",
         )
         job.kill_tm(1)

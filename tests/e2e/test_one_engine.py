@@ -178,7 +178,7 @@ def test_without_an_engine_the_launcher_replays_the_end_itself_and_publishes_the
         out = tmp_path / "live.jsonl"
         sub = subprocess.Popen([sys.executable, CAPTURE, str(run), str(out)], env=env)
         wait_for(lambda: out.exists() and out.read_text().startswith("ready"), what="the subscriber")
-        wait_for(lambda: any(r["kind"] == "tick" for r in log_records(run)), what="a tick")
+        wait_for(lambda: any(r["kind"] == "tick" for r in log_records(run, live=True)), what="a tick")
         stop.touch()
         assert proc.wait(120) == 0
         assert sub.wait(30) == 0

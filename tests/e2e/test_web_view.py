@@ -182,7 +182,9 @@ def test_a_live_run_is_followed_with_the_engines_numbers_and_no_engine_of_its_ow
     try:
         runs = tmp_path / "runs"
         run_dir = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), what="the run")
-        wait_for(lambda: any(r["kind"] == "tick" for r in log_records(run_dir)), what="the first tick")
+        wait_for(
+            lambda: any(r["kind"] == "tick" for r in log_records(run_dir, live=True)), what="the first tick"
+        )
         port, stopping, thread = serve_in_thread(run_dir, capsys)
         try:
             snapshot = wait_for(
