@@ -75,8 +75,10 @@ def clock(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The browser: one Chromium per xdist worker, shared by every browser test module (Playwright's sync API runs one
-# event loop per thread, so a second instance in the same worker would refuse to start).
+# The browser: one Chromium per xdist worker, shared by the browser tests that run there one after another
+# (Playwright's sync API runs one event loop per thread, so a second instance in the same worker would refuse to
+# start). While it runs, that loop is the running loop of the worker's main thread, and a test there that runs a loop
+# of its own (asyncio.run) fails: so it stops once the worker's next test is not a browser test.
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -89,12 +91,41 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+class _Chromium:
+    """The worker's Chromium, started by the first browser test and stopped after the last of a run of them."""
+
+    def __init__(self) -> None:
+        self.playwright = None
+        self.chromium = None
+
+    def started(self):
+        if self.chromium is None:
+            from playwright.sync_api import sync_playwright
+
+            self.playwright = sync_playwright().start()
+            self.chromium = self.playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        return self.chromium
+
+    def stop(self) -> None:
+        chromium, playwright, self.chromium, self.playwright = self.chromium, self.playwright, None, None
+        try:
+            if chromium is not None:
+                chromium.close()
+        finally:
+            if playwright is not None:
+                playwright.stop()
+
+
+_CHROMIUM = _Chromium()
+
+
+@pytest.fixture
 def browser():
-    """One Chromium per xdist worker. Missing: a failure under TM_REQUIRE_BROWSER=1 (CI), else a skip saying why."""
+    """The worker's Chromium (``_Chromium``). Missing: a failure under TM_REQUIRE_BROWSER=1 (CI), else a skip saying
+    why."""
     why = None
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError as exc:
         why = f"Playwright is not installed ({exc})"
     if why is None and not os.path.exists(CHROMIUM):
@@ -103,7 +134,15 @@ def browser():
         if os.environ.get("TM_REQUIRE_BROWSER") == "1":
             pytest.fail(f"{why}, and TM_REQUIRE_BROWSER=1 requires it: run ./scripts/setup-browser")
         pytest.skip(f"{why}: ./scripts/setup-browser installs both")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    return _CHROMIUM.started()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's own teardown (its page closed): the worker's Chromium stops unless the next test is a browser
+    test too, and at the end of the worker's tests."""
+    yield
+    if _CHROMIUM.chromium is not None and (
+        nextitem is None or nextitem.get_closest_marker("browser") is None
+    ):
+        _CHROMIUM.stop()
