@@ -22,6 +22,15 @@ from torch_required import require_torch
 pytest_plugins = ["pytester", "xdist_groups"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The heavy tests that keep several ranks or nodes busy at once (``ranks``) last, in the order collected.
+
+    pytest-xdist sends the heavy group's tests to its worker in this order, so they run at the end of that line, when
+    the other worker has run out of tests and left both cores to them: the line's other tests each keep at most one
+    core busy, and its timed ones were always run beside the other worker's (docs/architecture.md, "Tests")."""
+    items.sort(key=lambda item: item.get_closest_marker("ranks") is not None)
+
+
 @pytest.fixture
 def torch():
     """torch with one thread (two cores are shared by every test), or fail/skip as require_torch says."""

@@ -1,6 +1,6 @@
 """The test layers, one folder each: what a layer's conftest.py marks its tests with, and which tests run one at a
-time (``heavy``: a test that times something, runs several busy processes at once or drives a browser, grouped so that
-two never share the two cores; a torch loop alone is not heavy: docs/architecture.md, "Tests")."""
+time (``heavy``: several processes, torch or a browser, grouped so that two never share the two cores;
+docs/architecture.md, "Tests", says which are not)."""
 
 from __future__ import annotations
 

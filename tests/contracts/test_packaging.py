@@ -16,8 +16,7 @@ import pytest
 from tm_runs import REPO
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.xdist_group("heavy")
 def test_the_wheel_installs_in_a_fresh_venv_and_loads_a_spec_from_itself(tmp_path):
     dist = tmp_path / "dist"
     build = subprocess.run(

@@ -15,7 +15,10 @@ import sysconfig
 import time
 from pathlib import Path
 
+import pytest
 from tm_runs import REPO
+
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
 
 STUB = """#!/bin/sh
 echo "$(basename "$0") $*" >> "{log}"

@@ -28,9 +28,7 @@ from trainmeter_core.runlog.recorder import Recorder
 REPO = Path(__file__).resolve().parents[2]
 BOOT = REPO / "trainmeter_agent" / "boot"
 SCRIPTS = REPO / "tests" / "agent_scripts"
-# One busy process a test and nothing timed: these run beside the heavy tests, not in their line, together so that
-# the module's fixtures are built once (docs/architecture.md, "Tests").
-together = pytest.mark.xdist_group("agent_probes")
+heavy = pytest.mark.xdist_group("heavy")
 
 
 def plain_env(**extra: str) -> dict[str, str]:
@@ -109,7 +107,7 @@ def train(run: Run, mode: str, **env: str) -> list[str]:
 # Step records from real loops
 
 
-@together
+@heavy
 def test_fifty_iterations_give_fifty_steps_numbered_one_to_fifty(run, torch):
     train(run, "plain")
     steps = kinds(run.records(), "step")
@@ -120,7 +118,7 @@ def test_fifty_iterations_give_fifty_steps_numbered_one_to_fifty(run, torch):
     assert all(s["step_time_s"] > 0 and s["optimizers"] == 1 for s in steps[1:])
 
 
-@together
+@heavy
 def test_two_optimizers_stepping_each_iteration_count_once(run, torch):
     train(run, "two_optimizers")
     steps = kinds(run.records(), "step")
@@ -128,7 +126,7 @@ def test_two_optimizers_stepping_each_iteration_count_once(run, torch):
     assert {s["optimizers"] for s in steps[1:]} == {2}  # SGD on the weight + AdamW on the bias
 
 
-@together
+@heavy
 def test_grad_scaler_skipped_steps_still_count_and_are_marked(run, torch):
     train(run, "grad_scaler")
     steps = kinds(run.records(), "step")
@@ -137,7 +135,7 @@ def test_grad_scaler_skipped_steps_still_count_and_are_marked(run, torch):
     assert [s["step"] for s in steps if s.get("skipped")] == [10, 20, 30, 40, 50]
 
 
-@together
+@heavy
 def test_a_second_step_without_backward_is_the_same_iteration(run, torch):
     train(run, "double_step")
     steps = kinds(run.records(), "step")
@@ -281,7 +279,7 @@ def test_a_multiprocessing_spawn_child_stays_dormant(run):
     assert [h["pid"] for h in hellos] == [seen["parent"]]  # neither the child nor the resource tracker
 
 
-@together
+@heavy
 def test_fork_children_send_nothing_unless_they_emit(run, torch):
     done = run.python([str(SCRIPTS / "fork_children.py")], run.env(), byes=2)
     pids = json.loads(done.stdout)
@@ -354,7 +352,7 @@ def plain_losses():
     return json.loads(done.stdout)
 
 
-@together
+@heavy
 @pytest.mark.parametrize("probe", PROBES)
 def test_an_internal_error_in_a_probe_says_one_line_and_changes_no_loss(run, torch, plain_losses, probe):
     done = run.python([str(SCRIPTS / "train_loop.py"), "all"], run.env(TM_AGENT_FAULT=probe), byes=0)
@@ -363,7 +361,7 @@ def test_an_internal_error_in_a_probe_says_one_line_and_changes_no_loss(run, tor
     assert len(lines) == 1 and lines[0].startswith(f"tm: agent {probe} stopped: InjectedFault"), done.stderr
 
 
-@together
+@heavy
 def test_a_stopped_step_probe_tells_the_run_and_the_rest_goes_on(run, torch):
     train(run, "all", TM_AGENT_FAULT="steps")
     logged = run.records()
@@ -373,7 +371,7 @@ def test_a_stopped_step_probe_tells_the_run_and_the_rest_goes_on(run, torch):
     assert len(kinds(logged, "metric")) >= 1 and logged[-1]["kind"] == "bye"
 
 
-@together
+@heavy
 def test_the_users_own_exceptions_pass_through_unchanged(run, torch):
     done = run.python([str(SCRIPTS / "user_error.py")], run.env())
     seen = json.loads(done.stdout)

@@ -9,14 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from test_agent import SCRIPTS, kinds, plain_env
+from test_agent import SCRIPTS, heavy, kinds, plain_env
 
 SCRIPT = str(SCRIPTS / "dynamo_modes.py")
 HOOKS = {"next": "function", "backward": "function", "forward": "ModelForward", "step": ["method"]}
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@heavy
 @pytest.mark.parametrize("mode", ["compile", "function", "export", "export-strict"])
 def test_dynamo_traces_the_model_probe_and_the_loop_goes_on_as_without_tm(run, torch, mode):
     """torch.export's non-strict tracing reads ``model.forward.__code__`` (ModelForward hands on its function's

@@ -9,13 +9,13 @@ from test_agent_depth import facts, gpt
 
 from trainmeter_agent._flops import _counter, meta_copy
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+heavy = pytest.mark.xdist_group("heavy")
 
 # Attention shapes for the formula tests: batch 2, 3 heads, 16 positions, head width 8.
 B, H, T, D = 2, 3, 16, 8
 
 
+@heavy
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_eager_and_compiled_counted_flops_per_token_are_equal_and_equal_the_hand_count(run, torch, compiled):
     gpt(run, "--steps", "3", *(["--compile"] if compiled else []))

@@ -10,12 +10,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 from deadline import wait_for
 from test_agent import SCRIPTS, kinds
 from test_agent_trackers import require
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+heavy = pytest.mark.xdist_group("heavy")
 
 
 def framework(run, name: str) -> tuple[dict, list[dict]]:
@@ -38,6 +38,7 @@ def shape_matches(records: list[dict], expected: dict) -> None:
         assert facts[name] == expected[name], name
 
 
+@heavy
 def test_an_hf_trainer_run_is_seen_with_real_tokens_shape_eval_and_loss(run, torch):
     for package in ("transformers", "accelerate", "tensorboard"):
         require(package)
@@ -64,6 +65,7 @@ def test_an_hf_trainer_run_is_seen_with_real_tokens_shape_eval_and_loss(run, tor
     assert logged == [(int(k), v) for k, v in expected["losses"].items()]
 
 
+@heavy
 def test_a_lightning_run_is_seen_with_its_steps_tokens_shape_eval_and_loss(run, torch):
     for package in ("lightning", "tensorboard"):
         require(package)

@@ -9,6 +9,7 @@ import json
 import re
 import struct
 
+import pytest
 from deadline import wait_for
 from test_agent import kinds, tm_lines
 from test_agent_depth import _same_run, facts
@@ -17,8 +18,7 @@ from trainmeter_core.model import records
 from trainmeter_core.model.engine import Engine
 from trainmeter_core.runlog.reader import read_log
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+heavy = pytest.mark.xdist_group("heavy")
 
 
 def backward_losses(logged: list[dict]) -> dict[int, float]:
@@ -41,6 +41,7 @@ def ulp32(x: float) -> float:
 # Acceptance: the value is the loop's own loss, and the run is the same as without tm
 
 
+@heavy
 def test_with_one_micro_batch_train_loss_is_the_printed_loss_exactly_and_the_run_is_unchanged(
     run, torch, tmp_path
 ):
@@ -58,6 +59,7 @@ def test_with_one_micro_batch_train_loss_is_the_printed_loss_exactly_and_the_run
     assert "assumes" not in found["loss_from_backward"]["note"]
 
 
+@heavy
 def test_with_four_micro_batches_train_loss_is_their_mean_within_one_float32_ulp(run, torch, tmp_path):
     measured, extra, _ = _same_run(tmp_path, run, ["--steps", "12", "--accum", "4"])
     assert extra == []
@@ -73,6 +75,7 @@ def test_with_four_micro_batches_train_loss_is_their_mean_within_one_float32_ulp
     assert "assumes the loop divides each micro-batch loss by 4" in label["note"]
 
 
+@heavy
 def test_with_a_grad_scaler_train_loss_is_the_unscaled_loss(run, torch, tmp_path):
     # A scale of 2**16 on the CPU: the tensor passed to backward is loss x 65536; the agent reads the loss before it.
     measured, extra, _ = _same_run(tmp_path, run, ["--steps", "10", "--scaler", "65536"])
@@ -81,6 +84,7 @@ def test_with_a_grad_scaler_train_loss_is_the_unscaled_loss(run, torch, tmp_path
     assert [losses[step] for step in range(1, 11)] == [float.fromhex(h) for h in measured["losses"]]
 
 
+@heavy
 def test_a_loss_that_is_not_0_dim_is_absent_and_the_probe_says_why(run, torch):
     code = (
         "import torch\ntorch.set_num_threads(1)\n"
@@ -103,6 +107,7 @@ def test_a_loss_that_is_not_0_dim_is_absent_and_the_probe_says_why(run, torch):
     assert snapshot.facts["probe.loss"].value == why
 
 
+@heavy
 def test_several_backward_roots_in_one_iteration_give_no_loss(run, torch):
     # One forward of the model, two backward calls (two heads' losses): their sum is no loss the loop computed.
     code = (
@@ -120,6 +125,7 @@ def test_several_backward_roots_in_one_iteration_give_no_loss(run, torch):
     )
 
 
+@heavy
 def test_backward_on_a_list_of_tensors_is_several_roots(run, torch):
     code = (
         "import torch\ntorch.set_num_threads(1)\n"
@@ -135,6 +141,7 @@ def test_backward_on_a_list_of_tensors_is_several_roots(run, torch):
     )
 
 
+@heavy
 def test_a_reentrant_checkpoints_own_backward_calls_are_not_the_loops(run, torch):
     # torch.utils.checkpoint(use_reentrant=True) calls torch.autograd.backward on the block's outputs (not 0-dim)
     # inside the loop's backward: only the outermost call is the loop's.
@@ -188,6 +195,7 @@ def run_only_backward(tmp_path, tm_env, steps: int, nan_from: int):
     return run_dir, log_records(run_dir)
 
 
+@heavy
 def test_a_run_whose_only_loss_is_read_at_backward_keeps_every_loss_beside_its_step_times(
     torch, tm_env, tmp_path
 ):
@@ -207,6 +215,7 @@ def test_a_run_whose_only_loss_is_read_at_backward_keeps_every_loss_beside_its_s
     assert [p.x for p in losses] == [float(step) for step in range(5, 201, 5)]
 
 
+@heavy
 def test_a_loss_read_at_backward_that_turns_nan_at_step_101_counts_50_and_the_alert_names_step_101(
     torch, tm_env, tmp_path
 ):

@@ -11,8 +11,7 @@ from test_agent import SCRIPTS
 from test_agent_trackers import require
 from tm_runs import log_records, only_run, run_tm
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+heavy = pytest.mark.xdist_group("heavy")
 SPLIT = str(SCRIPTS / "split_forward.py")
 
 # Embedding(50, 16) + Linear(16, 50): N = 50 x 16 (800, the table) + 16 x 50 + 50 (850, the head's weight and bias)
@@ -30,6 +29,7 @@ def split_run(tm_env, tmp_path, mode: str) -> tuple[dict, dict, str]:
     return snapshot, facts, result.stdout + result.stderr
 
 
+@heavy
 @pytest.mark.parametrize("mode", ["lightning", "loop", "parts"])
 def test_a_step_that_calls_the_embedding_and_the_head_gives_the_models_hf_flops_per_token(
     tm_env, tmp_path, torch, mode

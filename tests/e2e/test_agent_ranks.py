@@ -15,6 +15,7 @@ from test_agent import SCRIPTS, kinds
 
 
 @pytest.mark.xdist_group("heavy")
+@pytest.mark.ranks
 def test_two_ranks_report_dp_two_and_their_own_steps_and_the_torchrun_parent_stays_out(run, torch):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     done = subprocess.run(

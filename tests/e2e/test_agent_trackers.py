@@ -25,8 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+heavy = pytest.mark.xdist_group("heavy")
 GPT = str(SCRIPTS / "gpt_loop.py")
 # (option of gpt_loop.py, the package it needs, the metric origin, the loss key and the other key the loop logs)
 TRACKERS = [
@@ -57,6 +56,7 @@ def gpt(run: Run, *args: str, **env: str) -> tuple[dict, subprocess.CompletedPro
     return json.loads(done.stdout), done
 
 
+@heavy
 @pytest.mark.parametrize(("option", "package", "origin", "loss_key", "other_key"), TRACKERS)
 def test_a_tracker_delivers_the_loops_scalars_under_their_raw_keys(
     run, torch, tmp_path, option, package, origin, loss_key, other_key
@@ -78,6 +78,7 @@ def test_a_tracker_delivers_the_loops_scalars_under_their_raw_keys(
     assert facts[f"probe.tap.{origin}"] == "attached"
 
 
+@heavy
 def test_no_tap_leaves_the_trackers_alone(run, torch, tmp_path):
     require("tensorboard")
     gpt(run, "--steps", "3", "--tensorboard", str(tmp_path / "tb"), TM_NO_TAP="1")
@@ -87,6 +88,7 @@ def test_no_tap_leaves_the_trackers_alone(run, torch, tmp_path):
     assert "trackers" not in kinds(records, "hello")[0]  # none it may attach
 
 
+@heavy
 def test_an_internal_error_in_every_tap_says_one_line_each_and_changes_no_loss(run, torch, tmp_path):
     for _, package, *_ in TRACKERS:
         require(package)

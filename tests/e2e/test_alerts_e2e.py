@@ -195,6 +195,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.xdist_group("heavy")
+@pytest.mark.ranks
 def test_two_ranks_with_one_slow_make_one_straggler_episode(tm_env, tmp_path):
     from torch_required import require_torch
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tm_runs import log_records, only_run, run_tm
 
-pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy"), pytest.mark.ranks]
 
 SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "ddp_collectives.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]

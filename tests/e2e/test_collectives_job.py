@@ -11,7 +11,7 @@ import pytest
 import test_multinode
 from test_multinode import Job, job_nodes  # noqa: F401 - job_nodes is the fixture this test uses
 
-pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy"), pytest.mark.ranks]
 
 SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "ddp_collectives.py"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_engine import Run, feed
 from tm_runs import run_tm
 
@@ -84,8 +85,7 @@ def test_no_count_at_all_still_says_so():
     assert metric.absent == "no step was counted with FlopCounterMode"
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.xdist_group("heavy")
 def test_an_mlp_on_float_data_under_tm_names_the_tokens_and_declaring_them_gives_the_count(
     tm_env, tmp_path, torch
 ):
@@ -104,8 +104,7 @@ def test_an_mlp_on_float_data_under_tm_names_the_tokens_and_declaring_them_gives
     assert snapshot["metrics"]["flop_per_token.counted"]["value"] == 80_896.0
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.xdist_group("heavy")
 def test_the_agent_sends_the_count_and_the_missing_tokens_as_facts(run, torch):
     # The agent's side alone, on the same MLP, with a real hub and recorder in this process.
     script = run.run_dir / "mlp.py"

@@ -16,7 +16,7 @@ from test_collectives import HANG_ENV, HUNG_TOML
 from test_straggler_e2e import straggler_over_time
 from tm_runs import log_records, only_run, run_tm
 
-pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy"), pytest.mark.ranks]
 
 SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "fsdp2_loop.py"
 RANKS = 4

@@ -16,9 +16,7 @@ import pytest
 from tm_runs import REPO
 from torch_required import require_torch
 
-# One busy process a test and nothing timed: these run beside the heavy tests, not in their line, together so that
-# the module's fixtures are built once (docs/architecture.md, "Tests").
-together = pytest.mark.xdist_group("gpu_check")
+heavy = pytest.mark.xdist_group("heavy")
 GPU_CHECK = REPO / "scripts" / "gpu-check"
 #: What the H200's environment lacked and gpu-check carries as wheels; everything else of this venv stays visible.
 CARRIED = ("trainmeter", "zmq", "pyzmq", "msgspec", "_editable", "__editable__")
@@ -96,7 +94,7 @@ def gpu_check(path: list[Path], out: Path, wheels: Path, **extra: str) -> subpro
     )
 
 
-@together
+@heavy
 def test_gpu_check_passes_where_python3_is_a_venv_holding_torch(tmp_path, wheels, torch_venv):
     done = gpu_check([torch_venv], tmp_path / "out", wheels)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -127,7 +125,7 @@ def test_gpu_check_passes_where_python3_is_a_venv_holding_torch(tmp_path, wheels
     assert runs == ["gpt", "matmul"]
 
 
-@together
+@heavy
 def test_gpu_check_passes_from_a_venv_made_inside_the_venv_holding_torch(tmp_path, wheels, torch_venv):
     inner = tmp_path / "inner"
     subprocess.run(
@@ -154,7 +152,7 @@ def test_gpu_check_passes_from_a_venv_made_inside_the_venv_holding_torch(tmp_pat
     assert report.rstrip().splitlines()[-1].startswith("gpu-check: PASS")
 
 
-@together  # beside the others: the module's fixtures (wheels, the venv holding torch) are built once
+@heavy  # beside the others: the module's fixtures (wheels, the venv holding torch) are built once per worker
 def test_gpu_check_without_an_interpreter_that_has_torch_says_so_and_exits_2(tmp_path, wheels):
     done = gpu_check([], tmp_path / "out", wheels, PYTHON="/usr/bin/python3")
     assert done.returncode == 2
@@ -164,7 +162,7 @@ def test_gpu_check_without_an_interpreter_that_has_torch_says_so_and_exits_2(tmp
     )
 
 
-@together
+@heavy
 def test_gpu_check_without_wheels_says_how_to_make_them_and_exits_2(tmp_path, torch_venv):
     done = gpu_check([torch_venv], tmp_path / "out", tmp_path / "no-wheels")
     assert done.returncode == 2

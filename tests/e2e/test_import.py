@@ -174,8 +174,8 @@ def test_a_fuzzed_trace_never_crashes_tm_import_or_tm_view_and_is_all_or_nothing
 # A torch.profiler trace recorded inside a run under tm
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.heavy
+@pytest.mark.xdist_group("heavy")
 def test_a_torch_profiler_trace_written_inside_a_cpu_run_is_imported_at_its_end_with_the_runs_steps(
     torch, tm_env, tmp_path
 ):
@@ -203,8 +203,8 @@ def test_a_torch_profiler_trace_written_inside_a_cpu_run_is_imported_at_its_end_
     assert summary["snapshot"]["profile"]["traces"][0]["steps"] == [4, 5, 6]
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.heavy
+@pytest.mark.xdist_group("heavy")
 def test_an_internal_error_in_the_profiler_probe_says_one_line_and_the_loss_is_unchanged(
     torch, tm_env, tmp_path
 ):
@@ -248,8 +248,8 @@ def test_a_broken_importer_plugin_is_reported_and_skipped_and_the_others_still_r
     assert any(p.startswith("plugin odd:") and "is no profiler importer" in p for p in problems)
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.heavy
+@pytest.mark.xdist_group("heavy")
 def test_an_import_into_a_live_run_goes_through_its_hub_and_the_final_numbers_hold_it(tm_env, tmp_path):
     import subprocess
     import time

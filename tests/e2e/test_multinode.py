@@ -26,7 +26,7 @@ from torch_required import require_torch
 
 from trainmeter_core.bus.hub import NOT_FORWARDED
 
-pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy"), pytest.mark.ranks]
 
 SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "job_loop.py"
 # Each node's monotonic clock is this far from the machine's: unmapped, node 2's times would be two hours off.

@@ -20,8 +20,7 @@ def plain(variant: str, out, env) -> None:
     )
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.xdist_group("heavy")
 @pytest.mark.parametrize(("variant", "skipped"), [("one", 0), ("two", 0), ("scaler", 50)])
 def test_each_iteration_is_one_step_and_numerics_are_unchanged(tm_env, tmp_path, variant, skipped):
     torch = require_torch()

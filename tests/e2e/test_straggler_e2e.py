@@ -17,7 +17,7 @@ from tm_runs import log_records, only_run, run_tm
 
 from trainmeter_core.runlog import replay
 
-pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy"), pytest.mark.ranks]
 
 SCRIPT = Path(__file__).parents[1] / "agent_scripts" / "ddp_straggler.py"
 RANKS = 4

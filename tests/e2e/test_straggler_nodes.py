@@ -15,7 +15,7 @@ from test_straggler_e2e import straggler_over_time
 from tm_runs import log_records
 from torch_required import require_torch
 
-pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("heavy"), pytest.mark.ranks]
 
 SCRIPTS = Path(__file__).parents[1] / "agent_scripts"
 SLOW = 3  # node 1's second rank

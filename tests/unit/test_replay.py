@@ -12,6 +12,7 @@ import gzip
 import json
 
 import msgspec
+import pytest
 
 from trainmeter_core.commands.cli import main as tm
 from trainmeter_core.model import records
@@ -41,8 +42,7 @@ def line_of(seq: int) -> bytes:
     return LOSS % (t, wall, 10.0 / seq, seq // 2, seq)
 
 
-# One busy process a test and nothing timed: beside the heavy tests, not in their line (docs/architecture.md,
-# "Tests").
+@pytest.mark.xdist_group("heavy")
 def test_tm_view_json_of_a_million_records_from_its_checkpoint_decodes_only_the_tail(
     tmp_path, capsys, monkeypatch
 ):
