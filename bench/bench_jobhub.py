@@ -41,6 +41,8 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from real_samples import real_gpu_sample  # noqa: E402
+
 from trainmeter_core.bus import jobkeys  # noqa: E402
 from trainmeter_core.bus import jobwire as wire  # noqa: E402
 from trainmeter_core.model import records  # noqa: E402
@@ -137,19 +139,6 @@ def _rows_as_block(node: int, rank: int, first: int, steps: int) -> records.Bloc
         t=ends[-1],
         wall=1.7e9 + ends[-1],
     )
-
-
-#: A real NVML sample of an H200 (its GPM window, clocks, energy, the ``absent`` reason every sample carries), from the
-#: fixture's run: what a node's sampler sends for each GPU at each beat.
-_REAL_GPU_LOG = (
-    Path(__file__).resolve().parent.parent / "tests/fixtures/real/h200-nanogpt-kill/events-0001.jsonl"
-)
-
-
-def _real_gpu_sample() -> records.SampleGpu:
-    with open(_REAL_GPU_LOG, "rb") as lines:
-        samples = [line for line in lines if b'"kind":"sample.gpu"' in line and b'"gpm_window_s"' in line]
-    return msgspec.json.decode(samples[len(samples) // 2], type=records.SampleGpu)
 
 
 def _gpu_samples(
@@ -292,7 +281,7 @@ def nodes_main(
 
     keys = jobkeys.load(Path(folder) / "keys")
     assert keys is not None
-    real = _real_gpu_sample() if gpus else None  # read from the fixture once, copied for every node's GPUs
+    real = real_gpu_sample() if gpus else None  # read from the fixture once, copied for every node's GPUs
     streams = [
         _groups(_node_payloads(node, ranks, steps, block_steps, gpus, hz, real))
         for node in range(1, nodes + 1)

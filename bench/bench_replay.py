@@ -35,6 +35,8 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from real_samples import real_gpu_sample  # noqa: E402
+
 from trainmeter_core.model import records  # noqa: E402
 from trainmeter_core.model.engine import Engine  # noqa: E402
 from trainmeter_core.runlog.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
@@ -162,19 +164,6 @@ def synthetic_log(path: Path, n: int) -> tuple[int, int]:
 BLOCK_ROWS = 1_000
 
 
-#: A real NVML sample of an H200 in the middle of its run (its GPM window, clocks, energy counter, PCIe and NVLink rates,
-#: the ``absent`` reason every sample carries): what the sampler sends for each GPU at each beat, about 1 KB a line.
-_REAL_GPU_LOG = (
-    Path(__file__).resolve().parent.parent / "tests/fixtures/real/h200-nanogpt-kill/events-0001.jsonl"
-)
-
-
-def _real_gpu_sample() -> records.SampleGpu:
-    with open(_REAL_GPU_LOG, "rb") as lines:
-        samples = [line for line in lines if b'"kind":"sample.gpu"' in line and b'"gpm_window_s"' in line]
-    return msgspec.json.decode(samples[len(samples) // 2], type=records.SampleGpu)
-
-
 def _gpu_sample(real: records.SampleGpu, gpu: int, t: float, elapsed_s: float) -> records.SampleGpu:
     """GPU ``gpu``'s sample at ``t``: a copy of the real one on its own GPU, its GPM window the second before ``t`` and
     its energy counter risen at the real sample's power since the run began."""
@@ -200,7 +189,7 @@ def block_log(path: Path, steps: int, emit_every: int = 0) -> tuple[int, int]:
     stands for, lines)."""
     from blocks import block_of
 
-    real = _real_gpu_sample()
+    real = real_gpu_sample()
     seq = lines = 0
     t, wall = 1000.0, 1.8e9
     agent = {"source": "agent", "host": "bench", "pid": 4242, "v": records.SCHEMA_VERSION}
