@@ -282,42 +282,42 @@ def test_a_damaged_trace_is_refused_with_one_line(damage, says):
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
+def damaged_events(n: int, at_ts: float) -> tuple[bytes, str]:
+    """``events_json(n)`` with a byte no JSON holds in the event of time ``at_ts``, and the line refusing it names."""
+    data = events_json(n)
+    damaged = data.find(b'"ts": %.1f' % at_ts)
+    start = data.rfind(b"\n  {", 0, damaged) + 3  # the event's own brace (its name holds one too)
+    said = f"invalid JSON in traceEvents at byte {start:,}: the event that starts there breaks at byte {damaged:,}"
+    return data[:damaged] + b"\xa0" + data[damaged + 1 :], said
+
+
 def test_damage_deep_in_a_chunk_is_found_in_a_few_decodes_and_named_at_its_events_start():
     # A byte no JSON holds inside event 1,500 of 2,000, all in one chunk. Stepping back one event a try, the reader
     # decoded the 1,500 events before it again for each of them (5 decodes an event: 7,500 here, 22 s for a real
     # 10 MB trace damaged at its 868th KB); each try now ends before the byte the last one failed at.
-    data = events_json(2000)
-    damaged_event = data.find(b'"ts": 15000.0')
-    start = data.rfind(b"\n  {", 0, damaged_event) + 3  # the event's own brace (its name holds one too)
-    data = data[:damaged_event] + b"\xa0" + data[damaged_event + 1 :]
+    data, said = damaged_events(2000, 15000.0)
     reader = TraceReader(io.BytesIO(data), Event, chunk_b=1 << 22)
     with pytest.raises(TraceError) as refused:
         for _ in reader:
             pass
-    assert str(refused.value) == (
-        f"invalid JSON in traceEvents at byte {start:,}: the event that starts there breaks at byte {damaged_event:,}"
-    )
+    assert str(refused.value) == said
     assert reader.decodes <= 20, reader.decodes
 
 
 def test_damage_in_a_trace_larger_than_the_largest_value_is_named_where_it_is_without_reading_on():
     # Past the damage no more of the file can mend it: the refusal names it at once, whatever the file's size, where
     # the reader read on to its largest value (here 4 KiB) and then said no event ends within it ("not a trace").
-    data = events_json(2000)
-    damaged_event = data.find(b'"ts": 9000.0')
-    start = data.rfind(b"\n  {", 0, damaged_event) + 3
-    data = data[:damaged_event] + b"\xa0" + data[damaged_event + 1 :]
+    data, said = damaged_events(2000, 9000.0)
     reader = TraceReader(io.BytesIO(data), Event, chunk_b=1024, max_value_b=4096)
     events = []
     with pytest.raises(TraceError) as refused:
         for item in reader:
             if item[0] == "events":
                 events.extend(item[1])
-    assert str(refused.value) == (
-        f"invalid JSON in traceEvents at byte {start:,}: the event that starts there breaks at byte {damaged_event:,}"
-    )
+    assert str(refused.value) == said
     assert [e.ts for e in events] == [10.0 * i for i in range(900)]  # every event before the damaged one
-    assert reader.bytes_read < start + 3 * 1024, (reader.bytes_read, start)
+    damaged = data.find(b"\xa0")
+    assert reader.bytes_read < damaged + 3 * 1024, (reader.bytes_read, damaged)
 
 
 @pytest.mark.parametrize("chunk_b", [64, 1 << 22])
