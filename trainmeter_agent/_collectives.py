@@ -258,14 +258,21 @@ class CollectiveProbe:
             self.agent._queue_metric(end_t, values, step, ORIGIN)
 
     def _check_stall(self, now: float) -> None:
+        """Say where this rank waits once it has gone ``stall_s`` without a step, and that it steps again once it
+        has. The steps are learnt as their records leave (``saw_batch``), so a step made before the stall report may
+        be learnt after it (its window left late, on a loaded machine): when the step learnt is itself ``stall_s`` or
+        more ago, the rank is still stalled, and a new report takes the old one's place at once. Saying "stepping
+        again" in between would leave the hub a moment with no report from this rank, which the hung rule reads as a
+        rank that never entered the collective and sent no report: a second alert for the same hang."""
         step = self._last_step
         if step == self._stall_step:
             return  # said already for this step
-        if self._stall_step is not None:
+        stalled = now - self._last_step_t >= self.stall_s
+        if self._stall_step is not None and not stalled:
             self._stall_step = None
             self.agent.fact(STALL_FACT, {"stalled": False, "step": step}, "collectives")
             return
-        if now - self._last_step_t < self.stall_s:
+        if not stalled:
             return
         self._stall_step = step
         self.agent.fact(STALL_FACT, self.stall_report(now), "collectives")
