@@ -335,27 +335,83 @@ threading.Thread(target=threading.Event().wait, name="floor-sleeper", daemon=Tru
 
 
 # The agent's flush thread in a steady loop (trainmeter_agent/_outbox.py, QUIET_MAX_S): it wakes about once a second,
-# takes a lock and looks at two attributes, and sleeps again. The floor with this thread instead of one asleep for
-# good says what the agent's one thread costs the loop.
-_WAKING_THREAD = """
-def _wake_each_second():
+# takes a lock and looks at two attributes, and sleeps again. Measured in one process, the floor's loop with its extra
+# thread switched between waking each second and sleeping for good, in alternating phases of 15 blocks (an ABBA
+# order), so both phases share the process's memory layout. Two scripts that differ only in the thread's code differed
+# by +4.7 to +6.9 µs an iteration (the bench's line until 2026-12-07), and by -0.8 µs in one process: the script's
+# text and where its memory lies, not the wakes (a wake a second is in one block of six at most, and a block's median
+# leaves it out).
+_WAKING_TAIL = """
+import threading
+_mode = {"wake": False}
+_changed = threading.Event()
+def _thread():
     lock = threading.Lock()
     while True:
-        time.sleep(1.0)
-        with lock:
-            pass
+        if _mode["wake"]:
+            time.sleep(1.0)
+            with lock:
+                pass
+        else:
+            _changed.wait()
+            _changed.clear()
+threading.Thread(target=_thread, name="floor-waker", daemon=True).start()
+def batches():
+    while True:
+        yield from loader
+source = batches()
+def block():
+    cpu0 = time.process_time()
+    for _ in range(per_block):
+        (x,) = next(source)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        optimizer.step()
+    return (time.process_time() - cpu0) / per_block * 1e6
+for _ in range(5):
+    block()
+phases = {False: [], True: []}
+for phase in range(blocks):
+    wake = bool(phase % 2) != bool((phase // 2) % 2)  # sleep, wake, wake, sleep, ...
+    _mode["wake"] = wake
+    _changed.set()
+    phases[wake].append(statistics.median(block() for _ in range(15)))
+print(json.dumps({"waking": phases[True], "asleep": phases[False]}))
 """
 
 
-def with_floor_hooks(code: str, waking_thread: bool = False) -> str:
-    """A loop script with the do-nothing hooks installed just before its loop starts; with ``waking_thread``, its
-    extra thread wakes each second as the agent's flush thread does in a steady loop."""
-    hooks = _FLOOR_HOOKS
-    if waking_thread:
-        hooks = hooks.replace("import threading\n", "import threading\n" + _WAKING_THREAD).replace(
-            "target=threading.Event().wait", "target=_wake_each_second"
-        )
-    return code.replace(_LOOP_TAIL, hooks + _LOOP_TAIL)
+def waking_thread_script(code: str) -> str:
+    """The loop script with the floor's do-nothing hooks, its extra thread switched between waking each second and
+    sleeping for good in alternating phases: prints each phase's median CPU µs per iteration."""
+    hooks = _FLOOR_HOOKS.replace(
+        'threading.Thread(target=threading.Event().wait, name="floor-sleeper", daemon=True).start()\n', ""
+    )
+    return code.replace(_LOOP_TAIL, hooks + _WAKING_TAIL)
+
+
+def with_floor_hooks(code: str) -> str:
+    """A loop script with the do-nothing hooks installed just before its loop starts."""
+    return code.replace(_LOOP_TAIL, _FLOOR_HOOKS + _LOOP_TAIL)
+
+
+def bench_waking_thread(phases: int = 8) -> None:
+    """What the agent's one thread, waking each second, costs the tight loop over a thread asleep for good: one
+    process, phases alternated (``_WAKING_TAIL``)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=repo)
+    script = waking_thread_script(LOOPS["tight loop"])
+    result = _run_loop([sys.executable, "-c", script, str(phases * 2), "500"], env, repo)
+    if result is None:
+        return
+    added = [a - b for a, b in zip(result["waking"], result["asleep"], strict=True)]
+    print(
+        f"tight loop, do-nothing hooks: their extra thread waking once a second (the agent's flush thread in a steady "
+        f"loop) instead of never adds {statistics.median(added):+6.2f} µs CPU per iteration (one process, "
+        f"{len(added)} pairs of phases of 15 blocks of 500 iterations, spread {min(added):.1f} to {max(added):.1f}; "
+        f"asleep {statistics.median(result['asleep']):.1f} µs)"
+    )
 
 
 def _run_loop(argv: list[str], env: dict, cwd: str) -> dict | None:
@@ -393,10 +449,6 @@ def bench_loops(rounds: int, peer_venv: str | None, tight_iterations: int, names
                 "plain": ([sys.executable, "-c", code, str(blocks), str(per_block)], env),
                 "empty hooks": (
                     [sys.executable, "-c", with_floor_hooks(code), str(blocks), str(per_block)],
-                    env,
-                ),
-                "empty hooks, waking thread": (
-                    [sys.executable, "-c", with_floor_hooks(code, True), str(blocks), str(per_block)],
                     env,
                 ),
                 "tm": (
@@ -440,11 +492,6 @@ def _loop_lines(name: str, results: dict, rounds: int) -> None:
     print(
         f"{'':<12}do-nothing hooks at the agent's attach points (no tm) add {med(floor):6.2f} µs CPU per iteration "
         f"(spread {min(floor):.1f} to {max(floor):.1f}): the floor under any probe written in Python"
-    )
-    waking = _paired(results, "cpu_us", "empty hooks, waking thread", "empty hooks")
-    print(
-        f"{'':<12}its extra thread waking once a second (the agent's flush thread in a steady loop) instead of "
-        f"never adds {med(waking):+6.2f} µs CPU per iteration (spread {min(waking):.1f} to {max(waking):.1f})"
     )
     if "0.0.7" in results:
         peer_added = _paired(results, "cpu_us", "0.0.7", "0.0.7 plain")
@@ -643,6 +690,8 @@ def main() -> None:
         if args.breakdown_only:
             return
         bench_loops(args.rounds, args.peer_venv, args.iterations, args.loop or list(LOOPS))
+        if "tight loop" in (args.loop or list(LOOPS)):
+            bench_waking_thread()
         if not args.loops_only:
             bench_startup(endpoint)
     finally:
