@@ -142,3 +142,19 @@ def test_a_hang_in_a_subgroup_names_only_that_groups_ranks():
         [2],
         [3],
     )
+
+
+def test_a_waiting_ranks_report_missing_for_a_moment_is_the_same_hang_not_a_second_alert():
+    # ci70: under load, rank 2's report was gone for a moment (a step learnt after it), so the verdict named rank 2 as
+    # silent too; the subject (and so the episode) is the ranks that reported and never entered, rank 1 alone
+    hung = facts(report(0, 25, True), report(1, 24, False), report(2, 25, True), report(3, 25, True))
+    gap = facts(report(0, 25, True), report(1, 24, False), report(3, 25, True))
+    alerts = alerter(collective_floor_s=5, clear_after_s=1)
+    (fired,) = alerts.observe(snap(11.0, 6.0, hung))
+    assert alerts.observe(snap(12.0, 7.0, gap)) == []
+    assert alerts.observe(snap(14.0, 9.0, gap)) == []  # past clear_after_s: still the one episode, fired
+    assert alerts.observe(snap(15.0, 10.0, hung)) == []
+    assert fired.subject == "rank 1" and alerts.open_episodes() == [("hung", "rank 1")]
+    # and the words of a verdict with a silent rank name it beside the culprit
+    (alone,) = alerter(collective_floor_s=5).observe(snap(11.0, 6.0, gap))
+    assert alone.subject == "rank 1" and "rank 2 never entered it and sent no report" in alone.message

@@ -113,7 +113,10 @@ def _collective_verdict(snapshot: records.Snapshot, since_s: float, floor_s: flo
     }
     if set(hang.phases) == set(hang.missing):
         return Verdict(normal=[Condition(collective_wait.describe_phase(hang), numbers)])
-    subject = ", ".join(f"rank {rank}" for rank in hang.missing)
+    # The episode's subject is the ranks that reported, alive, and never entered: a rank that sent no report is named
+    # in the message only, so a report that comes late (or is replaced a moment after a step learnt late) changes
+    # the words of the same hang, never starts a second episode of it
+    subject = ", ".join(f"rank {rank}" for rank in hang.missing if rank not in hang.silent)
     attachments = {f"rank {rank} stacks": text for rank, text in hang.stacks.items()}
     condition = Condition(
         collective_wait.describe(hang, since_s), numbers, subject=subject, attachments=attachments
