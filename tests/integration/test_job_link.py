@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import random
 import socket
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -29,6 +31,7 @@ from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import Recorder
 
 END = records.RunEnd(status=0, reason="exited", elapsed_s=1.0)
+REAL = Path(__file__).parents[1] / "fixtures" / "real"
 NODE = "node1"  # the forwarding node's host name (the job hub's is this machine's)
 
 
@@ -397,6 +400,52 @@ def test_a_node_may_not_speak_for_the_hubs_host_nor_in_the_hubs_own_kinds(tmp_pa
     log = log_records(tmp_path / "hub")
     assert [r["kind"] for r in node_records(log)] == ["step"]
     assert not any(r["kind"] == "run.end" and r.get("host") == "elsewhere" for r in log)
+
+
+def test_a_nodes_gpu_samples_are_logged_as_the_general_way_writes_them_with_newer_fields_kept_and_bad_ones_refused(
+    tmp_path, short_dir
+):
+    # The job hub takes a GPU sample in one typed decode (bus/sample_intake.py); its lines must be the general way's
+    real = []
+    for line in (REAL / "h200-nanogpt-kill" / "events-0001.jsonl").read_bytes().splitlines():
+        data = json.loads(line)
+        if data["kind"] == "sample.gpu":
+            del data["seq"]
+            data["host"] = NODE
+            real.append(data)
+    newer = dict(real[0], newer_field=1.5)
+    nested = next(
+        dict(d, processes=[dict(p, newer=2) for p in d["processes"]]) for d in real if d.get("processes")
+    )
+    broken = dict(real[1], power_w="high")
+    elsewhere = dict(real[2], host="node9")
+    sent = [*real, newer, nested, broken, elsewhere]
+    payloads = [msgspec.msgpack.encode(data) for data in sent]
+    keys = jobkeys.create(tmp_path / "keys", "j1")
+    ctx = zmq.Context()
+    try:
+        with job_hub(short_dir, tmp_path / "hub", keys) as hub:
+            sock, monitor = _joined(ctx, hub, keys)
+            sock.send_multipart([wire.RECS, wire.number(1), wire.group(payloads)])
+            link = next(iter(hub.job.links.values()))
+            wait_for(lambda: link.expect == len(sent) + 1 or hub.error, what="the samples")
+            assert hub.error is None, hub.error
+            assert link.malformed == 2  # the broken one and the one speaking for another host
+            monitor.close()
+            sock.close()
+    finally:
+        ctx.destroy(linger=0)
+    lines = [
+        line + b"\n"
+        for line in (tmp_path / "hub" / "events-0001.jsonl").read_bytes().splitlines()
+        if json.loads(line).get("host") == NODE and json.loads(line)["kind"] == "sample.gpu"
+    ]
+    assert len(lines) == len(real) + 2
+    for line, payload in zip(lines, payloads, strict=False):
+        data = records.check(payload).data
+        data["seq"] = json.loads(line)["seq"]
+        assert line == records.to_log_line(data)  # byte for byte, newer fields included
+    assert b'"newer_field":1.5' in lines[-2] and b'"newer":2' in lines[-1]
 
 
 def test_job_keys_are_a_secret_file_of_mode_0600_and_other_modes_are_refused(tmp_path):

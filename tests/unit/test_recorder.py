@@ -13,6 +13,7 @@ import sys
 import pytest
 from steady_blocks import steady_block
 
+from trainmeter_core.bus.sample_intake import typed_sample
 from trainmeter_core.model import records
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.recorder import Recorder, block_line
@@ -76,7 +77,12 @@ def test_below_the_reserve_only_run_step_block_fact_and_alert_are_kept_and_the_r
     seq = 0
     for record in logged:
         seq += record.rows if isinstance(record, records.Block) else 1  # a block is numbered as its rows
-        recorder.put(_data(record, seq))
+        if isinstance(
+            record, records.SampleGpu
+        ):  # as the job hub takes one: typed, its line made on the hub's thread
+            assert recorder.put_record(typed_sample(records.encode(record)), "sample.gpu", seq)
+        else:
+            recorder.put(_data(record, seq))
     recorder.start()
     recorder.close()
     kept = [records.kind_of(r) for r in read_log(tmp_path, blocks=True)]

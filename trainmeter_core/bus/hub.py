@@ -6,7 +6,12 @@ process's steps, losses, phases and metrics as columns) is taken in bulk: checke
 stands for (its ``seq`` the last of them), written as one line and published alone; nothing here is done per row.
 Once a second the hub publishes a ``tick`` (the engine's and the alert rules' only clock) and every few seconds
 ``bus.stats``. Malformed frames are counted and dropped; kinds and fields from a newer writer are kept and counted as
-unknown; nothing a producer sends can stop the hub.
+unknown; nothing a producer sends can stop the hub. A GPU sample from a node of a job is taken typed too
+(``bus/sample_intake.py``): one decode, the same line.
+
+Why one module: every way in (a record, a block, a GPU sample, a record after the end) takes the next sequence number
+and feeds the same counts, recorder, publication and forwarder, on the hub's one thread; split, each part would take
+that state as an argument and change it behind the others' backs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from trainmeter_core.bus import block_intake, tick_clock
+from trainmeter_core.bus import block_intake, sample_intake, tick_clock
 from trainmeter_core.bus.client import BATCH_TOPIC, HOSTNAME, poll_ms
 from trainmeter_core.bus.publish import Publication
 from trainmeter_core.model import records
@@ -35,6 +40,8 @@ MAX_FRAME_B = 64 * 1024 * 1024
 #: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
 #: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
 NOT_FORWARDED = records.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
+#: The kind ``_accept_sample`` takes typed.
+_SAMPLE_GPU = "sample.gpu"
 
 
 class Hub:
@@ -337,6 +344,9 @@ class Hub:
             block = block_intake.typed_block(payload)
             if block is not None:
                 return self._accept_block(payload, block, None, node_host)
+            sample = sample_intake.typed_sample(payload)
+            if sample is not None:
+                return self._accept_sample(payload, sample, node_host)
             try:
                 checked = records.check(payload)
             except records.MalformedRecord as exc:
@@ -390,6 +400,23 @@ class Hub:
         self.out.publish_block(payload, self.seq - rows + 1, rows)
         self._observe_block(block, node_host is not None)
         self.unknown += unknown  # fields of a newer writer, kept in the log's line
+        if self.forwarder is not None:
+            self.forwarder.put(payload)
+        return True
+
+    def _accept_sample(self, payload, sample, node_host: str | None) -> bool:
+        """A GPU sample decoded typed (``bus/sample_intake.py``), taken as ``_accept`` takes any record: its line (made
+        from the typed record) is the one the general check's mapping makes, and it is counted the same."""
+        if node_host is not None and sample.host != node_host:
+            self.malformed += 1  # a node speaks for itself only
+            return False
+        self.seq += 1
+        if self.recorder is not None:
+            self.recorder.put_record(sample, _SAMPLE_GPU, self.seq)
+        self.out.publish(_SAMPLE_GPU, payload, self.seq)
+        kinds = self.kinds
+        kinds[_SAMPLE_GPU] = kinds.get(_SAMPLE_GPU, 0) + 1
+        self._note_dropped(f"{sample.source}@{sample.host}:{sample.pid}", sample.dropped)
         if self.forwarder is not None:
             self.forwarder.put(payload)
         return True

@@ -120,7 +120,22 @@ class Recorder:
         seq = block.seq
         self._queued_records += rows
         queue = self._queue
-        queue.append((block_line(block), seq, rows))
+        queue.append((block_line(block), seq, rows, True))
+        self.queued_seq = seq
+        if len(queue) == 1:
+            self._wake.set()  # the writer waits on an empty queue (_run)
+        return True
+
+    def put_record(self, record: msgspec.Struct, kind: str, seq: int) -> bool:
+        """Queue a record of ``kind`` the hub decoded typed (``bus/sample_intake.py``), numbered ``seq``, as its line
+        (``record_line``: what ``put`` writes of the mapping the general check would have made). Never blocks; False
+        (counted) when the queue is full. Like ``put_block``, the line is made on the caller's thread."""
+        if self._queued_records - self._taken_records >= self.queue_limit:
+            self.queue_dropped += 1
+            return False
+        self._queued_records += 1
+        queue = self._queue
+        queue.append((record_line(record, seq), seq, 1, kind in KEPT_IN_RESERVE))
         self.queued_seq = seq
         if len(queue) == 1:
             self._wake.set()  # the writer waits on an empty queue (_run)
@@ -211,9 +226,15 @@ class Recorder:
             try:
                 while queue:
                     data = queue.popleft()
-                    if type(data) is tuple:  # a block's line: kept in the reserve
-                        line, seq, rows = data
+                    if (
+                        type(data) is tuple
+                    ):  # a line made by the hub's thread: a block's (kept in the reserve)
+                        line, seq, rows, kept = data
                         self._taken_records += rows
+                        if self.reserve_active and not kept:
+                            self.reserve_skipped += 1
+                            pending_seq = seq
+                            continue
                     elif self.reserve_active and data.get("kind") not in KEPT_IN_RESERVE:
                         self._taken_records += 1
                         self.reserve_skipped += 1
@@ -282,6 +303,16 @@ def block_line(block: records.Block) -> bytes:
     data = records.to_builtins(unnumbered)
     data["seq"] = seq
     return records.to_log_line(data)
+
+
+def record_line(record: msgspec.Struct, seq: int) -> bytes:
+    """A typed record's log line, as ``records.to_log_line`` writes the mapping it came from, ``seq`` last: encoded
+    from the Struct (which, as the producer's, leaves out every field at its default), its ``seq`` put at the end. For
+    kinds with no field whose non-finite numbers the log writes as text (``records.to_log_line``): a sample's are
+    ``null`` either way."""
+    if record.seq is not None:
+        record.seq = None
+    return b'%s,"seq":%d}\n' % (_json_encoder.encode(record)[:-1], seq)
 
 
 def compress_segment(path: Path) -> None:
