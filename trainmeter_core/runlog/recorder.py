@@ -315,11 +315,17 @@ def record_line(record: msgspec.Struct, seq: int) -> bytes:
     return b'%s,"seq":%d}\n' % (_json_encoder.encode(record)[:-1], seq)
 
 
+#: gzip's fastest level: on the real H200 logs 226 MB/s and 5.8 times smaller, against 68 MB/s and 7.3 times at level
+#: 6 (zlib, one core of the team's machine). A job hub writes every node's samples and steps, about 27 KB a second a
+#: node of 8 GPUs: at level 6 a thousand nodes would keep 40% of a core of the job hub's node compressing.
+COMPRESS_LEVEL = 1
+
+
 def compress_segment(path: Path) -> None:
     """Gzip a closed segment next to itself, then remove the plain one (readers prefer the plain one if both exist)."""
     tmp = path.with_name(path.name + ".gz.tmp")
     try:
-        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=COMPRESS_LEVEL) as dst:
             shutil.copyfileobj(src, dst, 1024 * 1024)
         os.replace(tmp, path.with_name(path.name + ".gz"))
         os.unlink(path)
