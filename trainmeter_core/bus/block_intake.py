@@ -28,6 +28,11 @@ def typed_block(payload) -> records.Block | None:
     a malformed block with its reason, and keeps one of a newer writer)."""
     if not looks_like_block(payload):
         return None
+    return decode_block(payload)
+
+
+def decode_block(payload) -> records.Block | None:
+    """``typed_block`` of a payload whose tag the caller already read as ``block``."""
     try:
         return _typed_block_decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):

@@ -40,8 +40,7 @@ MAX_FRAME_B = 64 * 1024 * 1024
 #: Kinds a node of a job never forwards, and the job hub never takes from one: its clock and counters are its own, the
 #: derived kinds are recomputed, and only the job hub speaks of nodes and clocks.
 NOT_FORWARDED = records.DERIVED_KINDS | {"tick", "bus.stats", "node", "clock"}
-#: The kind ``_accept_sample`` takes typed.
-_SAMPLE_GPU = "sample.gpu"
+_SAMPLE_GPU = sample_intake.KIND
 
 
 class Hub:
@@ -338,15 +337,19 @@ class Hub:
             return True
         self.received += 1
         if checked is None:
-            if node_host is None and (unread := self.out.unheard(payload)) is not None:
+            lead = records.leading_kind(payload)
+            if node_host is None and (unread := self.out.unheard(lead)) is not None:
                 self.seq, self.kinds[unread] = self.seq + 1, self.kinds.get(unread, 0) + 1
                 return True
-            block = block_intake.typed_block(payload)
-            if block is not None:
-                return self._accept_block(payload, block, None, node_host)
-            sample = sample_intake.typed_sample(payload)
-            if sample is not None:
-                return self._accept_sample(payload, sample, node_host)
+            # A block, or a GPU sample, in one typed decode; anything it refuses takes the general check below
+            if lead == "block":
+                block = block_intake.decode_block(payload)
+                if block is not None:
+                    return self._accept_block(payload, block, None, node_host)
+            elif lead == sample_intake.KIND:
+                sample = sample_intake.decode_sample(payload)
+                if sample is not None:
+                    return self._accept_sample(payload, sample, node_host)
             try:
                 checked = records.check(payload)
             except records.MalformedRecord as exc:

@@ -65,12 +65,12 @@ class Publication:
         topic = records.topic(kind)
         return any(topic.startswith(prefix) for prefix in list(self.topics))
 
-    def unheard(self, payload) -> str | None:
-        """The kind of a record of ``UNREAD_WHEN_UNHEARD`` that no subscriber receives now, read from its tag alone (a
-        look, not a check: the hub numbers and counts it as if published, so that neither depends on who listens, and
-        drops it unread); None for any other record. The hub asks for its own node's records only: a node of a job
-        never sends a derived kind, and the job hub refuses one it sends."""
-        kind = records.leading_kind(payload)
+    def unheard(self, kind: str | None) -> str | None:
+        """``kind`` (a record's, read from its tag alone by ``records.leading_kind``) when it is one of
+        ``UNREAD_WHEN_UNHEARD`` that no subscriber receives now (a look, not a check: the hub numbers and counts the
+        record as if published, so that neither depends on who listens, and drops it unread); None for any other. The
+        hub asks for its own node's records only: a node of a job never sends a derived kind, and the job hub refuses
+        one it sends."""
         if kind in UNREAD_WHEN_UNHEARD and not self.listening(kind):
             return kind
         return None

@@ -45,15 +45,21 @@ def _known(cls: type, nested: dict[str, object]) -> type:
 
 KnownSampleGpu = _known(records.SampleGpu, {"processes": list[_KnownGpuProcess]})
 _decoder = msgspec.msgpack.Decoder(KnownSampleGpu, ext_hook=records.reject_extension)
-_KIND = "sample.gpu"
+#: The kind taken here.
+KIND = "sample.gpu"
 
 
 def typed_sample(payload):
     """A producer's GPU sample in one typed decode, or None: for anything that is not a ``sample.gpu`` by its tag, and
     for a sample this decode refuses (the general check then refuses it with its reason, or keeps a newer writer's
     fields)."""
-    if records.leading_kind(payload) != _KIND:
+    if records.leading_kind(payload) != KIND:
         return None
+    return decode_sample(payload)
+
+
+def decode_sample(payload):
+    """``typed_sample`` of a payload whose tag the caller already read as ``sample.gpu``."""
     try:
         return _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):
