@@ -10,9 +10,10 @@ import math
 from pathlib import Path
 
 import msgspec
+import msgspec.inspect
 import pytest
 
-from trainmeter_core.bus.sample_intake import typed_sample
+from trainmeter_core.bus.sample_intake import KnownSampleGpu, typed_sample
 from trainmeter_core.model import records
 from trainmeter_core.runlog.recorder import record_line
 
@@ -98,3 +99,25 @@ def test_anything_but_a_sample_is_not_taken():
     assert typed_sample(records.encode(step)) is None
     assert typed_sample(b"\x81\xa4kind\xaasample.gpu") is None  # its tag alone: no index
     assert typed_sample(b"not msgpack at all") is None
+
+
+def test_every_struct_inside_a_sample_refuses_a_newer_writers_field_in_the_typed_way():
+    # A field of a struct type that the typed way's copy left as it is would drop a newer writer's field in it, where
+    # the general check's mapping keeps it: only the processes' list holds structs, and its entries refuse one.
+    def structs_in(info) -> list:
+        if isinstance(info, msgspec.inspect.StructType):
+            return [info.cls]
+        inner = [
+            getattr(info, name) for name in ("item_type", "key_type", "value_type") if hasattr(info, name)
+        ]
+        inner += list(getattr(info, "types", ()))
+        return [cls for part in inner for cls in structs_in(part)]
+
+    sample = msgspec.inspect.type_info(records.SampleGpu)
+    nested = {field.name: structs_in(field.type) for field in sample.fields}
+    assert {name for name, found in nested.items() if found} == {"processes"}
+    known = msgspec.inspect.type_info(KnownSampleGpu)
+    (processes,) = [field for field in known.fields if field.name == "processes"]
+    (entry,) = structs_in(processes.type)
+    assert entry.__struct_config__.forbid_unknown_fields
+    assert [f.name for f in known.fields] == [f.name for f in sample.fields]  # the same order: the same line

@@ -20,18 +20,15 @@ def _known(cls: type, nested: dict[str, object]) -> type:
     does not know; the fields named in ``nested`` take the type given there (a list of known processes). So a record
     decoded by it encodes to the same bytes as ``cls`` would."""
     config = cls.__struct_config__
-    fields = [
-        (
-            f.name,
-            nested.get(f.name, f.type),
-            msgspec.field(default_factory=f.default_factory)
-            if f.default_factory is not msgspec.NODEFAULT
-            else f.default,
-        )
-        if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT
-        else (f.name, nested.get(f.name, f.type))
-        for f in msgspec.structs.fields(cls)
-    ]
+    fields: list[tuple] = []
+    for f in msgspec.structs.fields(cls):
+        of = nested.get(f.name, f.type)
+        if f.default_factory is not msgspec.NODEFAULT:
+            fields.append((f.name, of, msgspec.field(default_factory=f.default_factory)))
+        elif f.default is not msgspec.NODEFAULT:
+            fields.append((f.name, of, f.default))
+        else:
+            fields.append((f.name, of))
     return msgspec.defstruct(
         f"_Known{cls.__name__}",
         fields,
@@ -49,7 +46,7 @@ _decoder = msgspec.msgpack.Decoder(KnownSampleGpu, ext_hook=records.reject_exten
 KIND = "sample.gpu"
 
 
-def typed_sample(payload):
+def typed_sample(payload) -> msgspec.Struct | None:
     """A producer's GPU sample in one typed decode, or None: for anything that is not a ``sample.gpu`` by its tag, and
     for a sample this decode refuses (the general check then refuses it with its reason, or keeps a newer writer's
     fields)."""
@@ -58,7 +55,7 @@ def typed_sample(payload):
     return decode_sample(payload)
 
 
-def decode_sample(payload):
+def decode_sample(payload) -> msgspec.Struct | None:
     """``typed_sample`` of a payload whose tag the caller already read as ``sample.gpu``."""
     try:
         return _decoder.decode(payload)

@@ -226,9 +226,9 @@ class Recorder:
             try:
                 while queue:
                     data = queue.popleft()
-                    if (
-                        type(data) is tuple
-                    ):  # a line made by the hub's thread: a block's (kept in the reserve)
+                    if type(data) is tuple:
+                        # A line made on the hub's thread (a block's, a typed sample's), and whether the reserve keeps
+                        # its kind
                         line, seq, rows, kept = data
                         self._taken_records += rows
                         if self.reserve_active and not kept:
