@@ -299,7 +299,7 @@ def block_line(block: records.Block) -> bytes:
     if math.isfinite(sum(filter(None, block.loss))) and all(
         math.isfinite(sum(values.values())) for values in block.metric_values
     ):
-        return b'%s,"seq":%d}\n' % (_json_encoder.encode(unnumbered)[:-1], seq)
+        return record_line(unnumbered, seq)
     data = records.to_builtins(unnumbered)
     data["seq"] = seq
     return records.to_log_line(data)
@@ -307,9 +307,9 @@ def block_line(block: records.Block) -> bytes:
 
 def record_line(record: msgspec.Struct, seq: int) -> bytes:
     """A typed record's log line, as ``records.to_log_line`` writes the mapping it came from, ``seq`` last: encoded
-    from the Struct (which, as the producer's, leaves out every field at its default), its ``seq`` put at the end. For
-    kinds with no field whose non-finite numbers the log writes as text (``records.to_log_line``): a sample's are
-    ``null`` either way."""
+    from the Struct (which, as the producer's, leaves out every field at its default; its own ``seq`` left out, which
+    this sets to None), its ``seq`` put at the end. For a record with no number the log writes as text (a sample's
+    non-finite numbers are ``null`` either way; a block with any takes ``block_line``'s careful way)."""
     if record.seq is not None:
         record.seq = None
     return b'%s,"seq":%d}\n' % (_json_encoder.encode(record)[:-1], seq)
