@@ -32,6 +32,17 @@ def log_records(run_dir: Path, blocks: bool = False, live: bool = False) -> list
     return out if blocks else expand_blocks(out)
 
 
+def sent_gpu_samples(run_dir: Path) -> list[dict]:
+    """A run's GPU samples as their sampler sent them to the hub: each logged line's mapping, its ``seq`` (the hub's
+    number) left out."""
+    found = []
+    for record in log_records(run_dir, blocks=True):
+        if record["kind"] == "sample.gpu":
+            del record["seq"]
+            found.append(record)
+    return found
+
+
 def expand_blocks(logged: list[dict]) -> list[dict]:
     """Log lines as plain JSON, with each block (``records.Block``) replaced by the records it stands for, each as its
     own line of the log would be (``trainmeter_core.model.records.block.expand``)."""

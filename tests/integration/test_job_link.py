@@ -20,7 +20,7 @@ import pytest
 import zmq
 import zmq.utils.z85
 from deadline import wait_for
-from tm_runs import log_records
+from tm_runs import log_records, sent_gpu_samples
 
 from trainmeter_core.bus import jobkeys
 from trainmeter_core.bus import jobwire as wire
@@ -406,13 +406,7 @@ def test_a_nodes_gpu_samples_are_logged_as_the_general_way_writes_them_with_newe
     tmp_path, short_dir
 ):
     # The job hub takes a GPU sample in one typed decode (bus/sample_intake.py); its lines must be the general way's
-    real = []
-    for line in (REAL / "h200-nanogpt-kill" / "events-0001.jsonl").read_bytes().splitlines():
-        data = json.loads(line)
-        if data["kind"] == "sample.gpu":
-            del data["seq"]
-            data["host"] = NODE
-            real.append(data)
+    real = [dict(sample, host=NODE) for sample in sent_gpu_samples(REAL / "h200-nanogpt-kill")]
     newer = dict(real[0], newer_field=1.5)
     nested = next(
         dict(d, processes=[dict(p, newer=2) for p in d["processes"]]) for d in real if d.get("processes")

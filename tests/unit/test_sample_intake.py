@@ -5,13 +5,13 @@ to the general check, which keeps the field or refuses the sample."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import msgspec
 import msgspec.inspect
 import pytest
+from tm_runs import sent_gpu_samples
 
 from trainmeter_core.bus.sample_intake import KnownSampleGpu, typed_sample
 from trainmeter_core.model import records
@@ -22,14 +22,7 @@ REAL = Path(__file__).parents[1] / "fixtures" / "real"
 
 def real_samples() -> list[dict]:
     """Every GPU sample of the real runs, as the mapping a producer sent (no ``seq``: the hub numbers it)."""
-    found = []
-    for log in sorted(REAL.glob("*/events-0001.jsonl")):
-        for line in log.read_bytes().splitlines():
-            data = json.loads(line)
-            if data["kind"] == "sample.gpu":
-                del data["seq"]
-                found.append(data)
-    return found
+    return [sample for run in sorted(REAL.iterdir()) if run.is_dir() for sample in sent_gpu_samples(run)]
 
 
 def general_line(payload: bytes, seq: int) -> bytes:
