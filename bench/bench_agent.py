@@ -341,8 +341,7 @@ threading.Thread(target=threading.Event().wait, name="floor-sleeper", daemon=Tru
 # by +4.7 to +6.9 µs an iteration (the bench's line until 2026-12-07), and by -0.8 µs in one process: the script's
 # text and where its memory lies, not the wakes (a wake a second is in one block of six at most, and a block's median
 # leaves it out).
-_WAKING_TAIL = """
-import threading
+_WAKING_THREAD = """
 _mode = {"wake": False}
 _changed = threading.Event()
 def _thread():
@@ -356,38 +355,39 @@ def _thread():
             _changed.wait()
             _changed.clear()
 threading.Thread(target=_thread, name="floor-waker", daemon=True).start()
-def batches():
-    while True:
-        yield from loader
-source = batches()
-def block():
-    cpu0 = time.process_time()
-    for _ in range(per_block):
-        (x,) = next(source)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
-        loss.backward()
-        optimizer.step()
-    return (time.process_time() - cpu0) / per_block * 1e6
-for _ in range(5):
-    block()
-phases = {False: [], True: []}
-for phase in range(blocks):
-    wake = bool(phase % 2) != bool((phase // 2) % 2)  # sleep, wake, wake, sleep, ...
-    _mode["wake"] = wake
-    _changed.set()
-    phases[wake].append(statistics.median(block() for _ in range(15)))
-print(json.dumps({"waking": phases[True], "asleep": phases[False]}))
+"""
+#: The loop's first blocks warm it up; then phases of this many blocks each, the thread asleep, waking, waking, asleep, ...
+_WARM_BLOCKS, _PHASE_BLOCKS = 3, 15
+_WAKING_PHASES = f"""
+def _waking(phase):
+    return bool(phase % 2) != bool((phase // 2) % 2)
+def _set_phase(block):
+    if block >= {_WARM_BLOCKS} and (block - {_WARM_BLOCKS}) % {_PHASE_BLOCKS} == 0:
+        _mode["wake"] = _waking((block - {_WARM_BLOCKS}) // {_PHASE_BLOCKS})
+        _changed.set()
+"""
+_WAKING_RESULT = f"""
+phases = {{False: [], True: []}}
+for phase in range((blocks - {_WARM_BLOCKS}) // {_PHASE_BLOCKS}):
+    first = {_WARM_BLOCKS} + phase * {_PHASE_BLOCKS}
+    phases[_waking(phase)].append(statistics.median(cpu_us[first : first + {_PHASE_BLOCKS}]))
+print(json.dumps({{"waking": phases[True], "asleep": phases[False]}}))
 """
 
 
 def waking_thread_script(code: str) -> str:
     """The loop script with the floor's do-nothing hooks, its extra thread switched between waking each second and
-    sleeping for good in alternating phases: prints each phase's median CPU µs per iteration."""
+    sleeping for good in alternating phases of its own loop's blocks: prints each phase's median CPU µs per
+    iteration."""
     hooks = _FLOOR_HOOKS.replace(
-        'threading.Thread(target=threading.Event().wait, name="floor-sleeper", daemon=True).start()\n', ""
+        'threading.Thread(target=threading.Event().wait, name="floor-sleeper", daemon=True).start()\n',
+        _WAKING_THREAD + _WAKING_PHASES,
     )
-    return code.replace(_LOOP_TAIL, hooks + _WAKING_TAIL)
+    loop = _LOOP_TAIL.replace(
+        "for block in range(blocks):\n", "for block in range(blocks):\n    _set_phase(block)\n"
+    )
+    loop = loop[: loop.index("print(json.dumps(")] + _WAKING_RESULT
+    return code.replace(_LOOP_TAIL, hooks + loop)
 
 
 def with_floor_hooks(code: str) -> str:
@@ -397,12 +397,14 @@ def with_floor_hooks(code: str) -> str:
 
 def bench_waking_thread(phases: int = 8) -> None:
     """What the agent's one thread, waking each second, costs the tight loop over a thread asleep for good: one
-    process, phases alternated (``_WAKING_TAIL``)."""
+    process, phases alternated (``waking_thread_script``)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=repo)
     script = waking_thread_script(LOOPS["tight loop"])
-    result = _run_loop([sys.executable, "-c", script, str(phases * 2), "500"], env, repo)
+    result = _run_loop(
+        [sys.executable, "-c", script, str(_WARM_BLOCKS + phases * 2 * _PHASE_BLOCKS), "500"], env, repo
+    )
     if result is None:
         return
     added = [a - b for a, b in zip(result["waking"], result["asleep"], strict=True)]
