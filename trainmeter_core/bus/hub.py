@@ -419,7 +419,7 @@ class Hub:
         self.out.publish(_SAMPLE_GPU, payload, self.seq)
         kinds = self.kinds
         kinds[_SAMPLE_GPU] = kinds.get(_SAMPLE_GPU, 0) + 1
-        self._note_dropped(f"{sample.source}@{sample.host}:{sample.pid}", sample.dropped)
+        self._note_dropped(records.producer_key(sample.source, sample.host, sample.pid), sample.dropped)
         if self.forwarder is not None:
             self.forwarder.put(payload)
         return True
@@ -454,7 +454,7 @@ class Hub:
 
     def _observe(self, kind: str, data: dict[str, Any], remote: bool = False) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
-        key = f"{data.get('source')}@{data.get('host')}:{data.get('pid')}"
+        key = records.producer_key(data.get("source"), data.get("host"), data.get("pid"))
         self._note_dropped(key, data.get("dropped", 0))
         if remote:
             return  # another node's agents: its own launcher waits for them and watches their silence
@@ -492,7 +492,7 @@ class Hub:
             if count:
                 kinds[kind] = kinds.get(kind, 0) + count
         steps = per_kind["step"]
-        key = f"{block.source}@{block.host}:{block.pid}"
+        key = records.producer_key(block.source, block.host, block.pid)
         self._note_dropped(key, block.dropped)
         if remote or not steps:
             return  # another node's agents: its own launcher counts their steps

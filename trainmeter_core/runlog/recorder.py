@@ -114,28 +114,31 @@ class Recorder:
         holds thousands (collections took 12 to 16% of its time, ``bench/bench_jobhub.py``). Made on the writer's
         thread, the line would cost the same, later."""
         rows = block.rows
-        if self._queued_records - self._taken_records >= self.queue_limit:
-            self.queue_dropped += rows
+        if not self._room(rows):
             return False
-        seq = block.seq
-        self._queued_records += rows
-        queue = self._queue
-        queue.append((block_line(block), seq, rows, True))
-        self.queued_seq = seq
-        if len(queue) == 1:
-            self._wake.set()  # the writer waits on an empty queue (_run)
-        return True
+        return self._queue_line(block_line(block), block.seq, rows, True)
 
     def put_record(self, record: msgspec.Struct, kind: str, seq: int) -> bool:
         """Queue a record of ``kind`` the hub decoded typed (``bus/sample_intake.py``), numbered ``seq``, as its line
         (``record_line``: what ``put`` writes of the mapping the general check would have made). Never blocks; False
         (counted) when the queue is full. Like ``put_block``, the line is made on the caller's thread."""
-        if self._queued_records - self._taken_records >= self.queue_limit:
-            self.queue_dropped += 1
+        if not self._room(1):
             return False
-        self._queued_records += 1
+        return self._queue_line(record_line(record, seq), seq, 1, kind in KEPT_IN_RESERVE)
+
+    def _room(self, rows: int) -> bool:
+        """Whether the queue takes ``rows`` more records; else they are counted as dropped."""
+        if self._queued_records - self._taken_records >= self.queue_limit:
+            self.queue_dropped += rows
+            return False
+        return True
+
+    def _queue_line(self, line: bytes, seq: int, rows: int, kept: bool) -> bool:
+        """A line made on the caller's thread into the queue: the records it stands for, and whether the free-space
+        reserve keeps it."""
+        self._queued_records += rows
         queue = self._queue
-        queue.append((record_line(record, seq), seq, 1, kind in KEPT_IN_RESERVE))
+        queue.append((line, seq, rows, kept))
         self.queued_seq = seq
         if len(queue) == 1:
             self._wake.set()  # the writer waits on an empty queue (_run)
