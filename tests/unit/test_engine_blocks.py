@@ -181,3 +181,68 @@ def test_a_live_block_after_the_checkpoint_makes_no_snapshot_and_the_tick_after_
     assert len(snapshots) == 2  # the tick's and the final one
     final = out_block[-2]
     assert final.final and not math.isnan(by_block.engine.state.series["train_loss"].value)
+
+
+def ranks_job_run() -> list[records.Record]:
+    """A job of two nodes with two ranks each, as node0's job hub logs it: each rank (its own process) sends its steps
+    in turns of ten, the ranks' turns one after another; node1's on its own clock, its ranks slower by a few ms, so
+    that every step's marks find both hosts and their lag moves."""
+    place = records.JobPlace(id="j", node_rank=0, nnodes=2, hub="10.0.0.1:29401", found_by="torchrun flags")
+    log: list[records.Record] = [
+        records.RunStart(
+            t=0.5, host="node0", run_id="r0", name="job", run_dir="/r0", command=["torchrun"], cwd="/",
+            tm_version="0", python="3.11", platform="linux", job=place,
+        ),
+        records.ClockMap(
+            t=0.6, host="node0", node_rank=1, node_host="node1", offset_s=-AHEAD_S, basis="round_trip",
+            uncertainty_s=1e-4,
+        ),
+        records.NodeEvent(t=0.6, host="node0", node_rank=1, node_host="node1", event="joined"),
+    ]  # fmt: skip
+    ranks = []
+    for host, rank in (("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)):
+        own = [
+            r
+            for r in training_run(40, host=host, rank=rank)
+            if type(r) not in (records.RunStart, records.RunEnd)
+        ]
+        if rank:
+            own = [r for r in own if type(r) is not records.Tick]
+        late = (AHEAD_S if host == "node1" else 0.0) + 0.002 * rank
+        for record in own:
+            record.pid = 10 + rank  # each rank its own process, so its own blocks
+            record.t += late
+            if type(record) is records.Phase:
+                record.start_t += late
+                record.end_t += late
+        ranks.append(own)
+    at = [0] * len(ranks)
+    while any(at[i] < len(own) for i, own in enumerate(ranks)):
+        for i, own in enumerate(ranks):
+            stop, taken = at[i], 0
+            while stop < len(own) and taken < 10:
+                taken += type(own[stop]) is records.Step
+                stop += 1
+            log.extend(own[at[i] : stop])
+            at[i] = stop
+    log.append(
+        records.RunEnd(t=log[-1].t + 1, host="node0", status=0, reason="exited", exit_code=0, elapsed_s=1.0)
+    )
+    for seq, record in enumerate(log, start=1):
+        record.seq = seq
+        record.wall = WALL0 + record.t
+    return log
+
+
+def test_a_jobs_blocks_from_nodes_of_several_ranks_feed_as_their_rows_marks_and_lags_included():
+    # A node's rows are moved onto the hub's clock in place and each step marked before its handler takes it
+    # (nodes.arrive_rows): the state (every node's lag, each step's marks) ends as the rows fed one by one leave it.
+    rows = ranks_job_run()
+    blocked = blockify(rows)
+    producers = {(item.host, item.rank) for item in blocked if type(item) is records.Block}
+    assert producers == {("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)}
+    engine = assert_same_engine(blocked, rows)
+    state = engine.state
+    assert sorted(state.ranks) == [0, 1, 2, 3] and state.last_step == 40
+    assert state.nodes["node1"].lag_ema_s is not None and state.nodes["node1"].lag_ema_s > 0.001
+    assert state.nodes["node1"].last_t == max(r.t for r in rows if r.host == "node1") - AHEAD_S

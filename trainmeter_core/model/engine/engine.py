@@ -65,6 +65,9 @@ class Engine:
         self.history = history if history is not None else History()  # sets _history and _keeps
         self.derived = Derived(self.state)  # what the facts imply: the families read it too
         self._gpu_names: dict[tuple[str, int], tuple[str, tuple[str, ...]]] = {}
+        self._rank_series: dict[
+            int, str
+        ] = {}  # each rank's step-time series by its number (a job's thousands)
         self._quiet = False
         self._t_offset = self.state.resume.t_offset  # read on every record: kept here, as the state holds it
         # canonical(raw_key, seen_explicit_train) by the flag's value: a pure function, cached
@@ -227,14 +230,22 @@ class Engine:
         except (IndexError, TypeError, ValueError):
             return []
         state = self.state
-        if state.nodes or self._t_offset or state.start_t is None:
-            # A job's rows, an attempt on another clock, the run's first row: every step of feed.
+        if self._t_offset or state.start_t is None:
+            # An attempt's rows on another clock, the run's first row: every step of feed.
             feed = self.feed
             for row in rows:
                 feed(row, snapshots)
             return []
         # What feed does to a row of a run on the hub's clock that has started, the handler's lookup included (a
-        # block's rows are steps, metrics and phases alone): 3% of a block log's replay.
+        # block's rows are steps, metrics and phases alone): 3% of a block log's replay. A job's rows are first moved
+        # onto the hub's clock, all of them at once (``nodes.arrive_rows``: they were built here, so moved in place),
+        # and each step marks when its host reported it before its handler takes it, as ``nodes.arrive`` does for a
+        # record fed alone.
+        job = bool(state.nodes)
+        if job:
+            host = block.host
+            nodes.arrive_rows(state, host, rows)
+            mark_step = nodes.mark_step
         on_step, on_metric, on_phase = self._on_step, self._on_metric, self._on_phase
         step_type, metric_type = records.Step, records.Metric
         for row in rows:
@@ -243,6 +254,8 @@ class Engine:
                 state.through_seq = seq
             cls = type(row)
             if cls is step_type:
+                if job:
+                    mark_step(state, host, row.rank or 0, row.step, row.t)
                 on_step(row)
             elif cls is metric_type:
                 on_metric(row)
@@ -261,9 +274,10 @@ class Engine:
         if rank_id != 0 or rank_id != state.clock_rank:
             # Another rank, or the clock of a node of a job without rank 0: the series under its own rank's name.
             step, tokens, flops = self.derived.x()
-            self._history.add_point(
-                f"tm:rank:{rank_id}:step_time_s", step, tokens, flops, record.wall, interval
-            )
+            series = self._rank_series.get(rank_id)
+            if series is None:
+                series = self._rank_series[rank_id] = f"tm:rank:{rank_id}:step_time_s"
+            self._history.add_point(series, step, tokens, flops, record.wall, interval)
             return []
         # self.derived.x(), inlined (take_step derived the facts for rank 0), and rank 0's series by its constant
         # name: formatting and hashing a new one would cost each step 0.1 µs.

@@ -78,6 +78,32 @@ def arrive(state: EngineState, record: records.Record) -> records.Record | None:
     return record
 
 
+def arrive_rows(state: EngineState, host: str, rows: list[records.Record]) -> None:
+    """A block's rows from ``host``, each as ``arrive`` takes a record fed alone but for its step's mark (the caller
+    marks each step before its handler takes it): moved onto the hub's clock by ``map_clock``'s rule, and the node's
+    latest record seen. Moved in place, so only for rows nobody else holds (a block's, built by its reader); a block's
+    rows are steps, metrics and phases, none of them another node's word about its own host."""
+    node = state.nodes.get(host)
+    if node is None:
+        return
+    offset = node.offset_s
+    if offset is not None:
+        phase = records.Phase
+        for row in rows:
+            t = row.t
+            if t:
+                row.t = t + offset
+            if type(row) is phase:  # its other times (_TIME_FIELDS), never None in a phase
+                row.start_t += offset
+                row.end_t += offset
+    last_t = node.last_t
+    for row in rows:  # seen(), row by row
+        t = row.t
+        if t and (last_t is None or t > last_t):
+            last_t = t
+    node.last_t = last_t
+
+
 def own_run_start(state: EngineState, record: records.RunStart) -> bool:
     """Whether a ``run.start`` is this run's own (the first one, or its host's), not another node's forwarded one."""
     if state.host is None:
