@@ -1,5 +1,6 @@
 """The job hub's engine: its CPU per rank-step for a job of 4, 16, 64 and 256 nodes of 8 ranks (a synthetic job: each
-node's clock mapped, every rank's step records in blocks of its node's ten steps, a tick every ten steps), fed to a
+node's clock mapped, every rank's records of a step as its agent sends them (its data wait, the loss read at
+``backward()``, the step) in blocks of ten steps, a tick every ten steps), fed to a
 fresh ``Engine`` with its history. What it must stay near as a job grows: a figure that grows with the job's size
 makes the engine's work per step grow as its square. Twice: from the job's start, and its steps after the first tick
 alone (the first ten steps of every rank fed first, untimed): the engine hears of a job's ranks one node's block at a
@@ -47,6 +48,14 @@ def job(nodes, per_node):
         for k in range(nodes):
             for local in range(per_node):
                 rank = k * per_node + local
+                # what a rank's agent sends a step: its data wait, the loss read at backward(), the step
+                at = t + rank * 1e-6
+                pending.append(records.Phase(phase="data_wait", start_t=at - 0.002, end_t=at - 0.001,
+                                             step=step - 1 or None, probe="dataloader", t=at - 0.001,
+                                             host=f"node{k}", rank=rank, source="agent", pid=10 + local))
+                pending.append(records.Metric(values={"train_loss": 3.0 / step}, step=step, origin="backward",
+                                              t=at - 0.0005, host=f"node{k}", rank=rank, source="agent",
+                                              pid=10 + local))
                 pending.append(records.Step(step=step, step_time_s=0.1, optimizers=1, micro_batches=1, tokens=1024,
                                             tokens_source="input_ids", dp=world, tokens_global=1024 * world,
                                             t=t + rank * 1e-6, host=f"node{k}", rank=rank, source="agent",
