@@ -183,24 +183,34 @@ def test_a_live_block_after_the_checkpoint_makes_no_snapshot_and_the_tick_after_
     assert final.final and not math.isnan(by_block.engine.state.series["train_loss"].value)
 
 
-def ranks_job_run() -> list[records.Record]:
-    """A job of two nodes with two ranks each, as node0's job hub logs it: each rank (its own process) sends its steps
-    in turns of ten, the ranks' turns one after another; node1's on its own clock, its ranks slower by a few ms, so
-    that every step's marks find both hosts and their lag moves."""
+JOB_RANKS = (("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3))
+# node1's clock behind the hub's by a time that makes its moved times round (a data wait's end less its start, both
+# moved, differs from the same unmoved in its last bits)
+NODE1_BEHIND_S = AHEAD_S + 0.1234567
+
+
+def ranks_job_run(layout: tuple[tuple[str, int], ...] = JOB_RANKS) -> list[records.Record]:
+    """A job of two nodes with two ranks each (``layout``: each rank's host and number), as node0's job hub logs it:
+    each rank (its own process) sends its steps in turns of ten, the ranks' turns one after another; node1's on its
+    own clock (behind the hub's), its ranks slower by a few ms, so that every step's marks find both hosts and their lag moves. A layout
+    on node0 alone is a single node's run of several ranks (no node, no clock map)."""
     place = records.JobPlace(id="j", node_rank=0, nnodes=2, hub="10.0.0.1:29401", found_by="torchrun flags")
     log: list[records.Record] = [
         records.RunStart(
             t=0.5, host="node0", run_id="r0", name="job", run_dir="/r0", command=["torchrun"], cwd="/",
             tm_version="0", python="3.11", platform="linux", job=place,
         ),
-        records.ClockMap(
-            t=0.6, host="node0", node_rank=1, node_host="node1", offset_s=-AHEAD_S, basis="round_trip",
-            uncertainty_s=1e-4,
-        ),
-        records.NodeEvent(t=0.6, host="node0", node_rank=1, node_host="node1", event="joined"),
     ]  # fmt: skip
+    if any(host == "node1" for host, _ in layout):
+        log += [
+            records.ClockMap(
+                t=0.6, host="node0", node_rank=1, node_host="node1", offset_s=NODE1_BEHIND_S, basis="round_trip",
+                uncertainty_s=1e-4,
+            ),
+            records.NodeEvent(t=0.6, host="node0", node_rank=1, node_host="node1", event="joined"),
+        ]  # fmt: skip
     ranks = []
-    for host, rank in (("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)):
+    for host, rank in layout:
         own = [
             r
             for r in training_run(40, host=host, rank=rank)
@@ -208,7 +218,7 @@ def ranks_job_run() -> list[records.Record]:
         ]
         if rank:
             own = [r for r in own if type(r) is not records.Tick]
-        late = (AHEAD_S if host == "node1" else 0.0) + 0.002 * rank
+        late = (0.0 if host == "node1" else NODE1_BEHIND_S) + 0.002 * rank  # on its own host's clock
         for record in own:
             record.pid = 10 + rank  # each rank its own process, so its own blocks
             record.t += late
@@ -245,4 +255,17 @@ def test_a_jobs_blocks_from_nodes_of_several_ranks_feed_as_their_rows_marks_and_
     state = engine.state
     assert sorted(state.ranks) == [0, 1, 2, 3] and state.last_step == 40
     assert state.nodes["node1"].lag_ema_s is not None and state.nodes["node1"].lag_ema_s > 0.001
-    assert state.nodes["node1"].last_t == max(r.t for r in rows if r.host == "node1") - AHEAD_S
+    assert state.nodes["node1"].last_t == max(r.t for r in rows if r.host == "node1") + NODE1_BEHIND_S
+
+
+def test_a_single_nodes_blocks_of_several_ranks_feed_as_their_rows():
+    # Ranks 1 to 3 are not the step clock's: their rows go by Engine._on_other_rank (their losses and data waits
+    # without a record built), and leave the state their rows fed one by one leave.
+    rows = ranks_job_run((("node0", 0), ("node0", 1), ("node0", 2), ("node0", 3)))
+    blocked = blockify(rows)
+    assert {item.rank for item in blocked if type(item) is records.Block} == {0, 1, 2, 3}
+    engine = assert_same_engine(blocked, rows)
+    state = engine.state
+    assert not state.nodes and sorted(state.ranks) == [0, 1, 2, 3]
+    assert all(state.ranks[rank].data_wait_ema_s is not None for rank in (1, 2, 3))
+    assert all(state.ranks[rank].steps == 40 for rank in (1, 2, 3))
