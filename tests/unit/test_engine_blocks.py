@@ -6,6 +6,7 @@ block."""
 from __future__ import annotations
 
 import math
+import random
 
 from blocks import WALL0, blockify, expanded, training_run
 
@@ -269,3 +270,99 @@ def test_a_single_nodes_blocks_of_several_ranks_feed_as_their_rows():
     assert not state.nodes and sorted(state.ranks) == [0, 1, 2, 3]
     assert all(state.ranks[rank].data_wait_ema_s is not None for rank in (1, 2, 3))
     assert all(state.ranks[rank].steps == 40 for rank in (1, 2, 3))
+
+
+def random_ranks_run(rng: random.Random) -> list[records.Record]:
+    """A run of 1 to 3 nodes of 1 to 3 ranks whose rows vary where another rank's block may: a node's clock mapped
+    (or not: a job whose map has not come), a rank heard from late (its first steps inside a block), data waits
+    missing or out of order, losses missing, a metric emitted or a collectives row between steps, a step time that
+    is zero, a tick now and then, and in some a resumed attempt (node0 starts again on the same clock after 5 s, every
+    rank from step 11: its first step of the attempt and its host's window reopened)."""
+    nodes_n = rng.randint(1, 3)
+    layout = [(f"node{k}", k * 3 + r) for k in range(nodes_n) for r in range(rng.randint(1, 3))]
+    if len(layout) == 1:
+        layout.append(("node0", 1))  # a rank that is not the clock's
+    place = records.JobPlace(
+        id="j", node_rank=0, nnodes=nodes_n, hub="10.0.0.1:29401", found_by="torchrun flags"
+    )
+    log: list[records.Record] = [
+        records.RunStart(t=0.5, host="node0", run_id="r0", name="job", run_dir="/r0", command=["torchrun"], cwd="/",
+                         tm_version="0", python="3.11", platform="linux", job=place)
+    ]  # fmt: skip
+    behind = {"node0": 0.0}
+    for k in range(1, nodes_n):
+        behind[f"node{k}"] = rng.choice((0.0, 3.3, 1000.1234567))
+        if rng.random() < 0.8:
+            log.append(records.ClockMap(t=0.6, host="node0", node_rank=k, node_host=f"node{k}",
+                                        offset_s=behind[f"node{k}"], basis="round_trip", uncertainty_s=1e-4))  # fmt: skip
+        log.append(records.NodeEvent(t=0.6, host="node0", node_rank=k, node_host=f"node{k}", event="joined"))
+    resume_at = rng.choice((None, None, 16))  # the step the first attempt ends before
+    per_rank: list[list[records.Record]] = []
+    second: list[list[records.Record]] = []
+    for host, rank in layout:
+        agent = {"source": "agent", "host": host, "pid": 10 + rank, "rank": rank}
+        t = 1.0 + rng.random() * 0.01 - behind[host]
+        own: list[records.Record] = []
+        first = rng.choice((1, 1, 5))  # a rank heard from late
+        steps = list(range(first, 31)) if not resume_at else [*range(first, resume_at), *range(11, 31)]
+        for i, step in enumerate(steps):
+            if i and step < steps[i - 1]:  # the next attempt goes on from its checkpoint
+                per_rank.append(own)
+                own = []
+                t += 5.0
+            if rng.random() < 0.9:
+                wait = rng.choice((0.001, 0.0, -0.0005))  # a wait that ends before it starts holds no time
+                own.append(records.Phase(phase="data_wait", start_t=t, end_t=t + wait, step=step - 1 or None,
+                                         probe="dataloader", t=t + wait, **agent))  # fmt: skip
+            if rng.random() < 0.9:
+                own.append(records.Metric(values={"train_loss": 4.0 / step}, step=step, origin="backward",
+                                          t=t + 0.004, **agent))  # fmt: skip
+            interval = rng.choice((0.01, 0.01, 0.01, 0.0))
+            own.append(records.Step(step=step, step_time_s=interval, optimizers=1, micro_batches=1, tokens=512,
+                                    tokens_source="input_ids", dp=len(layout), tokens_global=512 * len(layout),
+                                    t=t + 0.008, **agent))  # fmt: skip
+            if rng.random() < 0.1:
+                own.append(records.Metric(values={"lr": 1e-3 / step}, step=step, origin="emit", t=t + 0.009,
+                                          **agent))  # fmt: skip
+            if rng.random() < 0.1:
+                own.append(records.Metric(values={"coll.wait_s": 0.002}, step=step, origin="collectives",
+                                          t=t + 0.0095, **agent))  # fmt: skip
+            if rank == 0 and step % 10 == 0:
+                own.append(
+                    records.Tick(n=step // 10, interval_s=1.0, t=t + 0.0097, source="hub", host=host, pid=1)
+                )
+            t += 0.01 + rng.random() * 0.002
+        (second if resume_at else per_rank).append(own)
+
+    def interleaved(lists: list[list[records.Record]]) -> None:
+        at = [0] * len(lists)
+        while any(at[i] < len(own) for i, own in enumerate(lists)):
+            for i, own in enumerate(lists):
+                take = rng.randint(1, 12)
+                log.extend(own[at[i] : at[i] + take])
+                at[i] += take
+
+    interleaved(per_rank)
+    if resume_at:
+        resumed = max(record.t + behind.get(record.host, 0.0) for record in log) + 4.0
+        log.append(records.RunStart(t=resumed, host="node0", run_id="r0", name="job", run_dir="/r0",
+                                    command=["torchrun"], cwd="/", tm_version="0", python="3.11", platform="linux",
+                                    job=place))  # fmt: skip
+        interleaved(second)
+    log.append(
+        records.RunEnd(t=log[-1].t + 1, host="node0", status=0, reason="exited", exit_code=0, elapsed_s=1.0)
+    )
+    for seq, record in enumerate(log, start=1):
+        record.seq = seq
+        record.wall = WALL0 + record.t + behind.get(record.host, 0.0)
+    return log
+
+
+def test_another_ranks_blocks_of_random_runs_feed_as_their_rows():
+    # other_rank.take (and the rows it builds for the rest) against the rows fed one by one, over runs of every shape
+    for seed in range(60):
+        rng = random.Random(seed)
+        rows = random_ranks_run(rng)
+        blocked = blockify(rows, at_most=rng.choice((3, 10, 40, 1000)))
+        assert any(type(item) is records.Block and item.rank for item in blocked), seed
+        assert_same_engine(blocked, rows)

@@ -1,6 +1,11 @@
 """The engine: records in hub order in, a snapshot with every metric of the spec out on each ``tick`` and at the
 ``run.end``; it holds the state, the values the facts imply and the history, and hands each record to its handler.
-Pure and deterministic: no I/O, no clock or globals; a restored engine fed the rest of a log makes the same snapshots."""
+Pure and deterministic: no I/O, no clock or globals; a restored engine fed the rest of a log makes the same snapshots.
+
+Why one module: what is left here is which handler takes a record, a block's row or a block, in what order, with the
+caches the handlers share (series names, canonical keys, the quiet flag); each family's arithmetic is in its own
+module (``steps``, ``samples``, ``nodes``, ``block_take``, ``other_rank``). Split, a handler would take the engine's
+private caches across a module's edge."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import msgspec
 
 from trainmeter_core.model import records
 from trainmeter_core.model.catalog import canonical, is_explicit_train_key
-from trainmeter_core.model.engine import attempts, block_take, collectives, hangs, nodes
+from trainmeter_core.model.engine import attempts, block_take, collectives, hangs, nodes, other_rank
 from trainmeter_core.model.engine.derived import Derived
 from trainmeter_core.model.engine.profiles import on_profile_import
 from trainmeter_core.model.engine.samples import (
@@ -38,8 +43,6 @@ _RANK_0_STEP_TIME = "tm:rank:0:step_time_s"
 _COLLECTIVES = collectives.ORIGIN
 _NAN = math.nan
 _INF = math.inf
-#: A block's steps alone (``_on_other_rank``).
-_STEPS_ONLY = frozenset({"step"})
 
 
 class _Checkpoint(msgspec.Struct):
@@ -228,14 +231,7 @@ class Engine:
         """A block's rows one by one: through ``feed`` for an attempt's on another clock or the run's first; another
         rank's by ``_on_other_rank``; else straight to their handlers (a job's moved onto the hub's clock first)."""
         state = self.state
-        clock = state.clock_rank
-        if (
-            clock is not None
-            and (block.rank or 0) != clock
-            and block.loss_origin == _BACKWARD
-            and not self._t_offset
-            and state.start_t is not None
-        ):
+        if other_rank.takes(state, block):
             try:
                 records.block.validate(block)
             except records.MalformedRecord:
@@ -280,85 +276,21 @@ class Engine:
         return []
 
     def _on_other_rank(self, block: records.Block) -> list[records.Snapshot]:
-        """The rows of a rank that is not the step clock's (a job's ranks but one a node, a single node's ranks but
-        rank 0), its loss read at ``backward()``, ``validate`` passed: the state they leave fed one by one (and so
-        through ``_on_rows``), with records built for its steps and metrics alone.
-
-        What the rows not built would do: such a rank's loss from backward() changes nothing (``_on_metric`` keeps only
-        the clock's rank's; the clock is set, so asking ``is_clock`` sets nothing), and its phase adds a data wait to
-        its rank's wait since its last step (``time_split.take_phase``: nothing else for a rank not the clock's). Their
-        times count towards the node's latest record (``nodes.seen``), on the hub's clock as ``map_clock`` moves
-        them. A job's 64 nodes of 8 ranks: 6.2 to 7.1 µs a rank-step through ``_on_rows``, and through this
-        (``bench/bench_engine_job.py``)."""
-        state = self.state
-        node = state.nodes.get(block.host) if state.nodes else None
-        offset = node.offset_s if node is not None else None
-        last_t = node.last_t if node is not None else None
-        steps = records.block.expand(block, _STEPS_ONLY)
-        letters: records.block.Letters | None = None
+        """A block of a rank that is not the step clock's, from its columns (``other_rank.py``)."""
         rank_id = block.rank or 0
-        host = block.host
-        loss, loss_t = block.loss, block.loss_t
-        phase, starts, ends = block.phase, block.phase_start_t, block.phase_end_t
-        seq = None if block.seq is None else block.seq - block.rows
-        on_step, on_metric, mark_step = self._on_step, self._on_metric, nodes.mark_step
-        job = bool(state.nodes)
-        s = p = m = 0
-        for at, letter in enumerate(block.order):
-            if letter == "s":
-                if seq is not None:
-                    seq += 1 if loss[s] is None else 2
-                if node is not None and loss[s] is not None:
-                    t = loss_t[s]
-                    if t and offset is not None:
-                        t += offset
-                    if t and (last_t is None or t > last_t):
-                        last_t = t
-                row = steps[s]
-                s += 1
-            elif letter == "p":
-                if seq is not None:
-                    seq += 1
-                start, end = starts[p], ends[p]
-                t = end  # a phase's time is its end
-                if offset is not None:
-                    start, end = start + offset, end + offset
-                    if t:
-                        t += offset
-                if node is not None and t and (last_t is None or t > last_t):
-                    last_t = t
-                if phase[p] == "data_wait":  # time_split._rank_data_wait
-                    rank = state.ranks.get(rank_id)
-                    waited = end - start
-                    if rank is not None and 0.0 <= waited < _INF:
-                        rank.data_wait_open_s = (rank.data_wait_open_s or 0.0) + waited
-                p += 1
-                if seq is not None:
-                    state.through_seq = seq
-                continue
-            else:
-                if letters is None:
-                    letters = records.block.Letters(block)
-                (row,) = letters.rows(at, s, p, m, seq)
-                if seq is not None:
-                    seq += 1
-                m += 1
-            if node is not None:
-                t = row.t
-                if offset is not None and t:
-                    row.t = t = t + offset  # built here: moved in place (nodes.arrive_rows)
-                if t and (last_t is None or t > last_t):
-                    last_t = t
-            if seq is not None:
-                state.through_seq = seq
-            if letter == "s":
-                if job:
-                    mark_step(state, host, rank_id, row.step, row.t)
-                on_step(row)
-            else:
-                on_metric(row)
-        if node is not None:
-            node.last_t = last_t
+        series = self._rank_series.get(rank_id)
+        if series is None:
+            series = self._rank_series[rank_id] = f"tm:rank:{rank_id}:step_time_s"
+        other_rank.take(
+            self.state,
+            self.derived,
+            self._history,
+            self._keeps,
+            block,
+            series,
+            self._on_step,
+            self._on_metric,
+        )
         return []
 
     def _on_step(self, record: records.Step) -> list[records.Snapshot]:
