@@ -157,3 +157,22 @@ def test_a_blocks_nonfinite_loss_is_written_as_text_and_read_back():
     assert b'"loss":["NaN"]' in line and line.endswith(b'"seq":2}\n')
     back = records.from_log_line(line)
     assert math.isnan(back.loss[0]) and back.step == [7]
+
+
+@pytest.mark.parametrize(
+    "column",
+    ["step", "step_t", "step_time_s", "optimizers", "agent_us", "micro_batches", "tokens", "loss", "loss_t",
+     "phase", "phase_start_t", "phase_end_t", "phase_step", "phase_probe",
+     "metric_t", "metric_values", "metric_step", "metric_origin"],
+)  # fmt: skip
+def test_a_column_one_entry_short_is_named_in_the_refusal(column):
+    # validate compares every length at once; the refusal still names the column that disagrees
+    block = steady_block(1, 4)
+    block.order += "m"
+    block.rows += 1
+    block.metric_t, block.metric_values = [block.t], [{"lr": 0.1}]
+    block.metric_step, block.metric_origin = [4], ["emit"]
+    records.block.validate(block)
+    setattr(block, column, getattr(block, column)[:-1])
+    with pytest.raises(records.MalformedRecord, match=rf"block: {column} has \d+ entries for \d+ rows"):
+        records.block.validate(block)
