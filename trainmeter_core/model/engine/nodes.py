@@ -268,6 +268,36 @@ def mark_step(state: EngineState, host: str, rank: int, step: int, t: float) -> 
     own = _host_ranks(state).get(host, 0) + new_rank
     if reported != own:
         return  # this host has ranks still to report the step (or reported it already: asked then)
+    _host_reported(state, host, rank, step, marks, new_rank)
+
+
+def mark_steps(state: EngineState, host: str, rank: int, steps: list[int], times: list[float]) -> None:
+    """``mark_step`` for each of ``steps`` (at ``times``) of a rank already known, in turn: what is the same for all
+    of them (the host's count of ranks, its key in the marks) looked up once."""
+    if rank not in state.ranks:
+        for step, t in zip(steps, times, strict=True):
+            mark_step(state, host, rank, step, t)
+        return
+    count_key = host + "#n"
+    own = _host_ranks(state).get(host, 0)
+    step_marks = state.step_marks
+    for step, t in zip(steps, times, strict=True):
+        marks = step_marks.get(step)
+        if marks is None:
+            marks = step_marks[step] = {}
+            if len(step_marks) > MAX_STEP_MARKS:
+                del step_marks[min(step_marks)]
+        latest = marks.get(host)
+        marks[host] = t if latest is None or t > latest else latest  # max(latest, t), as mark_step keeps it
+        reported = marks[count_key] = marks.get(count_key, 0.0) + 1.0
+        if reported == own:
+            _host_reported(state, host, rank, step, marks, False)
+
+
+def _host_reported(
+    state: EngineState, host: str, rank: int, step: int, marks: dict[str, float], new_rank: bool
+) -> None:
+    """Every rank of ``host`` reported ``step``: once every host taking part has, each one's lag updates its EMA."""
     done = marks[_DONE] = marks.get(_DONE, 0.0) + 1.0
     # A rank not yet known may add a host the count has not seen: then the hosts are looked over as before
     if not new_rank and done < _stepping_count(state):

@@ -76,7 +76,16 @@ def take(
     walls: list[float] = []
     values: list[float] = []
 
+    # And its steady steps' marks for the straggler, put in before any row its handler takes (a rank's first step or
+    # collectives row adds to the ranks a host counts) and at the end
+    marked_steps: list[int] = []
+    marked_t: list[float] = []
+
     def flush() -> None:
+        if marked_steps:
+            nodes.mark_steps(state, host, rank_id, marked_steps, marked_t)
+            marked_steps.clear()
+            marked_t.clear()
         if values:
             history.add_points(series, x_step, x_tokens, x_flop, walls, values)
             for column in (x_step, x_tokens, x_flop, walls, values):
@@ -115,7 +124,8 @@ def take(
                     state.through_seq = seq
                 step = step_col[s]
                 if job:
-                    mark_step(state, host, rank_id, step, t)
+                    marked_steps.append(step)
+                    marked_t.append(t)
                 rank.steps += 1
                 rank.last_t = t
                 rank.last_step = step
