@@ -277,10 +277,7 @@ class Engine:
 
     def _on_other_rank(self, block: records.Block) -> list[records.Snapshot]:
         """A block of a rank that is not the step clock's, from its columns (``other_rank.py``)."""
-        rank_id = block.rank or 0
-        series = self._rank_series.get(rank_id)
-        if series is None:
-            series = self._rank_series[rank_id] = f"tm:rank:{rank_id}:step_time_s"
+        series = self._rank_series_name(block.rank or 0)
         other_rank.take(
             self.state,
             self.derived,
@@ -293,6 +290,13 @@ class Engine:
         )
         return []
 
+    def _rank_series_name(self, rank_id: int) -> str:
+        """A rank's series of step times (``tm:rank:<rank>:step_time_s``), formatted once per rank."""
+        series = self._rank_series.get(rank_id)
+        if series is None:
+            series = self._rank_series[rank_id] = f"tm:rank:{rank_id}:step_time_s"
+        return series
+
     def _on_step(self, record: records.Step) -> list[records.Snapshot]:
         state = self.state
         rank_id = record.rank or 0
@@ -304,10 +308,9 @@ class Engine:
         if rank_id != 0 or rank_id != state.clock_rank:
             # Another rank, or the clock of a node of a job without rank 0: the series under its own rank's name.
             step, tokens, flops = self.derived.x()
-            series = self._rank_series.get(rank_id)
-            if series is None:
-                series = self._rank_series[rank_id] = f"tm:rank:{rank_id}:step_time_s"
-            self._history.add_point(series, step, tokens, flops, record.wall, interval)
+            self._history.add_point(
+                self._rank_series_name(rank_id), step, tokens, flops, record.wall, interval
+            )
             return []
         # self.derived.x(), inlined (take_step derived the facts for rank 0), and rank 0's series by its constant
         # name: formatting and hashing a new one would cost each step 0.1 µs.
