@@ -70,9 +70,8 @@ class Engine:
         self.history = history if history is not None else History()  # sets _history and _keeps
         self.derived = Derived(self.state)  # what the facts imply: the families read it too
         self._gpu_names: dict[tuple[str, int], tuple[str, tuple[str, ...]]] = {}
-        self._rank_series: dict[
-            int, str
-        ] = {}  # each rank's step-time series by its number (a job's thousands)
+        # Each rank's series of step times by its number (a job's thousands): formatted once
+        self._rank_series: dict[int, str] = {}
         self._quiet = False
         self._t_offset = self.state.resume.t_offset  # read on every record: kept here, as the state holds it
         # canonical(raw_key, seen_explicit_train) by the flag's value: a pure function, cached
