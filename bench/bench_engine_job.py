@@ -58,7 +58,7 @@ def job(nodes, per_node):
                                               pid=10 + local))
                 pending.append(records.Step(step=step, step_time_s=0.1, optimizers=1, micro_batches=1, tokens=1024,
                                             tokens_source="input_ids", dp=world, tokens_global=1024 * world,
-                                            t=t + rank * 1e-6, host=f"node{k}", rank=rank, source="agent",
+                                            t=at, host=f"node{k}", rank=rank, source="agent",
                                             pid=10 + local))
         if step % 10 == 0:
             pending.sort(key=lambda r: (r.host, r.rank, r.t))
