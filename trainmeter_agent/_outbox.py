@@ -43,8 +43,12 @@ START_WINDOWS = start_windows(os.environ)
 #: one window up to this; a wake that finds a window due resets it. Measured on the tight loop at 50 ms windows
 #: (bench/bench_agent_rows.py, last line): 5 sleeps in 5 s while the loop sent 99 windows itself; a floor thread that
 #: wakes once a second instead of never (bench/bench_agent.py, "waking thread") added +1.2, +0.5 and -0.5 µs per
-#: iteration in three runs, within their noise. The cost of a look: one lock, two attributes, one clock read.
+#: iteration in three runs, within their noise. The cost of a look: the lock and the token, two attributes, one clock
+#: read.
 QUIET_MAX_S = 1.0
+#: How long a thread that waits for the columns' token sleeps between two looks (``Outbox._hold``), holding ``_lock``:
+#: the token is then another thread's put's, for a few microseconds, or for a window's send if that put flushes.
+TOKEN_WAIT_S = 0.00005
 #: A window of at most this long closes at the first row after a multiple of its length on the monotonic clock (the
 #: same clock in every process of a machine), not its length after its own first row: the ranks of a machine then send
 #: the same stretch of steps at the same moment, and the hub ticks half a second after it (bus/tick_clock.py), so each
@@ -89,8 +93,13 @@ class Outbox:
 
     The loop's rows are stores into lists allocated once (``_columns``), one per field: a row keeps the values the
     loop made anyway until its window is cut, which hands them to the block and empties the slots, so nothing a row
-    stored outlives its window. Every put and flush holds one lock, so that the loop, another thread that emits and
-    the flush thread never interleave (uncontended, the lock is one C call each way).
+    stored outlives its window. Every put and flush holds the columns' token, so that the loop, another thread that
+    emits and the flush thread never interleave: a list that holds one item while nobody writes, taken with ``pop()``
+    and given back with ``append()`` (each atomic under the GIL, and under a free-threaded build's per-list lock). A
+    ``threading.Lock`` did the same; its ``acquire()`` parses its arguments in C code that torch's work between two
+    rows leaves cold, and cost the loop 1.0 µs a put against 0.2 µs for the two list calls
+    (docs/performance.md, "The columns' token"). Whoever may hold the token for longer than a put (a flush, the flush
+    thread, a thread's whole record) holds ``_lock`` too, and a put that finds the token gone waits there (``_take``).
     """
 
     def __init__(
@@ -111,6 +120,9 @@ class Outbox:
             window_s, max_records = min(window_s, START_WINDOW_S), min(max_records, START_RECORDS)
         self.window_s, self.max_records = window_s, max_records
         self.steps = 0  # steps queued by this process (rows and whole step records)
+        # The columns' token (the class's docstring): one item at most, so the list never reallocates. ``_lock`` is
+        # held with it by whoever may keep it for long, and a put that finds it gone waits there.
+        self._token = [True]
         self._lock = threading.Lock()
         self._due = threading.Event()
         self._timer: threading.Thread | None = None
@@ -162,7 +174,7 @@ class Outbox:
         return self._queued
 
     # -- the loop's rows --------------------------------------------------------------------------------------------
-    # Each row is a store per field into its list, under the lock, and the window's bookkeeping written out in place:
+    # Each row is a store per field into its list, with the token, and the window's bookkeeping written out in place:
     # on a tight loop every call and line of an iteration shows, and a store into a list runs in the interpreter's own
     # loop, where a packed row (``Struct.pack_into``, which the rows were until issue 42's last stops) or an
     # ``array`` store calls C code that torch's work between two rows has pushed out of the caches: 1.6 µs more a row
@@ -186,8 +198,11 @@ class Outbox:
         """A steady step's row (and the ``train_loss`` metric before it, when ``loss`` is not None). ``tokens`` and
         ``tokens_source`` are None for a step whose model saw no token ids: its block has no tokens column and says
         why (``NO_TOKENS``); a step with a count and one without are never in one block."""
-        lock = self._lock
-        lock.acquire()  # acquire and release: half the cost of a with block
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            self._take()  # another thread writes or flushes: wait for it
         try:
             s = self._s
             if s and (
@@ -220,12 +235,15 @@ class Outbox:
             elif t >= self._due_t or queued >= self.max_records or rows + 1 >= self._capacity:
                 self._flush()
         finally:
-            lock.release()
+            token.append(True)
 
     def put_phase(self, phase: str, start_t: float, end_t: float, step: int | None, probe: str) -> None:
         """A phase's row (a phase with no other field: a DataLoader batch's data wait)."""
-        lock = self._lock
-        lock.acquire()  # acquire and release: half the cost of a with block
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            self._take()
         try:
             p = self._p
             self._phase_start_t[p] = start_t
@@ -244,11 +262,16 @@ class Outbox:
             elif end_t >= self._due_t or queued >= self.max_records or rows + 1 >= self._capacity:
                 self._flush()
         finally:
-            lock.release()
+            token.append(True)
 
     def put_metric(self, t: float, values: dict, step: int | None, origin: str) -> None:
         """A metric's row: the values (already real numbers), the step that labels them, who sent them."""
-        with self._lock:
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            self._take()
+        try:
             m = self._m
             self._metric_t[m] = t
             self._metric_step[m] = step
@@ -261,10 +284,13 @@ class Outbox:
             self._arrived(t)
             if self._rows >= self._capacity:
                 self._flush()
+        finally:
+            token.append(True)
 
     def put(self, record, now: float, steps: int = 0) -> None:
         """Queue one whole record (already stamped) after every row before it; ``steps`` is 1 for a step record."""
-        with self._lock:
+        self._hold()
+        try:
             if self._rows:
                 self._cut()
             self._batch.append(record)
@@ -272,6 +298,8 @@ class Outbox:
                 self.steps += steps
                 self._slots[COUNTED] = self.steps
             self._arrived(now)
+        finally:
+            self._let_go()
 
     def _arrived(self, now: float) -> None:
         queued = self._queued + 1
@@ -293,17 +321,50 @@ class Outbox:
 
     def flush(self) -> None:
         """Send everything queued so far as one batch (nothing when empty)."""
-        with self._lock:
+        self._hold()
+        try:
             self._flush()
+        finally:
+            self._let_go()
 
     def discard(self) -> None:
         """Drop what is queued (the bus is gone: nothing queued is kept to grow)."""
-        with self._lock:
+        self._hold()
+        try:
             if self._rows:
                 self._cut()
             self._batch = []
             self._queued = 0
             self._slots[HANDED] = self.steps  # handed to nobody, but no kill can lose them now
+        finally:
+            self._let_go()
+
+    # -- the columns' token -------------------------------------------------------------------------------------------
+
+    def _take(self) -> None:
+        """The token, for a put that found it gone: ``_lock`` first, where a flush or the flush thread keeps it, then
+        the token itself, which another thread's put gives back within its put."""
+        self._hold()
+        self._lock.release()
+
+    def _hold(self) -> None:
+        """``_lock`` and the token, for whoever may keep them for longer than a put (it may flush)."""
+        self._lock.acquire()
+        token = self._token
+        try:
+            while True:
+                try:
+                    token.pop()
+                    return
+                except IndexError:
+                    time.sleep(TOKEN_WAIT_S)  # gives the GIL to the put that holds it
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _let_go(self) -> None:
+        self._token.append(True)
+        self._lock.release()
 
     def _flush(self) -> None:
         if not self._queued:
@@ -372,13 +433,12 @@ class Outbox:
         # It sleeps only for durations made once, before its first sleep, and keeps no clock reading or count of the
         # loop's while it sleeps (a flag says the loop flushed): tests/e2e/test_agent_steady_alloc.py sees what is
         # alive, and would see a number the thread made in a wake-up held through its next sleep.
-        # The lock is taken with acquire and release, not a with block: a thread waiting for it there holds the
-        # lock's bound __exit__, an object the test would see if it looked while the loop held the lock.
+        # The lock is taken by _hold, not a with block: a thread waiting for it there holds the lock's bound __exit__,
+        # an object the test would see if it looked while the loop held the lock.
         window_s = self.window_s
         sleeps = _sleeps(window_s)
         last = len(sleeps) - 1
         level = 0
-        lock = self._lock
         while True:
             self._loop_flushed = False
             # The process's first windows are over (once a process): the steady window's sleeps from here
@@ -388,7 +448,7 @@ class Outbox:
                 last = len(sleeps) - 1
                 level = min(level, last)
             time.sleep(sleeps[level])
-            lock.acquire()
+            self._hold()
             try:
                 if self._loop_flushed and self._queued:
                     # The loop closed the window itself and opened another: it is busy, look again later.
@@ -406,7 +466,7 @@ class Outbox:
                 self._idle = True
                 self._due.clear()
             finally:
-                lock.release()
+                self._let_go()
             self._due.wait()
 
     # -- fork -----------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
 import time
 
 import pytest
@@ -236,6 +238,55 @@ def test_the_flush_thread_sends_a_window_the_loop_left_open(queued):
     while len(sent) < queued and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(sent) == queued
+
+
+def test_threads_that_put_rows_while_windows_leave_lose_none_and_keep_their_order():
+    # The columns' token (Outbox's docstring): two threads that put data waits, one that emits, the flush thread on a
+    # 2 ms window and a send that gives up the GIL for a while, so that a window is cut and sent while the others wait
+    # to write. Without the token a row written while another thread's cut ran was lost with the columns' reset.
+    sent: list[list] = []
+
+    def slow_send(batch: list) -> None:
+        time.sleep(0.0005)
+        sent.append(batch)
+
+    outbox = Outbox(slow_send, window_s=0.002, max_records=50)
+    outbox.ready = True
+    rows = 2000
+
+    def waits(probe: str) -> None:
+        for step in range(1, rows + 1):
+            now = time.monotonic()
+            outbox.put_phase("data_wait", now - 0.001, now, step, probe)
+
+    def emits() -> None:
+        for step in range(1, rows + 1):
+            outbox.put_metric(time.monotonic(), {"lr": float(step)}, step, "emit")
+
+    threads = [threading.Thread(target=waits, args=(probe,)) for probe in ("first", "second")]
+    threads.append(threading.Thread(target=emits))
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(
+        1e-6
+    )  # the GIL changes hands as often as it can: in the middle of a cut, among others
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        sys.setswitchinterval(switch_s)
+    outbox.flush()
+    assert len(sent) > 10  # windows left while the threads wrote (a window holds at most 50 rows)
+    out = [record for batch in sent for record in _expanded(batch)]
+    for probe in ("first", "second"):
+        assert [r.step for r in out if type(r) is records.Phase and r.probe == probe] == list(
+            range(1, rows + 1)
+        )
+    assert [r.values["lr"] for r in out if type(r) is records.Metric] == [
+        float(s) for s in range(1, rows + 1)
+    ]
+    assert outbox._token == [True]  # given back by every holder
 
 
 def test_a_window_of_at_most_a_second_closes_at_the_first_row_after_a_multiple_of_its_length_on_the_clock():
