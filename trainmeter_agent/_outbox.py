@@ -97,8 +97,8 @@ class Outbox:
     emits and the flush thread never interleave: a list that holds one item while nobody writes, taken with ``pop()``
     and given back with ``append()`` (each atomic under the GIL, and under a free-threaded build's per-list lock). A
     ``threading.Lock`` did the same; its ``acquire()`` parses its arguments in C code that torch's work between two
-    rows leaves cold, and cost the loop 1.0 µs a put against 0.2 µs for the two list calls
-    (docs/performance.md, "The columns' token"). Whoever may hold the token for longer than a put (a flush, the flush
+    rows leaves cold, and cost the loop 1.0 µs a put against 0.2 µs for the two list calls (docs/performance.md,
+    "The columns' token instead of a lock"). Whoever may hold the token for longer than a put (a flush, the flush
     thread, a thread's whole record) holds ``_lock`` too, and a put that finds the token gone waits there (``_take``).
     """
 
