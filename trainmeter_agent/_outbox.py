@@ -203,6 +203,11 @@ class Outbox:
             token.pop()
         except IndexError:
             self._take()  # another thread writes or flushes: wait for it
+        except BaseException:
+            token.append(
+                True
+            )  # a signal's exception, raised as the pop returned with the token: it goes back
+            raise
         try:
             s = self._s
             if s and (
@@ -244,6 +249,9 @@ class Outbox:
             token.pop()
         except IndexError:
             self._take()
+        except BaseException:
+            token.append(True)
+            raise
         try:
             p = self._p
             self._phase_start_t[p] = start_t
@@ -271,6 +279,9 @@ class Outbox:
             token.pop()
         except IndexError:
             self._take()
+        except BaseException:
+            token.append(True)
+            raise
         try:
             m = self._m
             self._metric_t[m] = t
@@ -342,8 +353,7 @@ class Outbox:
     # -- the columns' token -------------------------------------------------------------------------------------------
 
     def _take(self) -> None:
-        """The token, for a put that found it gone: ``_lock`` first, where a flush or the flush thread keeps it, then
-        the token itself, which another thread's put gives back within its put."""
+        """The token, for a put that found it gone: at ``_lock`` first, where a long holder keeps it (``_hold``)."""
         self._hold()
         self._lock.release()
 
@@ -355,9 +365,13 @@ class Outbox:
             while True:
                 try:
                     token.pop()
-                    return
                 except IndexError:
                     time.sleep(TOKEN_WAIT_S)  # gives the GIL to the put that holds it
+                    continue
+                except BaseException:
+                    token.append(True)  # raised as the pop returned with the token (put_step says why)
+                    raise
+                return
         except BaseException:
             self._lock.release()
             raise

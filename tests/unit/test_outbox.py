@@ -289,6 +289,37 @@ def test_threads_that_put_rows_while_windows_leave_lose_none_and_keep_their_orde
     assert outbox._token == [True]  # given back by every holder
 
 
+class _InterruptedAsItReturns(list):
+    """The token's list, where a signal's exception (a KeyboardInterrupt) is raised as ``pop()`` returns: CPython runs
+    a signal's Python handler right after a call returns."""
+
+    def pop(self, *args):
+        taken = super().pop(*args)
+        if not getattr(self, "interrupted", False):
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return taken
+
+
+@pytest.mark.parametrize("call", ["put_phase", "put_metric", "put_step", "flush"])
+def test_an_interrupt_as_the_token_is_taken_gives_it_back(call):
+    outbox, sent = _collecting()
+    outbox._token = _InterruptedAsItReturns([True])
+    puts = {
+        "put_phase": lambda: outbox.put_phase("data_wait", BASE_T, BASE_T + 0.1, 1, "dataloader"),
+        "put_metric": lambda: outbox.put_metric(BASE_T, {"lr": 0.1}, 1, "emit"),
+        "put_step": lambda: _step(outbox, 1),
+        "flush": outbox.flush,
+    }
+    with pytest.raises(KeyboardInterrupt):
+        puts[call]()
+    assert outbox._token == [True]  # given back: the next put does not wait for ever
+    assert not outbox._lock.locked()
+    outbox.put_phase("data_wait", BASE_T, BASE_T + 0.2, 2, "dataloader")
+    outbox.flush()
+    assert [r.step for batch in sent for r in _expanded(batch) if type(r) is records.Phase][-1] == 2
+
+
 def test_a_window_of_at_most_a_second_closes_at_the_first_row_after_a_multiple_of_its_length_on_the_clock():
     # Every process of a machine then sends the same stretch of time at once (docs/performance.md, "Windows of a
     # second"). The times are ahead of the clock: the flush thread never finds one of these windows due by itself.
