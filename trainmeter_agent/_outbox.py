@@ -204,9 +204,8 @@ class Outbox:
         except IndexError:
             self._take()  # another thread writes or flushes: wait for it
         except BaseException:
-            token.append(
-                True
-            )  # a signal's exception, raised as the pop returned with the token: it goes back
+            # A signal's exception, raised as the pop returned (with the token): it goes back.
+            token.append(True)
             raise
         try:
             s = self._s
