@@ -46,8 +46,7 @@ START_WINDOWS = start_windows(os.environ)
 #: iteration in three runs, within their noise. The cost of a look: the lock and the token, two attributes, one clock
 #: read.
 QUIET_MAX_S = 1.0
-#: How long a thread that waits for the columns' token sleeps between two looks (``Outbox._hold``), holding ``_lock``:
-#: the token is then another thread's put's, for a few microseconds, or for a window's send if that put flushes.
+#: A thread that waits for the columns' token (``Outbox._hold``, holding ``_lock``) looks again after this long.
 TOKEN_WAIT_S = 0.00005
 #: A window of at most this long closes at the first row after a multiple of its length on the monotonic clock (the
 #: same clock in every process of a machine), not its length after its own first row: the ranks of a machine then send
@@ -120,8 +119,7 @@ class Outbox:
             window_s, max_records = min(window_s, START_WINDOW_S), min(max_records, START_RECORDS)
         self.window_s, self.max_records = window_s, max_records
         self.steps = 0  # steps queued by this process (rows and whole step records)
-        # The columns' token (the class's docstring): one item at most, so the list never reallocates. ``_lock`` is
-        # held with it by whoever may keep it for long, and a put that finds it gone waits there.
+        # The columns' token (the class's docstring): one item at most, so the list never reallocates.
         self._token = [True]
         self._lock = threading.Lock()
         self._due = threading.Event()
@@ -273,14 +271,7 @@ class Outbox:
 
     def put_metric(self, t: float, values: dict, step: int | None, origin: str) -> None:
         """A metric's row: the values (already real numbers), the step that labels them, who sent them."""
-        token = self._token
-        try:
-            token.pop()
-        except IndexError:
-            self._take()
-        except BaseException:
-            token.append(True)
-            raise
+        self._take()
         try:
             m = self._m
             self._metric_t[m] = t
@@ -295,7 +286,7 @@ class Outbox:
             if self._rows >= self._capacity:
                 self._flush()
         finally:
-            token.append(True)
+            self._token.append(True)
 
     def put(self, record, now: float, steps: int = 0) -> None:
         """Queue one whole record (already stamped) after every row before it; ``steps`` is 1 for a step record."""
@@ -352,7 +343,17 @@ class Outbox:
     # -- the columns' token -------------------------------------------------------------------------------------------
 
     def _take(self) -> None:
-        """The token, for a put that found it gone: at ``_lock`` first, where a long holder keeps it (``_hold``)."""
+        """The token for a put, at once or after a long holder (``_hold``). ``put_step`` and ``put_phase`` (a row each
+        an iteration) take it inline: this call would cost them about half of what the token saves over a lock."""
+        token = self._token
+        try:
+            token.pop()
+            return
+        except IndexError:
+            pass
+        except BaseException:
+            token.append(True)  # raised as the pop returned with the token (put_step says why)
+            raise
         self._hold()
         self._lock.release()
 
