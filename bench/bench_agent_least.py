@@ -7,7 +7,7 @@ pre-hook) and keeps one sleeping thread, as the floor in ``bench_agent.py`` does
 records tm keeps need, with no check beyond one that keeps a GPU loss from being read by ``item()``: the data wait's
 start and end into two preallocated lists; each forward's micro-batch and token count (the ids' ``numel()`` when they
 are integers); the loss's ``item()`` after ``backward()``; and at the optimizer's step the row of the iteration that
-ended (step, time, interval, micro-batches, tokens, loss) into six preallocated lists. It tells a new iteration two
+ends there (step, time, interval, micro-batches, tokens, loss) into six preallocated lists. It tells a new iteration two
 ways: by a forward seen since the last step (0.0.7's way), or by the first parameter's gradient and its version
 (tm's way, which a second ``step()`` without a backward and two optimizers need), holding that gradient itself where
 tm holds a weak reference. It sends nothing (a window's send is off the training thread in tm).
