@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from tight_loop import DATA_AND_MODEL
+from tight_loop import DATA_AND_MODEL, timed_run
 
 BATCH = 100  # calls timed together, so the clock's own cost and resolution do not dominate
 BATCHES = 2000
@@ -533,18 +533,7 @@ def bench_breakdown(endpoint: str, blocks: int = 300, per_block: int = 30) -> No
             yield from loader
 
     source = batches()
-    clock = time.perf_counter_ns
-
-    def run(n: int, times: list[int] | None = None) -> None:
-        for _ in range(n):
-            started = clock() if times is not None else 0
-            (x,) = next(source)
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
-            loss.backward()
-            optimizer.step()
-            if times is not None:
-                times.append(clock() - started)
+    run = timed_run(torch, model, optimizer, source)
 
     # The model bench_probes adopted is let go, so that this one is adopted at its first forward.
     agent.model.detach_root_hooks()

@@ -47,17 +47,7 @@ _PAIRS = """
 import json, statistics, sys, time
 pairs = 0 if sys.argv[1] == "lines" else int(sys.argv[1])
 per_block = int(sys.argv[2])
-clock = time.perf_counter_ns
-def run(n, times=None):
-    for _ in range(n):
-        started = clock() if times is not None else 0
-        (x,) = next(source)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
-        loss.backward()
-        optimizer.step()
-        if times is not None:
-            times.append(clock() - started)
+run = timed_run(torch, model, optimizer, source)
 run(300)
 if sys.argv[1] == "lines":
     # The Python lines an iteration runs in the agent's own code (``traced``), every hook on: a line trace of the
@@ -97,7 +87,7 @@ _LOOP_HEAD = f"""
 import sys
 sys.path.insert(0, {BENCH!r})
 import torch
-from tight_loop import made_here
+from tight_loop import made_here, timed_run
 loader, model, optimizer, source = made_here(torch)
 """
 

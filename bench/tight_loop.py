@@ -2,6 +2,8 @@
 subprocesses (plain, under tm, under 0.0.7, under callgrind), each around it with its own timing, so the loop they
 measure is the one defined here: Embedding(16, 4) + Linear(4, 16), DataLoader batch 1, AdamW."""
 
+import time
+
 #: The data, the model and the optimizer (``torch`` imported and its threads set by the script around it).
 DATA_AND_MODEL = """
 ids = torch.randint(16, (4096, 8))
@@ -25,3 +27,22 @@ def made_here(torch) -> tuple:
             yield from loader
 
     return loader, scope["model"], scope["optimizer"], forever()
+
+
+def timed_run(torch, model, optimizer, source):
+    """The loop's iterations as the in-process benches run them: ``run(n)`` runs n, ``run(n, times)`` also appends
+    each one's wall time in ns to ``times`` (the clock read around the iteration, nothing else)."""
+    clock = time.perf_counter_ns
+
+    def run(n: int, times: list[int] | None = None) -> None:
+        for _ in range(n):
+            started = clock() if times is not None else 0
+            (x,) = next(source)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+            loss.backward()
+            optimizer.step()
+            if times is not None:
+                times.append(clock() - started)
+
+    return run
