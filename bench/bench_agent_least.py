@@ -15,12 +15,14 @@ tm holds a weak reference. It sends nothing (a window's send is off the training
 Both agents run the tight loop in a process of their own (``bench_agent.py``'s loop, one thread), switched between on
 and off (off: their hooks still called, returning at once) in alternating blocks of ``--per-block`` iterations, each
 iteration timed; a figure is the median over ``--pairs`` pairs of the difference of the two blocks' median iterations
-(``bench_agent.py``'s breakdown, whose "every probe" line is tm's figure here). The two processes alternate,
-``--rounds`` rounds. Then each agent's Python lines an iteration in its own code (a line trace of the training thread
-over 100 iterations, every hook on), and what tm's extra time comes to per extra line. Prints figures; asserts
-nothing.
+(``bench_agent.py``'s breakdown, whose "every probe" line is tm's figure here). Trainmeter 0.0.7's agent (the previous
+generation) is measured the same way in a third process, run by the Python of its own venv (``--peer-venv``),
+installed as its bootstrap installs it, its probes switched by its own ``disabled`` set, its records sent to a
+datagram socket another process drains. The processes alternate, ``--rounds`` rounds. Then each agent's line events
+an iteration in its own code (a line trace of the training thread over 100 iterations, every hook on, then off), and
+what tm's extra time comes to per extra line. Prints figures; asserts nothing.
 
-Run: ``PYTHONPATH=. .venv/bin/python bench/bench_agent_least.py [--rounds 3] [--pairs 200]``
+Run: ``PYTHONPATH=. .venv/bin/python bench/bench_agent_least.py [--rounds 3] [--pairs 200] [--peer-venv /work/peer]``
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ per_block = int(sys.argv[2])
 run = timed_run(torch, model, optimizer, source)
 run(300)
 if sys.argv[1] == "lines":
-    # The Python lines an iteration runs in the agent's own code (``traced``), every hook on: a line trace of the
+    # The line events an iteration in the agent's own code (``traced``), every hook on, then off: a line trace of the
     # training thread over 100 iterations
     lines = [0]
     def _line(frame, event, arg):
@@ -59,13 +61,16 @@ if sys.argv[1] == "lines":
         return _line
     def _call(frame, event, arg):
         return _line if traced(frame.f_code) else None
-    switch(EVERY)
-    run(50)
-    sys.settrace(_call)
-    run(100)
-    sys.settrace(None)
-    switch("off")
-    print(json.dumps({"lines": lines[0] / 100}))
+    counted = {}
+    for config in (EVERY, "off"):
+        switch(config)
+        run(50)
+        lines[0] = 0
+        sys.settrace(_call)
+        run(100)
+        sys.settrace(None)
+        counted[config] = lines[0] / 100
+    print(json.dumps({"lines": counted[EVERY], "lines_off": counted["off"]}))
     raise SystemExit
 figures, offs = {name: [] for name in CONFIGS if name != "off"}, []
 for pair in range(pairs):
@@ -224,9 +229,46 @@ agent.at_exit()
 )
 
 
-def _run(code: str, env: dict, pairs: int | str, per_block: int) -> dict:
+# trainmeter 0.0.7's agent in the process, from its own venv, installed as its bootstrap installs it (before torch is
+# imported; its records go to a datagram socket another process drains), every probe switched by its ``disabled`` set
+# (its hooks stay: the steps' post-hook, the DataLoader's ``__next__``, the root module's forward pre-hook).
+_PEER = (
+    """
+import sys
+from trainmeter.agent import core as _core
+_core.install()
+agent = sys.meta_path[0]._agent  # the finder that attaches the agent when torch is imported
+"""
+    + _LOOP_HEAD
+    + """
+_PROBES = ("steps", "dataloader", "batch")
+def switch(config):
+    if config == "off":
+        agent.disabled.update(_PROBES)
+    else:
+        agent.disabled.difference_update(_PROBES)
+EVERY = "every probe"
+def traced(code):
+    return "/trainmeter/agent/" in code.co_filename
+CONFIGS = {"off": 0, "every probe": 1}
+"""
+    + _PAIRS
+)
+
+# Drains 0.0.7's datagram socket (argv: its path), as 0.0.7's supervisor does.
+_PEER_DRAIN = """
+import socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock.bind(sys.argv[1])
+print("bound", flush=True)
+while True:
+    sock.recv(1 << 16)
+"""
+
+
+def _run(code: str, env: dict, pairs: int | str, per_block: int, python: str = sys.executable) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", code, str(pairs), str(per_block)], env=env, capture_output=True, text=True
+        [python, "-c", code, str(pairs), str(per_block)], env=env, capture_output=True, text=True
     )
     if done.returncode != 0:
         raise SystemExit(f"a worker failed ({done.returncode}): {done.stderr.strip()[-600:]}")
@@ -245,10 +287,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--per-block", type=int, default=30)
+    parser.add_argument("--peer-venv", default=os.environ.get("TM_PEER_VENV") or "/work/peer")
     args = parser.parse_args()
     command = (
         f"PYTHONPATH=. {sys.executable} bench/bench_agent_least.py --rounds {args.rounds} --pairs {args.pairs} "
-        f"--per-block {args.per_block}"
+        f"--per-block {args.per_block} --peer-venv {args.peer_venv}"
     )
     print(f"{_load()}; reproduce: {command}")
     socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="tm-least-")
@@ -257,29 +300,50 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TM_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     tm_env = dict(env, TM_AGENT="1", TM_AGENT_ENDPOINT=endpoint)
+    agents = [("least", _LEAST, env, sys.executable), ("tm", _TM, tm_env, sys.executable)]
+    peer_python = os.path.join(args.peer_venv, "bin", "python")
+    drain = None
+    if os.path.exists(peer_python):
+        peer_socket = os.path.join(socket_dir, "peer")
+        drain = subprocess.Popen(
+            [sys.executable, "-c", _PEER_DRAIN, peer_socket], stdout=subprocess.PIPE, text=True
+        )
+        drain.stdout.readline()  # bound before the agent sends
+        peer_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        peer_env["TRAINMETER_SOCK"] = peer_socket
+        agents.append(("0.0.7", _PEER, peer_env, peer_python))
+    else:
+        print(f"trainmeter 0.0.7 not found in {args.peer_venv} (bin/python): its line is left out")
     rounds: dict[tuple[str, str], list[float]] = {}
-    offs: dict[str, list[float]] = {"least": [], "tm": []}
+    offs: dict[str, list[float]] = {who: [] for who, *_ in agents}
     started = time.perf_counter()
     try:
         for _ in range(args.rounds):
-            for who, code, run_env in (("least", _LEAST, env), ("tm", _TM, tm_env)):
-                result = _run(code, run_env, args.pairs, args.per_block)
+            for who, code, run_env, python in agents:
+                result = _run(code, run_env, args.pairs, args.per_block, python)
                 offs[who].append(result["off_us"])
                 for name, figures in result["pairs"].items():
                     rounds.setdefault((who, name), []).append(statistics.median(figures))
         lines = {
-            who: _run(code, run_env, "lines", args.per_block)["lines"]
-            for who, code, run_env in (("least", _LEAST, env), ("tm", _TM, tm_env))
+            who: _run(code, run_env, "lines", args.per_block, python) for who, code, run_env, python in agents
         }
     finally:
         close_hub()
+        if drain is not None:
+            drain.terminate()
+            drain.wait(timeout=60)
+            drain.stdout.close()
         shutil.rmtree(socket_dir, ignore_errors=True)
     off = statistics.median(offs["least"])
     print(
         f"the tight loop in one process, each configuration against every hook off in {args.pairs} pairs of blocks "
         f"of {args.per_block} iterations, the median of each round's median ({time.perf_counter() - started:.0f} s, "
-        f"{args.rounds} rounds; {_load()}); an iteration with the hooks off: least agent {off:.1f} µs, tm "
-        f"{statistics.median(offs['tm']):.1f} µs (rounds {_spread(offs['least'])} and {_spread(offs['tm'])}):"
+        f"{args.rounds} rounds; {_load()}); an iteration with the hooks off: "
+        + ", ".join(
+            f"{who} {statistics.median(figures):.1f} µs (rounds {_spread(figures)})"
+            for who, figures in offs.items()
+        )
+        + ":"
     )
 
     def figure(who: str, name: str) -> float:
@@ -303,6 +367,8 @@ def main() -> None:
         "every hook, a step told by a forward seen",
     )
     line("tm's agent, every probe", "tm", "every probe")
+    if "0.0.7" in offs:
+        line("trainmeter 0.0.7's agent, every probe (its own venv)", "0.0.7", "every probe")
     least = figure("least", "every hook, a step told by its gradient")
     every = figure("tm", "every probe")
     print(
@@ -310,6 +376,14 @@ def main() -> None:
         if least > 0
         else "  tm / the least agent: not computed (the least agent's figure came out at or below zero)"
     )
+    if "0.0.7" in offs:
+        peer = figure("0.0.7", "every probe")
+        print(
+            f"  tm / 0.0.7: {every / peer:.2f}; 0.0.7 / the least agent that tells a step by a forward seen, as 0.0.7 "
+            f"does: {peer / figure('least', 'every hook, a step told by a forward seen'):.2f}"
+            if peer > 0
+            else "  tm / 0.0.7: not computed (0.0.7's figure came out at or below zero)"
+        )
     print(
         "  by hook, alone (tm's steps: every probe less the three others, since alone they go the general way):"
     )
@@ -323,9 +397,12 @@ def main() -> None:
     least_steps = figure("least", "steps, told by the gradient")
     print(f"  {'steps':<22} {least_steps:+8.2f} {steps:+8.2f} {steps - least_steps:+11.2f} µs")
     print(
-        f"  Python lines an iteration in the agent's own code, every hook on (a line trace of 100 iterations): least "
-        f"agent {lines['least']:.0f}, tm {lines['tm']:.0f}; tm's extra µs per extra line: "
-        f"{(every - least) / (lines['tm'] - lines['least']):.3f}"
+        "  line events an iteration in the agent's own code, every hook on / off (a line trace of 100 iterations): "
+        + ", ".join(
+            f"{who} {counts['lines']:.0f} / {counts['lines_off']:.0f}" for who, counts in lines.items()
+        )
+        + "; tm's extra µs per extra line on: "
+        f"{(every - least) / (lines['tm']['lines'] - lines['least']['lines']):.3f}"
     )
     print(
         "  (each agent against its own hooks called and returning at once: the floor under both is bench_agent.py's)"
