@@ -43,8 +43,8 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 
 # argv: pairs, per_block. The loop, then the paired blocks of its configurations; prints
-# {"pairs": {name: [µs, ...]}, "off_us": median iteration with everything off}. With "lines" for pairs, the lines
-# an iteration runs in the agent's code instead: {"lines": n}.
+# {"pairs": {name: [µs, ...]}, "off_us": median iteration with everything off}. With "lines" for pairs, the line
+# events an iteration in the agent's code instead, every hook on and off: {"lines": n, "lines_off": n}.
 _PAIRS = """
 import json, statistics, sys, time
 pairs = 0 if sys.argv[1] == "lines" else int(sys.argv[1])
@@ -219,7 +219,7 @@ def switch(config):
 EVERY = "every probe"
 def traced(code):
     return "trainmeter_agent" in code.co_filename
-# Each probe alone but the steps: alone, without the model probe's count, they take the general way, not the steady
+# Each probe alone but the steps: alone, without the model probe's count, they take the general way, not the steady one
 CONFIGS = {"off": 0, "every probe": 1, "data wait": 2, "forward": 3, "loss": 4}
 """
     + _PAIRS
@@ -405,7 +405,7 @@ def main() -> None:
         f"{(every - least) / (lines['tm']['lines'] - lines['least']['lines']):.3f}"
     )
     print(
-        "  (each agent against its own hooks called and returning at once: the floor under both is bench_agent.py's)"
+        "  (each agent against its own hooks called and returning at once: the floor under them is bench_agent.py's)"
     )
     print(f"  reproduce: {command}")
 
