@@ -5,6 +5,7 @@ Locks are real flocks, held by this process or by a real subprocess killed with 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -174,6 +175,35 @@ def test_stale_socket_folders_are_removed_and_live_ones_kept(short_dir):
         assert sorted(p.name for p in short_dir.iterdir()) == sorted([held.path.name, "new"])
     finally:
         held.remove()
+
+
+def test_a_tm_cleaning_stale_folders_as_another_makes_its_own_leaves_that_folder_alone(
+    short_dir, monkeypatch
+):
+    # Two runs started at once on one node: the second's clean_stale_socket_dirs runs while the first is between
+    # making its folder and holding its lock. It must not take that folder for a dead launcher's and remove it (CI
+    # saw the first run then fail on its step pages' folder: "No such file or directory").
+    real_flock = fcntl.flock
+    cleaned = []
+
+    def flock_after_a_cleaning(fd, operation):
+        if not cleaned:  # the first lock taken is create's own: the other tm cleans just before it (once)
+            cleaned.append(None)
+            cleaned[0] = rundir.clean_stale_socket_dirs(short_dir)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(rundir.fcntl, "flock", flock_after_a_cleaning)
+    folder = rundir.SocketDir.create(short_dir)
+    try:
+        assert cleaned == [0]
+        assert folder.path.is_dir()
+        assert sorted(p.name for p in folder.path.iterdir()) == ["lock"]
+        monkeypatch.setattr(rundir.fcntl, "flock", real_flock)
+        assert rundir.clean_stale_socket_dirs(short_dir) == 0  # held: a live run's
+        assert folder.path.is_dir()
+        (folder.path / "pages").mkdir()
+    finally:
+        folder.remove()
 
 
 def test_socket_paths_stay_under_the_ipc_limit(short_dir, monkeypatch):

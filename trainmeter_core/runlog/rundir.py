@@ -241,14 +241,18 @@ class SocketDir:
 
     @classmethod
     def create(cls, base: Path) -> SocketDir:
+        """A new folder under ``base``, its ``lock`` held. The lock is taken under another name and then renamed to
+        ``lock``: a ``clean_stale_socket_dirs`` of another tm starting at the same moment never finds a ``lock`` that
+        is not held yet (it would take it for a dead launcher's and remove the folder under this one)."""
         for _ in range(100):
             path = base / os.urandom(4).hex()  # what secrets.token_hex does, without its hashlib import
             try:
                 path.mkdir(mode=0o700)
             except FileExistsError:
                 continue
-            fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path / "lock.new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(path / "lock.new", path / "lock")
             return cls(path, fd)
         raise RunDirError(f"cannot create a socket folder under {base}")
 
