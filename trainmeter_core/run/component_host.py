@@ -111,10 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     # looked every 0.5 s before: two wakes a second in each component process, for nothing)
     changed = threading.Event()
     ended: list[str] = []  # the components whose threads are over (a thread is alive a little past its end)
+    started: list[bool] = []  # not empty once the components' threads start
+    stop_t: list[float] = []  # when the stop came
 
     def stop(*_: object) -> None:
+        if not stop_t:
+            stop_t.append(time.monotonic())
         stopping.set()
         changed.set()
+        if not started:
+            # The stop came while this process was still loading its components (plugins are imported here, slowly
+            # at the lowered priority on a busy machine): none of them ran, and none would (run_component looks at
+            # the stop first), so the process ends now instead of when the loading ends, which could be after the
+            # supervisor's kill and its "was killed" (tests/e2e/test_supervision.py).
+            os._exit(0)
 
     def run_then_say(cls: type[Component]) -> None:
         try:
@@ -130,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=run_then_say, args=(cls,), name=f"tm-{name}", daemon=True)
         for name, cls in classes.items()
     ]
+    started.append(True)
     for thread in threads:
         thread.start()
     while True:
@@ -138,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         changed.wait(WATCH_EVERY_S)
     stopping.set()
-    deadline = time.monotonic() + STOP_JOIN_S
+    # From the stop itself: the supervisor's 3 s run from its SIGTERM, whenever this thread got to look
+    deadline = (stop_t[0] if stop_t else time.monotonic()) + STOP_JOIN_S
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     say_stuck([thread for thread in threads if thread.is_alive()])
