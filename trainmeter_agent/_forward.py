@@ -65,8 +65,12 @@ class ModelForward:
                 probe.agent.stop_probe("model", exc)
             if timed:
                 iterations._agent_s += perf_counter() - started
-        else:
-            probe._pre_hook(module, args, kwargs)
+            if len(args) == 1:
+                # forward(ids) called as a plain call: no argument tuple or dict built, and the interpreter runs the
+                # class's forward in its own loop instead of a C call that unpacks them.
+                return self.function(module, args[0])
+            return self.function(module, *args)
+        probe._pre_hook(module, args, kwargs)
         return self.function(module, *args, **kwargs)
 
     def __getattr__(self, name: str):

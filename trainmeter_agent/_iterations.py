@@ -9,9 +9,8 @@ restored optimizer's ``step`` at a process's first iteration, and only from a CP
 from __future__ import annotations
 
 import sys
-import time
 import weakref
-from time import perf_counter
+from time import monotonic, perf_counter
 
 from trainmeter_agent._gates import gate_input
 
@@ -107,11 +106,18 @@ class IterationDetector:
         # The steady lane: id() of the one optimizer that makes up each iteration, once it has counted one (None
         # otherwise). Its hooks then take a short way with the same outcome as the general one (see ``pre_hook``).
         self._lane: int | None = None
+        # ``_marks`` of the lane's optimizer (None while it has none): the lane's hooks read it here, one object less
+        # for an iteration to touch (``_lane_marked`` keeps it so)
+        self._lane_mark: list | None = None
         # Steps in a row of the lane that left the first gradient as they found it: its id() and version in the
         # pre-hook, compared in the post-hook (ids only: the gradient lives through the step; no reference is kept).
         self._clean_steps = 0
         self._seen_grad = 0
         self._seen_version = -1
+
+    def _lane_marked(self) -> None:
+        """``_lane_mark`` again, after the lane or the marks changed (a mark's list is changed in place by both ways)."""
+        self._lane_mark = self._marks.get(self._lane) if self._lane is not None else None
 
     def _regate(self) -> None:
         self.lane_on = self.steps_on
@@ -133,18 +139,18 @@ class IterationDetector:
             # gradient, and a new one (or a bumped version) starts the next iteration. Anything else goes the
             # general way below, from the same state. One clock here, monotonic, for the step's time and the agent's
             # own (perf_counter reads the same clock on Linux).
-            now = time.monotonic()
+            now = monotonic()
             try:
                 params = optimizer.param_groups[0]["params"]
                 grad = params[0].grad if params else None
-                mark = self._marks.get(key)
+                mark = self._lane_mark
                 if grad is not None and mark is not None and mark[0]() is optimizer:
                     version = grad._version
                     same = mark[1]() is grad
                     if same and version == mark[2]:
                         self._calls += 1  # stepped again without a backward: the same iteration
                         if self.timed:
-                            self._agent_s += time.monotonic() - now
+                            self._agent_s += monotonic() - now
                         return None
                     if self._postless:
                         # No post-hook (_lane_postless): its mark, written here, as it would find it after the step.
@@ -165,14 +171,14 @@ class IterationDetector:
                     self._iteration_start_t = now
                     self._agent_s = 0.0
                     self.timed = (step + 1) % AGENT_US_EVERY == 0
-                    agent_us = (previous_agent_s + (time.monotonic() - now)) * 1e6 if timed else None
+                    agent_us = (previous_agent_s + (monotonic() - now)) * 1e6 if timed else None
                     if not self.agent.send_steady_step(
                         step, now, now - previous_start_t, previous_calls, agent_us
                     ):
                         self._send_fields(now, previous_start_t, previous_calls, agent_us, None, False)
                     if self.timed:
                         # What is left of this call belongs to the new iteration (as _count and pre_hook count it).
-                        self._agent_s = time.monotonic() - now
+                        self._agent_s = monotonic() - now
                     return None
             except Exception as exc:
                 self.agent.stop_probe("steps", exc)
@@ -208,7 +214,7 @@ class IterationDetector:
                 # The steady lane (see pre_hook): the mark the general way would write, written in place.
                 params = optimizer.param_groups[0]["params"]
                 grad = params[0].grad if params else None
-                mark = self._marks.get(key)
+                mark = self._lane_mark
                 if grad is not None and mark is not None and mark[0]() is optimizer:
                     if mark[1]() is not grad:
                         mark[1] = weakref.ref(grad)
@@ -239,6 +245,7 @@ class IterationDetector:
                     mark[2] = grad._version
                 else:
                     self._marks[key] = [weakref.ref(optimizer), weakref.ref(grad), grad._version]
+            self._lane_marked()
         except Exception as exc:
             self.agent.stop_probe("steps", exc)
         self._agent_s += perf_counter() - started
@@ -267,6 +274,7 @@ class IterationDetector:
         if self.counted and key not in self._members:
             self._members.add(key)
             self._lane = None  # two optimizers make up this iteration
+            self._lane_marked()
             return
         # A new iteration; its step record describes the one that just ended.
         previous_start_t = self._iteration_start_t
@@ -291,12 +299,13 @@ class IterationDetector:
         # From the next iteration on, this optimizer alone may take the steady lane (its hooks' short way).
         agent = self.agent
         self._lane = key if agent.lean and "steps" not in agent._faults else None
+        self._lane_marked()
         self._calls = 1
         self._agent_s = 0.0
         self.timed = (self.iteration + 1) % AGENT_US_EVERY == 0
         if not agent.activated:
             agent.activate()  # hello first, also in time: the step's own time is taken after it
-        now = time.monotonic()
+        now = monotonic()
         self._iteration_start_t = now
         if previous_start_t is not None and resumed is None and not skipped:
             # A steady iteration: the agent builds its record without a field dict where every probe is steady.
@@ -363,6 +372,7 @@ class IterationDetector:
         self.attached = False
         self._postless = False
         self._lane = None
+        self._lane_marked()
         self._clean_steps = 0
 
     def _lane_postless(self) -> None:

@@ -73,6 +73,11 @@ _STEP_COLUMNS = (
 )
 _PHASE_COLUMNS = ("phase", "phase_start_t", "phase_end_t", "phase_step", "phase_probe")
 _METRIC_COLUMNS = ("metric_t", "metric_values", "metric_step", "metric_origin")
+# A row's cells lie side by side in one list per kind of row, each row ``len(<kind>_COLUMNS)`` cells after the one before:
+# a put stores into one list, not one per field. What a steady iteration costs the loop is mostly the objects it
+# touches that torch's work pushed out of the caches (docs/performance.md, "What the agent's time is spent on"): a
+# row's nine stores into nine lists cost it more than nine stores into one.
+_STEP_WIDTH, _PHASE_WIDTH, _METRIC_WIDTH = len(_STEP_COLUMNS), len(_PHASE_COLUMNS), len(_METRIC_COLUMNS)
 
 
 def _sleeps(window_s: float) -> tuple[float, ...]:
@@ -130,15 +135,22 @@ class Outbox:
         self._slots = self.page.slots
         self._columns(max(1, self.max_records))
         self._batch: list = []  # whole records and cut blocks, in order
-        self._queued = 0  # rows and whole records in the open window
-        self._due_t = 0.0  # when the open window is due to leave
+        # What the open window holds besides the columns' rows: its whole records and the rows already cut into blocks
+        # (``_queued``: rows and records in all). The puts count rows alone (``_rows``) and compare them with
+        # ``_row_limit``, the rows the columns may still take before the window is full (``_limits``).
+        self._before_rows = 0
+        self._limits()
+        # When the open window is due to leave; 0.0 while nothing is queued, so that a window's first row or record
+        # goes the way that opens it (``_arrived``) by the same comparison a put makes for a due window.
+        self._due_t = 0.0
         self.ready = False  # the flush thread flushes only once the agent may send (hello went out)
 
     def _columns(self, capacity: int) -> None:
         """The columns, room for ``capacity`` rows of each kind (a window holds at most that many rows in all): one
-        list per field (``_step``, ``_phase_start_t``, ...), filled from the front and emptied at each cut."""
+        list of cells per kind (``_step_cells``, ``_phase_cells``, ``_metric_cells``), a row's cells side by side in
+        the order of its ``_COLUMNS``, filled from the front and emptied at each cut."""
         self._capacity = capacity
-        self._nones = [None] * capacity  # what a cut writes back over the rows it took
+        self._nones = [None] * (capacity * _STEP_WIDTH)  # what a cut writes back over the cells it took
         self._order = [None] * capacity
         self._rows = 0
         # Rows of each kind so far, and what a block says once for its steps. A phase's name and probe are the probe's
@@ -146,16 +158,17 @@ class Outbox:
         self._s = self._p = self._m = 0
         self._tokens_source: str | None = None
         self._dp: int | None = None
+        # A step row's loss is always the one passed to backward() (``_loss.ORIGIN``: the steady step's only source).
         self._loss_origin = "backward"
-        kinds = []
-        for names in (_STEP_COLUMNS, _PHASE_COLUMNS, _METRIC_COLUMNS):
-            columns = []
-            for name in names:
-                column = [None] * capacity
-                setattr(self, "_" + name, column)  # the puts store through these attributes
-                columns.append((name, column))
-            kinds.append(tuple(columns))
-        self._kinds = tuple(kinds)  # the (name, list) pairs of steps, phases and metrics, for the cut
+        self._step_cells = [None] * (capacity * _STEP_WIDTH)
+        self._phase_cells = [None] * (capacity * _PHASE_WIDTH)
+        self._metric_cells = [None] * (capacity * _METRIC_WIDTH)
+        # The columns' names and cells of steps, phases and metrics, for the cut
+        self._kinds = (
+            (_STEP_COLUMNS, self._step_cells),
+            (_PHASE_COLUMNS, self._phase_cells),
+            (_METRIC_COLUMNS, self._metric_cells),
+        )
 
     def open_page(self, window_records: int) -> None:
         """Map this process's step page (``trainmeter_core.bus.step_page``): the slots the rows write from now on."""
@@ -170,6 +183,27 @@ class Outbox:
 
     def __len__(self) -> int:
         return self._queued
+
+    @property
+    def max_records(self) -> int:
+        """The most rows and records a window holds before it leaves."""
+        return self._max_records
+
+    @max_records.setter
+    def max_records(self, value: int) -> None:
+        self._max_records = value
+        if "_row_limit" in self.__dict__:
+            self._limits()
+
+    @property
+    def _queued(self) -> int:
+        """Rows and whole records in the open window."""
+        return self._before_rows + self._rows
+
+    def _limits(self) -> None:
+        """The rows after which a put closes the window: it holds ``max_records`` rows and records, or the columns are
+        full. Recomputed wherever its terms change (a whole record, a cut, a window's end, new bounds)."""
+        self._row_limit = min(self._max_records - self._before_rows, self._capacity)
 
     # -- the loop's rows --------------------------------------------------------------------------------------------
     # Each row is a store per field into its list, with the token, and the window's bookkeeping written out in place:
@@ -191,11 +225,11 @@ class Outbox:
         dp: int,
         loss: float | None,
         loss_t: float | None,
-        loss_origin: str,
     ) -> None:
-        """A steady step's row (and the ``train_loss`` metric before it, when ``loss`` is not None). ``tokens`` and
-        ``tokens_source`` are None for a step whose model saw no token ids: its block has no tokens column and says
-        why (``NO_TOKENS``); a step with a count and one without are never in one block."""
+        """A steady step's row (and the ``train_loss`` metric before it, when ``loss`` is not None: the loss passed to
+        ``backward()``, and ``loss_t`` its time, None without it). ``tokens`` and ``tokens_source`` are None for a step
+        whose model saw no token ids: its block has no tokens column and says why (``NO_TOKENS``); a step with a count
+        and one without are never in one block."""
         token = self._token
         try:
             token.pop()
@@ -207,35 +241,32 @@ class Outbox:
             raise
         try:
             s = self._s
-            if s and (
-                tokens_source != self._tokens_source or dp != self._dp or loss_origin != self._loss_origin
-            ):
+            if s and (tokens_source != self._tokens_source or dp != self._dp):
                 self._cut()  # what a block says once for its steps changed: the next rows are another block
                 s = 0
             if not s:
-                self._tokens_source, self._dp, self._loss_origin = tokens_source, dp, loss_origin
-            self._step[s] = step
-            self._step_t[s] = t
-            self._step_time_s[s] = step_time_s
-            self._optimizers[s] = optimizers
-            self._agent_us[s] = agent_us
-            self._micro_batches[s] = micro_batches
-            self._tokens[s] = tokens
-            self._loss[s] = loss
-            self._loss_t[s] = loss_t if loss is not None else None  # no time without its loss
+                self._tokens_source, self._dp = tokens_source, dp
+            cells = self._step_cells
+            at = s * 9  # _STEP_WIDTH, in _STEP_COLUMNS' order
+            cells[at] = step
+            cells[at + 1] = t
+            cells[at + 2] = step_time_s
+            cells[at + 3] = optimizers
+            cells[at + 4] = agent_us
+            cells[at + 5] = micro_batches
+            cells[at + 6] = tokens
+            cells[at + 7] = loss
+            cells[at + 8] = loss_t
             self._s = s + 1
             steps = self.steps + 1
             self.steps = steps
             self._slots[COUNTED] = steps  # a plain store into the mapped page: no syscall
             rows = self._rows
             self._order[rows] = _STEP
-            self._rows = rows + 1
-            queued = self._queued + 1
-            self._queued = queued
-            if queued == 1:
-                self._opened(t)
-            elif t >= self._due_t or queued >= self.max_records or rows + 1 >= self._capacity:
-                self._flush()
+            rows += 1
+            self._rows = rows
+            if t >= self._due_t or rows >= self._row_limit:
+                self._arrived(t)  # the window's first row, or the window is due or full
         finally:
             token.append(True)
 
@@ -251,21 +282,20 @@ class Outbox:
             raise
         try:
             p = self._p
-            self._phase_start_t[p] = start_t
-            self._phase_end_t[p] = end_t
-            self._phase_step[p] = step
-            self._phase[p] = phase
-            self._phase_probe[p] = probe
+            cells = self._phase_cells
+            at = p * 5  # _PHASE_WIDTH, in _PHASE_COLUMNS' order
+            cells[at] = phase
+            cells[at + 1] = start_t
+            cells[at + 2] = end_t
+            cells[at + 3] = step
+            cells[at + 4] = probe
             self._p = p + 1
             rows = self._rows
             self._order[rows] = _PHASE
-            self._rows = rows + 1
-            queued = self._queued + 1
-            self._queued = queued
-            if queued == 1:
-                self._opened(end_t)
-            elif end_t >= self._due_t or queued >= self.max_records or rows + 1 >= self._capacity:
-                self._flush()
+            rows += 1
+            self._rows = rows
+            if end_t >= self._due_t or rows >= self._row_limit:
+                self._arrived(end_t)
         finally:
             token.append(True)
 
@@ -274,17 +304,13 @@ class Outbox:
         self._take()
         try:
             m = self._m
-            self._metric_t[m] = t
-            self._metric_step[m] = step
-            self._metric_values[m] = values
-            self._metric_origin[m] = origin
+            at = m * _METRIC_WIDTH
+            self._metric_cells[at : at + _METRIC_WIDTH] = (t, values, step, origin)  # _METRIC_COLUMNS' order
             self._m = m + 1
             rows = self._rows
             self._order[rows] = _METRIC
             self._rows = rows + 1
             self._arrived(t)
-            if self._rows >= self._capacity:
-                self._flush()
         finally:
             self._token.append(True)
 
@@ -298,16 +324,18 @@ class Outbox:
             if steps:
                 self.steps += steps
                 self._slots[COUNTED] = self.steps
+            self._before_rows += 1
+            self._limits()
             self._arrived(now)
         finally:
             self._let_go()
 
     def _arrived(self, now: float) -> None:
-        queued = self._queued + 1
-        self._queued = queued
-        if queued == 1:
+        """After a row or a whole record: open the window if it is the first, or send the window if it is due or
+        full (``_row_limit``)."""
+        if self._before_rows + self._rows == 1:
             self._opened(now)
-        elif now >= self._due_t or queued >= self.max_records:
+        elif now >= self._due_t or self._rows >= self._row_limit:
             self._flush()
 
     def _opened(self, now: float) -> None:
@@ -335,7 +363,9 @@ class Outbox:
             if self._rows:
                 self._cut()
             self._batch = []
-            self._queued = 0
+            self._before_rows = 0
+            self._limits()
+            self._due_t = 0.0
             self._slots[HANDED] = self.steps  # handed to nobody, but no kill can lose them now
         finally:
             self._let_go()
@@ -386,8 +416,8 @@ class Outbox:
         if self._rows:
             self._cut()
         batch, self._batch = self._batch, []
-        self._queued = 0
-        self._due_t = 0.0  # keeps no clock reading of the window alive past it
+        self._before_rows = 0
+        self._due_t = 0.0  # keeps no clock reading of the window alive past it (and opens the next: _arrived)
         self._loop_flushed = True  # (or the flush thread, which clears it next)
         slots = self._slots
         slots[WINDOWS] += 1
@@ -395,6 +425,7 @@ class Outbox:
             self.window_s, self.max_records = self._steady
         if self.max_records > self._capacity:
             self._columns(self.max_records)  # a larger window asked for since (tests, benches)
+        self._limits()
         slots[HANDED] = self.steps
         self._send(batch)
 
@@ -406,11 +437,12 @@ class Outbox:
         s, p, m, rows = self._s, self._p, self._m, self._rows
         nones = self._nones
         taken: dict[str, list] = {}
-        for count, columns in zip((s, p, m), self._kinds, strict=True):
-            empty = nones[:count]
-            for name, column in columns:
-                taken[name] = column[:count]
-                column[:count] = empty  # the block holds them now: no value of a window outlives it here
+        for count, (names, cells) in zip((s, p, m), self._kinds, strict=True):
+            width = len(names)
+            end = count * width
+            for index, name in enumerate(names):
+                taken[name] = cells[index:end:width]
+            cells[:end] = nones[:end]  # the block holds them now: no value of a window outlives it here
         losses = s - taken["loss"].count(None)  # a step's row stands for two records when it holds a loss
         tokens_absent = None
         if s and self._tokens_source is None:
@@ -428,6 +460,8 @@ class Outbox:
         self._order[:rows] = nones[:rows]
         self._batch.append(block)
         self._s = self._p = self._m = self._rows = 0
+        self._before_rows += rows
+        self._limits()
 
     # -- the flush thread ---------------------------------------------------------------------------------------------
 

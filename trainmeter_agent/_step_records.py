@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import time
 from array import array
+from time import monotonic
 
 from trainmeter_agent._iterations import AGENT_US_EVERY
-from trainmeter_agent._loss import ORIGIN as LOSS_ORIGIN
 
 #: The overhead fact goes out at the first timed step, then every OVERHEAD_EVERY steps (a timed one too) once
 #: OVERHEAD_MIN_S passed since the last: a fast loop's 256 steps take a few milliseconds, and each fact is a record for
@@ -127,7 +127,7 @@ class StepRecords:
                     loss._calls = 0  # LossProbe.reset_iteration: why and copies are already None and False
                     entries.clear()  # nobody else holds it: nothing is pending
                     # The row stands for two records: the loss metric, then the step.
-                    loss_t = time.monotonic()
+                    loss_t = monotonic()
                 else:
                     self.loss.end_step(step, micro_batches)  # queues its own metric, before the step record
             except Exception as exc:
@@ -145,7 +145,6 @@ class StepRecords:
             model.dp,
             loss_value,
             loss_t,
-            LOSS_ORIGIN,
         )
         if agent_us is not None:
             overhead = self._overhead

@@ -33,7 +33,7 @@ def _now():
 
 def _step(outbox: Outbox, step: int, loss: float | None = 2.5, **changed) -> None:
     t = BASE_T + step
-    fields = dict(tokens=8, tokens_source="input_ids", dp=1, loss_origin="backward")
+    fields = dict(tokens=8, tokens_source="input_ids", dp=1)
     fields.update(changed)
     outbox.put_step(
         step,
@@ -46,8 +46,7 @@ def _step(outbox: Outbox, step: int, loss: float | None = 2.5, **changed) -> Non
         fields["tokens_source"],
         fields["dp"],
         loss,
-        t - 0.05,
-        fields["loss_origin"],
+        t - 0.05 if loss is not None else None,
     )
 
 
@@ -177,9 +176,7 @@ def test_the_first_windows_hold_at_most_start_records_and_the_steady_ones_more()
     outbox = Outbox(sent.append, window_s=60.0, max_records=3000, start_windows=1)
     outbox.ready = True
     for step in range(1, 4001):  # a microsecond apart: no window is due by its time
-        outbox.put_step(
-            step, BASE_T + step * 1e-6, 1e-6, 1, None, 1, 8, "input_ids", 1, None, None, "backward"
-        )
+        outbox.put_step(step, BASE_T + step * 1e-6, 1e-6, 1, None, 1, 8, "input_ids", 1, None, None)
     outbox.flush()
     assert [sum(len(b.step) for b in batch) for batch in sent] == [_outbox.START_RECORDS, 3000]
 
@@ -204,7 +201,7 @@ def test_the_columns_keep_no_metric_values_once_they_left():
     values = {"lr": 0.5}
     outbox.put_metric(BASE_T, values, 1, "emit")
     outbox.flush()
-    assert all(v is None for v in outbox._metric_values)
+    assert all(v is None for v in outbox._metric_cells)
     assert sent[0][0].metric_values == [values]
 
 
@@ -233,7 +230,7 @@ def test_a_page_that_is_not_the_agents_is_not_read(tmp_path):
 def test_the_flush_thread_sends_a_window_the_loop_left_open(queued):
     outbox, sent = _collecting(window_s=0.01)
     for step in range(1, 1 + queued):
-        outbox.put_step(step, time.monotonic(), 0.1, 1, None, 1, 8, "input_ids", 1, None, None, "backward")
+        outbox.put_step(step, time.monotonic(), 0.1, 1, None, 1, 8, "input_ids", 1, None, None)
     deadline = time.monotonic() + 30
     while len(sent) < queued and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -348,3 +345,35 @@ def test_a_window_of_at_most_a_second_closes_at_the_first_row_after_a_multiple_o
     assert not long_sent
     long.put_phase("data_wait", minute + 59.9, minute + 59.95, 3, "dataloader")  # 60 s after its first row
     assert len(long_sent) == 1
+
+
+def test_the_puts_store_each_field_where_its_column_is_read():
+    # put_step and put_phase write a row's cells at offsets written out in their code (a name lookup each would cost
+    # the loop): the widths they assume are the columns' own.
+    assert (_outbox._STEP_WIDTH, _outbox._PHASE_WIDTH) == (9, 5)
+    outbox, sent = _collecting()
+    outbox.put_phase("data_wait", BASE_T + 0.5, BASE_T + 0.6, 7, "dataloader")
+    outbox.put_step(8, BASE_T + 1.0, 0.25, 2, 31.5, 3, 24, "input_ids", 4, 1.5, BASE_T + 0.9)
+    outbox.flush()
+    (block,) = sent[0]
+    assert (block.phase, block.phase_start_t, block.phase_end_t, block.phase_step, block.phase_probe) == (
+        ["data_wait"],
+        [BASE_T + 0.5],
+        [BASE_T + 0.6],
+        [7],
+        ["dataloader"],
+    )
+    assert (block.step, block.step_t, block.step_time_s, block.optimizers, block.agent_us) == (
+        [8],
+        [BASE_T + 1.0],
+        [0.25],
+        [2],
+        [31.5],
+    )
+    assert (block.micro_batches, block.tokens, block.loss, block.loss_t, block.dp) == (
+        [3],
+        [24],
+        [1.5],
+        [BASE_T + 0.9],
+        4,
+    )
