@@ -9,6 +9,11 @@ an iteration, so a tight loop pays for one send per window.
 SIGKILL (and a default SIGTERM) cannot flush: such a process loses at most the window that was open, and the launcher
 says how many steps that was (the step page, ``trainmeter_core.bus.step_page``). It never installs a signal handler (a Python handler
 would delay a signal meant to kill a process stuck in native code) and never raises into the loop.
+
+Why one module: the puts, the cut, the token and the flush thread all read and write the same few attributes (the
+cells, the row counts, the window's due time and limit), and a put is on the loop's path every iteration, where each
+object it reaches costs (docs/performance.md, "What the agent's time is spent on"): split, a put would reach into
+another object's state or call it.
 """
 
 from __future__ import annotations
