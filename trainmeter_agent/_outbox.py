@@ -336,12 +336,15 @@ class Outbox:
             self._let_go()
 
     def _arrived(self, now: float) -> None:
-        """After a row or a whole record: open the window if it is the first, or send the window if it is due or
-        full (``_row_limit``)."""
+        """After a row or a whole record: open the window if it is the first, and send the window if it is due or
+        full (``_row_limit``; a window of one row or record is full at once)."""
         if self._before_rows + self._rows == 1:
             self._opened(now)
-        elif now >= self._due_t or self._rows >= self._row_limit:
-            self._flush()
+            if self._rows < self._row_limit:
+                return
+        elif now < self._due_t and self._rows < self._row_limit:
+            return
+        self._flush()
 
     def _opened(self, now: float) -> None:
         """The first row or record of a window: when it is due (ALIGNED_MAX_S), and the flush thread watches it if it

@@ -377,3 +377,14 @@ def test_the_puts_store_each_field_where_its_column_is_read():
         [BASE_T + 0.9],
         4,
     )
+
+
+def test_windows_of_one_row_each_leave_at_once_and_never_overrun_the_columns():
+    # TM_AGENT_FLUSH_RECORDS=1: the columns have room for one row, so each row must leave before the next one comes
+    # (a step's row then a phase's wrote past the order column's end, and stopped the steps probe).
+    outbox, sent = _collecting(max_records=1)
+    for step in range(1, 4):
+        outbox.put_phase("data_wait", BASE_T + step - 0.2, BASE_T + step - 0.1, step, "dataloader")
+        _step(outbox, step)
+    outbox.flush()
+    assert [[(b.order, b.rows) for b in batch] for batch in sent] == [[("p", 1)], [("s", 2)]] * 3
