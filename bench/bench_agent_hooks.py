@@ -38,18 +38,11 @@ agent = trainmeter_agent._start()
 import torch
 import torch.optim.optimizer as optimizer_module
 import torch.utils.data.dataloader as dataloader_module
-from tight_loop import made_here
+from tight_loop import made_here, timed_run
 loader, model, optimizer, source = made_here(torch)
 agent.iterations.attach()
 pairs, per_block = int(sys.argv[1]), int(sys.argv[2])
-
-def run(n):
-    for _ in range(n):
-        (x,) = next(source)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
-        loss.backward()
-        optimizer.step()
+run = timed_run(torch, model, optimizer, source)
 
 def switch(on):
     agent.iterations.steps_on = on
