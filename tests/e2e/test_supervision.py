@@ -188,29 +188,14 @@ def test_a_component_process_stopped_while_it_loads_its_plugin_ends_at_once(tm_e
     # A plugin whose hook takes 8 s in its component's process (a slow import, at the lowered priority of a busy
     # machine): the command ends after 1 s, so the stop comes while that process loads. Nothing of it ran, so it ends
     # then, instead of loading on until the supervisor's kill at 3 s.
-    from test_plugins import fake_distribution
-
-    site = tmp_path / "site"
-    fake_distribution(
-        site,
-        "tm-slowload",
-        "[trainmeter]\nslowload = tm_slowload\n",
-        "import sys, time\n"
-        "from trainmeter_core.api import hookimpl\n\n"
-        "class Slow:\n"
-        "    name = 'slowload'\n"
-        "    subscribes = ()\n"
-        "    shared = False\n\n"
-        "    def run(self, ctx):\n"
-        "        ctx.stopping.wait()\n\n"
-        "@hookimpl\n"
-        "def trainmeter_components():\n"
+    hook_body = (
+        "    import sys, time\n\n"
         "    if 'slowload' in sys.argv:  # its own process, not tm's or the other components'\n"
         "        time.sleep(8)\n"
-        "    return [Slow]\n",
     )
-    env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
-    result = run_tm(["--", sys.executable, "-c", "import time; time.sleep(1)"], env)
+    result = _run_beside_a_plugin_component(
+        tm_env, tmp_path, "slowload", "        ctx.stopping.wait()\n", sleep_s=1, hook_body=hook_body
+    )
     assert result.returncode == 0, result.stderr
     assert "was killed" not in result.stderr, result.stderr
     records = log_records(only_run(tmp_path / "runs"))
@@ -221,9 +206,12 @@ def test_a_component_process_stopped_while_it_loads_its_plugin_ends_at_once(tm_e
     assert ended_s < 2.0, ended_s
 
 
-def _run_beside_a_plugin_component(tm_env, tmp_path, name: str, run_body: str, sleep_s: float):
+def _run_beside_a_plugin_component(
+    tm_env, tmp_path, name: str, run_body: str, sleep_s: float, hook_body: str = ""
+):
     """tm over a command that sleeps ``sleep_s``, with a plugin's component ``name`` (its own process) whose ``run``
-    is ``run_body``, from a distribution ``tm-<name>`` installed in a folder of this test's; the dashboard off."""
+    is ``run_body``, from a distribution ``tm-<name>`` installed in a folder of this test's; the dashboard off.
+    ``hook_body`` runs first in the plugin's ``trainmeter_components`` hook (in every process that loads plugins)."""
     from test_plugins import fake_distribution
 
     module = "tm_" + name.replace("-", "_")
@@ -241,6 +229,7 @@ def _run_beside_a_plugin_component(tm_env, tmp_path, name: str, run_body: str, s
         f"{run_body}\n"
         "@hookimpl\n"
         "def trainmeter_components():\n"
+        f"{hook_body}"
         "    return [Plugged]\n",
     )
     env = dict(tm_env, PYTHONPATH=str(site), TM_DISABLE_COMPONENTS="web")
