@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -274,6 +275,21 @@ def during(
     ``/proc`` after 6 s of the loop, beside it): no start, no end, no slope, so a few rounds agree to a tenth of a
     percent where the slope's rounds spread by tens of µs a step. With ``baseline``, the same for that checkout; with
     ``windows``, each agent flush window (``TM_AGENT_FLUSH_S``) in turn."""
+    seen = during_shares(tm, env, rounds, baseline, windows, peer_venv)
+    print(
+        "tm's processes while the tight loop runs, % of the training process's CPU over 5 s (medians of the rounds):"
+    )
+    for (name, window), shares in seen.items():
+        label = name if window is None else f"{name}, TM_AGENT_FLUSH_S={window}"
+        spread = ", ".join(f"{x:.2f}" for x in shares)
+        print(f"  {label}: {statistics.median(shares):.2f}% (rounds {spread})")
+
+
+def during_shares(
+    tm: str, env: dict, rounds: int, baseline: str | None, windows: list[str], peer_venv: str | None
+) -> dict[tuple[str, str | None], list[float]]:
+    """``during``'s figures, (variant, window) -> each round's share in %; also ``bench_tree.py``'s steady figure of
+    the other processes. ``env`` holds this checkout's ``PYTHONPATH``."""
     trees = {"this checkout": env["PYTHONPATH"]}
     if baseline:
         trees["baseline " + baseline] = baseline
@@ -315,20 +331,30 @@ def during(
             watch_env = dict(run_env, SETTLE_S="6", WINDOW_S="5")
             watch = subprocess.run([sys.executable, "-c", DURING_TREE, str(run.pid), str(loop_pid)], env=watch_env,
                                    capture_output=True, text=True, check=False)  # fmt: skip
-            run.kill()
-            run.wait()
+            _end(run, loop_pid)
             lines = [line for line in watch.stdout.splitlines() if line.startswith("DURING ")]
             if not lines:
                 raise SystemExit(f"failed: {watch.stderr.strip()[-400:]}")
             figures = json.loads(lines[0][7:])
             seen[(name, window)].append(figures["others_s"] / figures["loop_s"] * 100)
-    print(
-        "tm's processes while the tight loop runs, % of the training process's CPU over 5 s (medians of the rounds):"
-    )
-    for (name, window), shares in seen.items():
-        label = name if window is None else f"{name}, TM_AGENT_FLUSH_S={window}"
-        spread = ", ".join(f"{x:.2f}" for x in shares)
-        print(f"  {label}: {statistics.median(shares):.2f}% (rounds {spread})")
+    return seen
+
+
+def _end(run: subprocess.Popen, loop_pid: int) -> None:
+    """Stop a run the figures are read from: its training loop first, then tm. Killed alone, tm cannot take its
+    command with it, and the loop (40,000 steps) ran on beside the next round's, on one of this machine's two cores:
+    the rounds after the first measured tm's processes beside a stray loop (the figures before 2026-12-07 22:00)."""
+    try:
+        os.kill(loop_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    run.kill()
+    run.wait()
+    for _ in range(100):  # the loop is tm's child, and tm is gone: init reaps it; wait until it has
+        if not os.path.exists(f"/proc/{loop_pid}"):
+            return
+        time.sleep(0.02)
+    raise SystemExit(f"the training process {loop_pid} did not end after SIGKILL")
 
 
 # The training process run by bash, which prints its children's CPU (user, system) to the millisecond once it ended:
