@@ -350,11 +350,25 @@ def _end(run: subprocess.Popen, loop_pid: int) -> None:
         pass
     run.kill()
     run.wait()
-    for _ in range(100):  # the loop is tm's child, and tm is gone: init reaps it; wait until it has
-        if not os.path.exists(f"/proc/{loop_pid}"):
+    for _ in range(100):
+        try:
+            if os.waitpid(loop_pid, os.WNOHANG)[0]:
+                return  # an orphan handed to this process (a subreaper: bench_tree.py), reaped here
+        except ChildProcessError:
+            pass  # init's to reap
+        if not _running(loop_pid):
             return
         time.sleep(0.02)
     raise SystemExit(f"the training process {loop_pid} did not end after SIGKILL")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs (not gone, not a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 # The training process run by bash, which prints its children's CPU (user, system) to the millisecond once it ended:
