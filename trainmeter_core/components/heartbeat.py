@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +65,12 @@ class Pacer:
 
 def ping(url: str, timeout_s: float) -> str | None:
     """One GET to ``url``; None when it answered 2xx or 3xx, else why not, in words that never hold the URL."""
+    # Imported here: every run's components process loads this module (the sinks are listed through it), and
+    # urllib.request with http.client and email is 10 to 15 ms of its start (-X importtime, the CI machine) that only
+    # a run with a heartbeat needs.
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(url, headers={"User-Agent": f"trainmeter/{__version__}"}, method="GET")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

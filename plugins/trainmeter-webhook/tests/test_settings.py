@@ -3,6 +3,10 @@ and the URL and token declared secret so tm redacts them everywhere."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from trainmeter_webhook import plugin
 from trainmeter_webhook.settings import SECRETS, Settings, SettingsError, from_env
@@ -87,3 +91,17 @@ def test_the_sink_is_listed_only_when_a_webhook_is_asked_for(monkeypatch):
     assert plugin.trainmeter_sinks() == []
     monkeypatch.setenv("TM_WEBHOOK_URL", "https://x/h")
     assert [c.name for c in plugin.trainmeter_sinks()] == ["webhook"]
+
+
+def test_without_a_url_the_sink_is_neither_listed_nor_imported():
+    """tm lists the sinks in its launcher and components process: without a webhook, the plugin adds none and loads
+    nothing of the sink (its delivery imports urllib.request, 10 to 20 ms). In a fresh interpreter."""
+    code = (
+        "import sys\n"
+        "from trainmeter_webhook import plugin\n"
+        "print(plugin.trainmeter_sinks(), 'trainmeter_webhook.sink' in sys.modules, 'urllib.request' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TM_WEBHOOK_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "False", "False"]
