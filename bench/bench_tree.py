@@ -230,10 +230,10 @@ def report(slopes: dict, runs: dict, args, killed: int, took_s: float, load_befo
         tails = ", ".join(f"{r['tail_short']:.2f}/{r['tail_long']:.2f}" for r in slopes[name])
         print(f"         time after the loop's last line, short/long run: {tails} s")
     if "tm" in added and "0.0.7" in added:
-        if added["0.0.7"] > 0:
+        if added["0.0.7"] > 0 and added["tm"] > 0:
             ratio = f"{added['tm'] / added['0.0.7']:.2f}"
         else:
-            ratio = "not computed (0.0.7's added CPU came out at or below zero: below this run's noise)"
+            ratio = "not computed (an added CPU came out at or below zero: below this run's noise)"
         print(f"  tm / 0.0.7, added CPU per step: {ratio} (target < 1; tm's share target <= 5%)")
     if killed:
         print(
