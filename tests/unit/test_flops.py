@@ -1,7 +1,5 @@
 """FLOPs per token under the four named conventions, `counted`, and HF Trainer's total_flos figure."""
 
-import dataclasses
-
 import pytest
 
 from trainmeter_core.model.flops import (
@@ -181,7 +179,7 @@ def test_conventions_describe_their_formula_who_and_needs():
     assert CONVENTIONS["hf"].needs == ("n_params", "embedding_params")
     assert "embedding_params" not in CONVENTIONS["all_params"].needs
     assert "TorchTitan" in CONVENTIONS["titan"].who
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):  # frozen
         CONVENTIONS["titan"].formula = "6N"  # type: ignore[misc]
     with pytest.raises(TypeError):
         CONVENTIONS["palm"] = CONVENTIONS["titan"]  # type: ignore[index]

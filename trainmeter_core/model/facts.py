@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -185,8 +184,7 @@ class FactTable(msgspec.Struct, kw_only=True):
 # FLOPs per token from the facts
 
 
-@dataclass(frozen=True)
-class ModelFlops:
+class ModelFlops(msgspec.Struct, frozen=True):
     """FLOPs per token as the facts give it: one value under ``convention``, or a range over the four.
 
     ``convention`` is the chosen one, the provenance of a declared figure ("declared"), the only one the inputs allow
@@ -198,9 +196,9 @@ class ModelFlops:
     high: float | None = None
     convention: str | None = None
     absent: str | None = None
-    per_convention: Mapping[str, int | None] = field(default_factory=dict)
-    reasons: Mapping[str, str] = field(default_factory=dict)
-    inputs: Mapping[str, ExplainInput] = field(default_factory=dict)
+    per_convention: Mapping[str, int | None] = msgspec.field(default_factory=dict)
+    reasons: Mapping[str, str] = msgspec.field(default_factory=dict)
+    inputs: Mapping[str, ExplainInput] = msgspec.field(default_factory=dict)
     note: str | None = None
 
     @property

@@ -8,8 +8,9 @@ leave no matmul weight (N = E), is absent, with the flag that would enable it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from types import MappingProxyType
+
+import msgspec
 
 __all__ = [
     "CONVENTIONS",
@@ -32,8 +33,7 @@ _FULL_ATTENTION_FACTOR = 12
 _CAUSAL_ATTENTION_FACTOR = 6
 
 
-@dataclass(frozen=True)
-class Convention:
+class Convention(msgspec.Struct, frozen=True):
     """One way of counting model FLOPs per token: its formula, who counts this way, what it needs."""
 
     name: str
@@ -100,8 +100,7 @@ _SHAPE_INPUT_WORDS: Mapping[str, str] = MappingProxyType(
 )
 
 
-@dataclass(frozen=True)
-class ModelShape:
+class ModelShape(msgspec.Struct, frozen=True):
     """What FLOPs per token are computed from; None means not known (not declared, not detected)."""
 
     n_params: int | None = None
@@ -252,7 +251,7 @@ def _convention(name: str) -> Convention:
 def _shape(shape: ModelShape | Mapping[str, int | None]) -> ModelShape:
     if isinstance(shape, ModelShape):
         return shape
-    return ModelShape(**{field.name: shape.get(field.name) for field in fields(ModelShape)})
+    return ModelShape(**{field.name: shape.get(field.name) for field in msgspec.structs.fields(ModelShape)})
 
 
 def _is_int(value: object) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from trainmeter_core.model import records
 
@@ -43,8 +44,7 @@ class PriceError(ValueError):
         self.unquoted = unquoted or message
 
 
-@dataclass(frozen=True)
-class Price:
+class Price(msgspec.Struct, frozen=True):
     """A price per GPU-hour, its currency and where it was given (``--price-per-gpu-hour``, an environment variable,
     ``tm.toml price_per_gpu_hour (PATH)``); ``currency_given`` is False where the currency is the default."""
 

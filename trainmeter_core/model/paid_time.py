@@ -10,8 +10,9 @@ whoever looks (``Price``), never read from the run, and without one money is abs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from trainmeter_core.model import money, passport, records
 
@@ -21,8 +22,7 @@ IDLE_UTIL = 0.05
 J_PER_KWH = 3.6e6
 
 
-@dataclass
-class GpuUse:
+class GpuUse(msgspec.Struct):
     """One GPU over the run, from its ``sample.gpu`` records."""
 
     util_sum: float = 0.0
@@ -34,11 +34,10 @@ class GpuUse:
         return self.util_sum / self.util_samples if self.util_samples else None
 
 
-@dataclass
-class GpuUsage:
+class GpuUsage(msgspec.Struct):
     """Every sampled GPU of the node(s), by key (``<host>/gpu<index>``, the rig's device key). Fed in any order."""
 
-    gpus: dict[str, GpuUse] = field(default_factory=dict)
+    gpus: dict[str, GpuUse] = msgspec.field(default_factory=dict)
 
     def feed(self, sample: records.SampleGpu) -> None:
         use = self.gpus.setdefault(f"{sample.host}/gpu{sample.index}", GpuUse())

@@ -13,8 +13,9 @@ device reports; the basis is always named, never implied.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from trainmeter_core.model.device_specs import derived_tensor_clock_mhz
 from trainmeter_core.model.facts import NO_RANK_DEVICE, FactTable, format_number, number, peak_variant, whole
@@ -26,8 +27,7 @@ __all__ = ["PEAK_FLAG", "ClockBasis", "Rig", "RigDevice", "ofu_clock", "resolve_
 PEAK_FLAG = "pass --peak-tflops X --peak-source TEXT"
 
 
-@dataclass(frozen=True)
-class RigDevice:
+class RigDevice(msgspec.Struct, frozen=True):
     """One device: a rank's (``ranks`` non-empty) or a sampled GPU no rank claimed (``ranks`` empty).
 
     ``peak_flop_per_s`` is the dense FLOP/s every metric uses, or None with ``peak_absent`` saying why;
@@ -56,8 +56,7 @@ class RigDevice:
     tensor_clock_absent: str | None = None
 
 
-@dataclass(frozen=True)
-class ClockBasis:
+class ClockBasis(msgspec.Struct, frozen=True):
     """The clock OFU scales a GPU's tensor-pipe activity to: its MHz, the basis in words, and the label's words."""
 
     mhz: float
@@ -99,8 +98,7 @@ def ofu_clock(
     return None, f"{device.tensor_clock_absent}, and the sampler reported no max SM clock"
 
 
-@dataclass(frozen=True)
-class Rig:
+class Rig(msgspec.Struct, frozen=True):
     """The run's devices, ordered by key. ``absent`` is set when no rank reported its device.
 
     ``sampled`` holds every sampled GPU (``<host>/gpu<index>``) with its peak resolved the same way, whether a rank
@@ -110,8 +108,8 @@ class Rig:
     devices: tuple[RigDevice, ...] = ()
     absent: str | None = NO_RANK_DEVICE
     notes: tuple[str, ...] = ()
-    gpus: tuple[RigDevice, ...] = field(default=())  # the devices that map to a sampled GPU
-    sampled: Mapping[str, RigDevice] = field(default_factory=dict)
+    gpus: tuple[RigDevice, ...] = ()  # the devices that map to a sampled GPU
+    sampled: Mapping[str, RigDevice] = msgspec.field(default_factory=dict)
 
     @property
     def peak_total_flop_per_s(self) -> float | None:
@@ -225,16 +223,14 @@ def _map_cuda(
     return None, "none"
 
 
-@dataclass(frozen=True)
-class _Peak:
+class _Peak(msgspec.Struct, frozen=True):
     flop_per_s: float | None
     kind: str | None
     source: str | None
     absent: str | None
 
 
-@dataclass(frozen=True)
-class _Compute:
+class _Compute(msgspec.Struct, frozen=True):
     """What a rank's device computes with, as its device fact says: a measured peak scores it only where they match.
     None where the rank did not say (logs recorded before it did), which matches only a peak that does not say
     either."""

@@ -12,8 +12,9 @@ import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from trainmeter_core.model.records import JobPlace
 
@@ -40,8 +41,7 @@ _TORCHRUN_SWITCHES = {
 }
 
 
-@dataclass(frozen=True)
-class JobPlan:
+class JobPlan(msgspec.Struct, frozen=True):
     """A run's place in a job: what goes into ``run.start``, and where the job hub is and the keys are."""
 
     place: JobPlace
@@ -147,8 +147,7 @@ class JobUnjoinable(Exception):
     """A job is named but something it needs is missing: one line naming it (the run then goes on alone)."""
 
 
-@dataclass
-class _Clues:
+class _Clues(msgspec.Struct):
     """What the command line and the environment said so far; each source fills only what is still unknown."""
 
     rank: int | None

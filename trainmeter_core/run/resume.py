@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from trainmeter_core.errors import UsageError
 from trainmeter_core.model.redaction import REDACTED, redact_argv
@@ -29,8 +30,7 @@ if TYPE_CHECKING:
 _REWRITTEN = ("summary.json", "passport.json", "passport.md")
 
 
-@dataclass(frozen=True)
-class ResumeTarget:
+class ResumeTarget(msgspec.Struct, frozen=True):
     """The run a command continues, the attempt it will be, and why (said in one line, kept in ``run.start``)."""
 
     run_dir: Path
@@ -202,8 +202,7 @@ def names_checkpoint(command: list[str], cwd: str, paths: list[str]) -> str | No
     return None
 
 
-@dataclass
-class Reopened:
+class Reopened(msgspec.Struct):
     run_dir: Path
     lock: rundir.RunLock
     sockets: rundir.SocketDir

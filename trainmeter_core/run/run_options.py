@@ -4,11 +4,10 @@ launcher and its helpers read (``commands/cli.py`` builds it). A leaf: it import
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 
-@dataclass
-class RunOptions:
+class RunOptions(msgspec.Struct):
     command: list[str]
     script_mode: bool
     name: str | None = None
@@ -20,11 +19,11 @@ class RunOptions:
     web: bool = True
     host: str = "127.0.0.1"
     port: int | None = None
-    declared: dict = field(default_factory=dict)  # name -> declared.Declared
-    component_env: dict = field(
+    declared: dict = msgspec.field(default_factory=dict)  # name -> declared.Declared
+    component_env: dict = msgspec.field(
         default_factory=dict
     )  # plugin options and --heartbeat, for the components only
-    profile_dirs: list = field(default_factory=list)  # --profile-dir: traces to import at the end
+    profile_dirs: list = msgspec.field(default_factory=list)  # --profile-dir: traces to import at the end
     job: str | None = (
         None  # --job HOST:PORT, --node-rank, --nnodes, --job-keys, --no-job (run/job_discovery.py)
     )

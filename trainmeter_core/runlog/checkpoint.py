@@ -8,7 +8,6 @@ it, never building an engine. A checkpoint that cannot be read is as good as non
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -35,8 +34,7 @@ class Checkpoint(msgspec.Struct):
     snapshot: bytes = b""  # the last snapshot that engine published (its wire form), or empty
 
 
-@dataclass
-class HistoryCheckpoint:
+class HistoryCheckpoint(msgspec.Struct):
     """What a dashboard takes from a checkpoint: the history, which delta it reflects, and the last snapshot."""
 
     history: History

@@ -14,9 +14,10 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -114,8 +115,7 @@ def is_live(run_dir: Path) -> bool:
         os.close(fd)
 
 
-@dataclass
-class RunInfo:
+class RunInfo(msgspec.Struct):
     path: Path
     name: str
     state: str  # "running", "finished (exit N)", "lost"

@@ -3,7 +3,7 @@ latest sample while the run lives and over the training window once it has ended
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from trainmeter_core.model import formulas, records
 from trainmeter_core.model.engine import training_window
@@ -28,8 +28,7 @@ _UTIL_NOTE = (
 )
 
 
-@dataclass
-class _Window:
+class _Window(msgspec.Struct):
     """One GPU's average of one counter over its training window, or why there is none."""
 
     value: float | None
