@@ -343,7 +343,8 @@ def during_shares(
 def _end(run: subprocess.Popen, loop_pid: int) -> None:
     """Stop a run the figures are read from: its training loop first, then tm. Killed alone, tm cannot take its
     command with it, and the loop (40,000 steps) ran on beside the next round's, on one of this machine's two cores:
-    the rounds after the first measured tm's processes beside a stray loop (the figures before 2026-12-07 22:00)."""
+    on a slow day a later round read tm's processes beside that stray loop (docs/performance.md, "tm's other processes
+    while the loop runs, without a stray loop beside them")."""
     try:
         os.kill(loop_pid, signal.SIGKILL)
     except ProcessLookupError:
