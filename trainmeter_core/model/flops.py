@@ -251,7 +251,7 @@ def _convention(name: str) -> Convention:
 def _shape(shape: ModelShape | Mapping[str, int | None]) -> ModelShape:
     if isinstance(shape, ModelShape):
         return shape
-    return ModelShape(**{field.name: shape.get(field.name) for field in msgspec.structs.fields(ModelShape)})
+    return ModelShape(**{name: shape.get(name) for name in ModelShape.__struct_fields__})
 
 
 def _is_int(value: object) -> bool:
