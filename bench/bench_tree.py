@@ -164,7 +164,7 @@ def main() -> None:
         shutil.rmtree(cwd, ignore_errors=True)
         shutil.rmtree(runs["plain"][1]["TM_RUNS_DIR"], ignore_errors=True)
     report(slopes, runs, args, killed, time.perf_counter() - started, load_before)
-    if not args.no_steady and not args.web:
+    if not args.no_steady:
         steady_others(runs, args)
     print(f"  reproduce: {command}")
 
@@ -178,11 +178,11 @@ def steady_others(runs: dict, args) -> None:
 
     tm, env = runs["tm"][0][0], runs["tm"][1]
     peer = args.peer_venv if "0.0.7" in runs else None
-    shares = during_shares(tm, env, 3, None, [], peer)
+    shares = during_shares(tm, env, 3, None, [], peer, args.web)
     print(
         "  the other processes while the loop runs (6 s into a 40,000-step run, over 5 s; % of the training process's"
     )
-    print("  CPU, medians of 3 rounds; bench_tree_processes.py --during):")
+    print(f"  CPU, medians of 3 rounds; bench_tree_processes.py --during{' --web' if args.web else ''}):")
     for (name, _), values in shares.items():
         label = "tm" if name == "this checkout" else "0.0.7"
         rounds = ", ".join(f"{x:.2f}" for x in values)

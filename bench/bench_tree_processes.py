@@ -14,7 +14,8 @@ time rather than its steps (wakes on a timer, ticks, snapshots, samplers).
 With ``--during``: tm's processes while the tight loop runs (40,000 steps; 6 s into it, the CPU of the training process
 and of every other process under the launcher read twice, 5 s apart) as a share of the training process's CPU, with
 ``--baseline DIR``, ``--window S`` (an agent flush window, repeatable) and ``--peer-venv DIR`` (trainmeter 0.0.7, its
-own tm and Python) to compare; the steadiest of these figures.
+own tm and Python) to compare; the steadiest of these figures. ``--web`` lets each tm serve its dashboard (no page
+open), as ``tm train.py`` does by default; without it, ``--no-web``.
 
 With ``--whole``: tm's processes over their whole lives, the end of the run included: the tree's CPU (every process,
 through a subreaper, ``treecpu.py``) less the training process's own, which ``bash``'s ``times`` around it reports at
@@ -22,7 +23,7 @@ its exit to the millisecond (its exit and the agent's last flush are its own her
 ``bench_tree.py``).
 
 usage: python bench/bench_tree_processes.py [--rounds 3] [--short 2000] [--long 8000] [--drain 1.5] [--idle [--baseline DIR]]
-       [--during [--baseline DIR] [--window S ...]] [--whole]
+       [--during [--web] [--baseline DIR] [--window S ...]] [--whole]
 Prints figures; asserts nothing.
 """
 
@@ -95,6 +96,11 @@ def main() -> None:
         help="tm's processes as a share of the training process's CPU, mid-loop",
     )
     parser.add_argument(
+        "--web",
+        action="store_true",
+        help="with --during: each tm serves its dashboard (no page open), as tm train.py does by default",
+    )
+    parser.add_argument(
         "--window", action="append", default=[], help="with --during: an agent flush window (s)"
     )
     parser.add_argument(
@@ -118,7 +124,7 @@ def main() -> None:
     print(
         f"load average {load}; reproduce: {sys.executable} bench/bench_tree_processes.py --rounds {args.rounds} "
         f"--short {args.short} --long {args.long} --drain {args.drain}{' --idle' if args.idle else ''}"
-        f"{' --whole' if args.whole else ''}{' --during' if args.during else ''}"
+        f"{' --whole' if args.whole else ''}{' --during' if args.during else ''}{' --web' if args.web else ''}"
         f"{''.join(' --window ' + w for w in args.window)}{' --peer-venv ' + args.peer_venv if args.peer_venv else ''}"
         f"{' --baseline ' + args.baseline if args.baseline else ''}"
     )
@@ -126,7 +132,7 @@ def main() -> None:
         idle(tm, env, args.rounds, args.baseline)
         return
     if args.during:
-        during(tm, env, args.rounds, args.baseline, args.window, args.peer_venv)
+        during(tm, env, args.rounds, args.baseline, args.window, args.peer_venv, args.web)
         return
     if args.whole:
         whole(tm, env, args)
@@ -269,15 +275,24 @@ print("DURING " + json.dumps({"loop_s": loop / 1e9, "others_s": others / 1e9}))
 
 
 def during(
-    tm: str, env: dict, rounds: int, baseline: str | None, windows: list[str], peer_venv: str | None
+    tm: str,
+    env: dict,
+    rounds: int,
+    baseline: str | None,
+    windows: list[str],
+    peer_venv: str | None,
+    web: bool = False,
 ) -> None:
     """tm's processes while the tight loop runs, as a share of the training process's CPU over the same 5 s (read from
     ``/proc`` after 6 s of the loop, beside it): no start, no end, no slope, so a few rounds agree to a tenth of a
     percent where the slope's rounds spread by tens of µs a step. With ``baseline``, the same for that checkout; with
-    ``windows``, each agent flush window (``TM_AGENT_FLUSH_S``) in turn."""
-    seen = during_shares(tm, env, rounds, baseline, windows, peer_venv)
+    ``windows``, each agent flush window (``TM_AGENT_FLUSH_S``) in turn; with ``web``, each tm serving its dashboard
+    (no page open), as ``tm train.py`` does by default."""
+    seen = during_shares(tm, env, rounds, baseline, windows, peer_venv, web)
     print(
-        "tm's processes while the tight loop runs, % of the training process's CPU over 5 s (medians of the rounds):"
+        "tm's processes while the tight loop runs, % of the training process's CPU over 5 s (medians of the rounds"
+        + ("; each tm serving its dashboard, no page open" if web else "; --no-web")
+        + "):"
     )
     for (name, window), shares in seen.items():
         label = name if window is None else f"{name}, TM_AGENT_FLUSH_S={window}"
@@ -286,10 +301,17 @@ def during(
 
 
 def during_shares(
-    tm: str, env: dict, rounds: int, baseline: str | None, windows: list[str], peer_venv: str | None
+    tm: str,
+    env: dict,
+    rounds: int,
+    baseline: str | None,
+    windows: list[str],
+    peer_venv: str | None,
+    web: bool = False,
 ) -> dict[tuple[str, str | None], list[float]]:
     """``during``'s figures, (variant, window) -> each round's share in %; also ``bench_tree.py``'s steady figure of
-    the other processes. ``env`` holds this checkout's ``PYTHONPATH``."""
+    the other processes. ``env`` holds this checkout's ``PYTHONPATH``; ``web``: each tm serves its dashboard."""
+    web_flag = [] if web else ["--no-web"]
     trees = {"this checkout": env["PYTHONPATH"]}
     if baseline:
         trees["baseline " + baseline] = baseline
@@ -305,11 +327,11 @@ def during_shares(
             if tree is None:  # 0.0.7: its tm and its Python, nothing of this checkout on the path
                 run_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
                 python = os.path.join(peer_venv, "bin", "python")  # type: ignore[arg-type]
-                argv = [peer_tm, "-q", "--no-web", "--", python, "-c", LOOP, "40000"]
+                argv = [peer_tm, "-q", *web_flag, "--", python, "-c", LOOP, "40000"]
                 tree = tempfile.gettempdir()
             else:
                 run_env = dict(env, PYTHONPATH=tree)
-                argv = [tm, "-q", "--no-web", "--", sys.executable, "-c", LOOP, "40000"]
+                argv = [tm, "-q", *web_flag, "--", sys.executable, "-c", LOOP, "40000"]
             if window is not None:
                 run_env["TM_AGENT_FLUSH_S"] = window
                 run_env["TM_AGENT_FLUSH_RECORDS"] = str(max(1000, int(float(window) * 16000)))
