@@ -38,7 +38,8 @@ class WebComponent(Component):
 
         # dup: the launcher's descriptor stays open for the next incarnation whatever this one does with its copy.
         sock = socket.socket(fileno=os.dup(int(fd)))
-        dashboard = DashboardState(ctx.run_dir, read_meta(ctx.run_dir), price=_price())
+        # The engine's history is asked for once a page or an API client comes (Server: want_history), not before.
+        dashboard = DashboardState(ctx.run_dir, read_meta(ctx.run_dir), price=_price(), history_wanted=False)
         follower = Follower(
             dashboard,
             ctx.recv,

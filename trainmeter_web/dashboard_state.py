@@ -26,6 +26,9 @@ NOTICES_KEPT = 50
 HISTORY_CACHE_ENTRIES = 512
 #: History deltas kept while the copy waits for a whole history (about ten minutes of ticks).
 DELTAS_HELD = 600
+#: How long a dashboard that wants the engine's whole history waits for it before it serves without it (and keeps
+#: asking): ``tm view`` of a live run at its start, a request within this long of the first that wanted it.
+HISTORY_WAIT_S = 5.0
 #: The kinds the dashboard reads besides the engine's (what ``tm view`` and a dashboard take from the log). Of a step
 #: it reads the agent's own time alone, so it takes a block as it is (its ``agent_us`` column), never its rows.
 SIDE_KINDS = frozenset({"alert", "step", "block", "run.start", "run.end", "bus.stats", "component", "notice"})
@@ -67,7 +70,12 @@ class DashboardState:
     """One run as the dashboard sees it. Thread-safe: one feeder, any number of readers, one lock."""
 
     def __init__(
-        self, run_dir: Path | None = None, meta: dict | None = None, price: money.Price | None = None
+        self,
+        run_dir: Path | None = None,
+        meta: dict | None = None,
+        price: money.Price | None = None,
+        *,
+        history_wanted: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         #: The price whoever looks gave (model/money.py): held here in memory only, never written anywhere.
@@ -91,6 +99,9 @@ class DashboardState:
         self.through_seq = 0
         #: True while the history copy waits for a whole one (it never had one, or a delta came out of step).
         self.needs_history = True
+        #: Whether the history copy is wanted, and so asked for (``Follower``): from the start (``tm view`` of a live
+        #: run), or from the first request of the served dashboard that reads it (``want_history``; docs/api.md).
+        self.history_wanted = history_wanted
         self._held: deque[records.HistoryDelta] = deque(maxlen=DELTAS_HELD)
         self._doc: dict[str, Any] | None = None
         self._doc_version = -1
@@ -162,6 +173,14 @@ class DashboardState:
             return False  # an older one (from a checkpoint read after a newer one came on the bus)
         self.snapshot = snapshot
         self.version += 1
+        return True
+
+    def want_history(self) -> bool:
+        """Someone looks at the dashboard: its copy of the history is wanted from now on (the follower asks the engine
+        at its next record, or within half a second). True the first time, False when it already was."""
+        if self.history_wanted:
+            return False
+        self.history_wanted = True
         return True
 
     def _on_delta(self, delta: records.HistoryDelta) -> bool:

@@ -21,10 +21,8 @@ from trainmeter_core.runlog.checkpoint import load_history
 from trainmeter_core.runlog.handover import HandOver
 from trainmeter_core.runlog.reader import read_log
 from trainmeter_core.runlog.replay import replay_engine
-from trainmeter_web.dashboard_state import SIDE_KINDS, DashboardState
+from trainmeter_web.dashboard_state import HISTORY_WAIT_S, SIDE_KINDS, DashboardState
 
-#: How long a starting dashboard waits for the engine's whole history before it serves without it (and keeps asking).
-HISTORY_WAIT_S = 5.0
 #: How often the whole history is asked for again while it has not come.
 ASK_EVERY_S = 2.0
 #: How long a stopping follower keeps reading what the bus already delivered.
@@ -79,19 +77,26 @@ class Follower:
 
     def catch_up(self) -> bool:
         """Read the dashboard's own parts from the log up to the first record that came live, and wait (a little) for the
-        engine's history. False when asked to stop before any record came."""
+        engine's history where it is wanted already (``DashboardState.history_wanted``; else it is asked for once it
+        is). False when asked to stop before any record came."""
         handover = self.handover
         if not handover.wait_first_live():
             return False
         # Asked once a record came: the subscription is live, so the answer cannot pass by unseen.
-        self.ask("start")
+        if self.dashboard.history_wanted:
+            self.ask("start")
         handover.wait_for_log()
         stats: dict = {}
         for record in handover.from_log(kinds=set(SIDE_KINDS), stats=stats):
             self.dashboard.feed(record)
         self.dashboard.note_skipped(stats)  # lines of the log before the first live record it could not read
         deadline = time.monotonic() + HISTORY_WAIT_S
-        while self.dashboard.needs_history and not self.stopping.is_set() and time.monotonic() < deadline:
+        while (
+            self.dashboard.needs_history
+            and self.dashboard.history_wanted
+            and not self.stopping.is_set()
+            and time.monotonic() < deadline
+        ):
             record = handover.next(0.1)
             if record is not None:
                 self._feed(record)
@@ -104,10 +109,14 @@ class Follower:
         self._ask(reason)
 
     def _ask_again(self) -> None:
-        if self.dashboard.needs_history and (
-            self._asked_at is None or time.monotonic() - self._asked_at >= ASK_EVERY_S
+        """Ask for the whole history where it is wanted and missing, at once the first time, then every ASK_EVERY_S."""
+        dashboard = self.dashboard
+        if (
+            dashboard.needs_history
+            and dashboard.history_wanted
+            and (self._asked_at is None or time.monotonic() - self._asked_at >= ASK_EVERY_S)
         ):
-            self.ask("start" if self.dashboard.replica.incarnation is None else "out of step")
+            self.ask("start" if dashboard.replica.incarnation is None else "out of step")
 
     def _feed(self, record: records.Record | records.Unknown) -> bool:
         if records.kind_of(record) == "history.sync":

@@ -23,7 +23,8 @@ from aiohttp import web
 from trainmeter_core.model.history import AXIS_ALIASES, X_AXES
 from trainmeter_core.run import webport
 from trainmeter_core.runlog import rundir
-from trainmeter_web.dashboard_state import DashboardState, encode
+from trainmeter_web.changes import Changes, HistoryWait
+from trainmeter_web.dashboard_state import HISTORY_WAIT_S, DashboardState, encode
 from trainmeter_web.guard import SECURITY_HEADERS, TOKEN_COOKIE, Guard, without_token
 from trainmeter_web.stream import DEFAULT_POINTS, MAX_POINTS, LiveStream
 
@@ -41,6 +42,7 @@ _DASHBOARD = web.AppKey("dashboard", DashboardState)
 _GUARD = web.AppKey("guard", Guard)
 _CHANGES = web.AppKey("changes", object)
 _STATIC = web.AppKey("static", dict)
+_HISTORY_WAIT = web.AppKey("history_wait", object)
 
 
 def load_static() -> dict[str, tuple[bytes, str]]:
@@ -52,41 +54,6 @@ def load_static() -> dict[str, tuple[bytes, str]]:
         if entry.is_file() and suffix in _CONTENT_TYPES:
             files[entry.name] = (entry.read_bytes(), _CONTENT_TYPES[suffix])
     return files
-
-
-class Changes:
-    """Wakes every live stream when the dashboard changed, or when the server stops. Event-loop side only."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.closing = False
-        self._waiters: set[asyncio.Future] = set()
-
-    def bump(self) -> None:
-        self.version += 1
-        self._wake()
-
-    def close(self) -> None:
-        self.closing = True
-        self._wake()
-
-    def _wake(self) -> None:
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._waiters.clear()
-
-    async def wait(self, seen: int, timeout_s: float) -> None:
-        if self.version != seen or self.closing:
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            self._waiters.discard(waiter)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -121,6 +88,32 @@ async def guard_middleware(request: web.Request, handler):
     return await handler(request)
 
 
+def _want_history(request: web.Request) -> float | None:
+    """The page, or a request that reads the history copy, came: the copy is wanted from now on (the first such
+    request starts ``HistoryWait``). When it was first wanted, None where it was wanted from the start."""
+    wait: HistoryWait = request.app[_HISTORY_WAIT]  # type: ignore[assignment]
+    if request.app[_DASHBOARD].want_history():
+        wait.since = asyncio.get_running_loop().time()
+    return wait.since
+
+
+async def _history_first(request: web.Request) -> None:
+    """A request that reads the history copy: it is wanted from now on, and where this request came soon after the
+    first one that wanted it (``HistoryWait``), it waits for the copy until it loaded, the server closes or the wait
+    is over."""
+    since = _want_history(request)
+    dashboard = request.app[_DASHBOARD]
+    if since is None or not dashboard.needs_history:
+        return
+    changes: Changes = request.app[_CHANGES]  # type: ignore[assignment]
+    loop = asyncio.get_running_loop()
+    while dashboard.needs_history and not changes.closing:
+        left = since + HISTORY_WAIT_S - loop.time()
+        if left <= 0:
+            return
+        await changes.wait(changes.version, left)  # any change of the dashboard: the copy's load among them
+
+
 async def _headers(request: web.Request, response: web.StreamResponse) -> None:
     response.headers.update(SECURITY_HEADERS)
     if request.path.startswith("/api/"):
@@ -142,6 +135,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 async def page(request: web.Request) -> web.Response:
+    _want_history(request)  # asked for while the page loads its scripts; its live stream waits for it
     body, content_type = request.app[_STATIC]["index.html"]
     return web.Response(body=body, headers={"Content-Type": content_type})
 
@@ -169,11 +163,13 @@ async def api_snapshot(request: web.Request) -> web.Response:
 
 
 async def api_state(request: web.Request) -> web.Response:
+    await _history_first(request)
     dashboard = request.app[_DASHBOARD]
     return _body(dashboard.encoded("state", dashboard.live_doc))
 
 
 async def api_series(request: web.Request) -> web.Response:
+    await _history_first(request)
     return _json({"x_axes": list(X_AXES), "series": request.app[_DASHBOARD].catalog()})
 
 
@@ -199,6 +195,7 @@ def _points(request: web.Request, default: int | None) -> int | None | web.Respo
 
 
 async def api_history(request: web.Request) -> web.Response:
+    await _history_first(request)
     dashboard = request.app[_DASHBOARD]
     x_axis = _axis(request)
     if isinstance(x_axis, web.Response):
@@ -277,6 +274,7 @@ async def api_events(request: web.Request) -> web.StreamResponse:
     points = _points(request, DEFAULT_POINTS)
     if isinstance(points, web.Response):
         return points
+    await _history_first(request)
     dashboard = request.app[_DASHBOARD]
     changes: Changes = request.app[_CHANGES]  # type: ignore[assignment]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -315,6 +313,7 @@ def make_app(dashboard: DashboardState, guard: Guard, changes: Changes | None = 
     app[_DASHBOARD] = dashboard
     app[_GUARD] = guard
     app[_CHANGES] = changes if changes is not None else Changes()
+    app[_HISTORY_WAIT] = HistoryWait()
     app[_STATIC] = load_static()
     app.on_response_prepare.append(_headers)
     get = app.router.add_get
@@ -410,13 +409,12 @@ class Server:
             await runner.cleanup()
 
     def notify(self) -> None:
-        """The dashboard changed: wake the live streams (callable from any thread)."""
+        """The dashboard changed: wake the live streams (called by the one thread that changes the dashboard)."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self.changes.bump)
-            except RuntimeError:  # the loop closed between the check and the call
-                pass
+        try:
+            self.changes.changed(loop if loop is not None and not loop.is_closed() else None)
+        except RuntimeError:  # the loop closed between the check and the call
+            pass
 
     def stop(self, timeout_s: float = 2.0) -> None:
         loop, stop = self._loop, self._stop

@@ -293,3 +293,45 @@ def test_the_token_in_the_address_becomes_a_cookie_and_leaves_the_address(served
     assert cookie.startswith(f"tm_token={TOKEN};") and "HttpOnly" in cookie
     assert get(port, "/", {"Cookie": f"tm_token={TOKEN}"})[0].status == 200
     assert get(port, "/static/app.js", {"Cookie": "tm_token=nope"})[0].status == 401
+
+
+def test_a_change_wakes_the_event_loop_only_for_a_stream_that_waits_and_once_for_a_burst():
+    import asyncio
+    import threading
+
+    from trainmeter_web.changes import Changes
+
+    changes = Changes()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    woken = []
+    real_woken = changes._woken
+
+    def counted() -> None:
+        woken.append(changes.version)
+        real_woken()
+
+    changes._woken = counted  # type: ignore[method-assign]
+    try:
+        for _ in range(100):  # no page open: the version moves, the loop is never woken
+            changes.changed(loop)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(5)
+        assert changes.version == 100 and woken == []
+        # A stream that saw version 100 waits: a burst of changes wakes it, through one wake or a few, never one each
+        waited = asyncio.run_coroutine_threadsafe(changes.wait(100, 10.0), loop)
+        deadline = time.monotonic() + 5
+        while not changes._waiters and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for _ in range(100):
+            changes.changed(loop)
+        waited.result(5)
+        assert changes.version == 200 and 1 <= len(woken) < 100
+        # A stream that comes to wait after a change it has not seen returns at once
+        started = time.monotonic()
+        asyncio.run_coroutine_threadsafe(changes.wait(150, 10.0), loop).result(5)
+        assert time.monotonic() - started < 5
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
