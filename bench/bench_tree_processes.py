@@ -132,7 +132,10 @@ def main() -> None:
         idle(tm, env, args.rounds, args.baseline)
         return
     if args.during:
-        during(tm, env, args.rounds, args.baseline, args.window, args.peer_venv, args.web)
+        during(
+            during_shares(tm, env, args.rounds, args.baseline, args.window, args.peer_venv, args.web),
+            args.web,
+        )
         return
     if args.whole:
         whole(tm, env, args)
@@ -274,21 +277,12 @@ print("DURING " + json.dumps({"loop_s": loop / 1e9, "others_s": others / 1e9}))
 )
 
 
-def during(
-    tm: str,
-    env: dict,
-    rounds: int,
-    baseline: str | None,
-    windows: list[str],
-    peer_venv: str | None,
-    web: bool = False,
-) -> None:
-    """tm's processes while the tight loop runs, as a share of the training process's CPU over the same 5 s (read from
-    ``/proc`` after 6 s of the loop, beside it): no start, no end, no slope, so a few rounds agree to a tenth of a
-    percent where the slope's rounds spread by tens of µs a step. With ``baseline``, the same for that checkout; with
-    ``windows``, each agent flush window (``TM_AGENT_FLUSH_S``) in turn; with ``web``, each tm serving its dashboard
-    (no page open), as ``tm train.py`` does by default."""
-    seen = during_shares(tm, env, rounds, baseline, windows, peer_venv, web)
+def during(seen: dict[tuple[str, str | None], list[float]], web: bool) -> None:
+    """tm's processes while the tight loop runs (``during_shares``' figures), as a share of the training process's CPU
+    over the same 5 s (read from ``/proc`` after 6 s of the loop, beside it): no start, no end, no slope, so a few rounds
+    agree to a tenth of a percent where the slope's rounds spread by tens of µs a step. With a baseline, the same for
+    that checkout; with windows, each agent flush window (``TM_AGENT_FLUSH_S``) in turn; with ``web``, each tm serving
+    its dashboard (no page open), as ``tm train.py`` does by default."""
     print(
         "tm's processes while the tight loop runs, % of the training process's CPU over 5 s (medians of the rounds"
         + ("; each tm serving its dashboard, no page open" if web else "; --no-web")
