@@ -83,8 +83,7 @@ class Follower:
         if not handover.wait_first_live():
             return False
         # Asked once a record came: the subscription is live, so the answer cannot pass by unseen.
-        if self.dashboard.history_wanted:
-            self.ask("start")
+        self._ask_again()
         handover.wait_for_log()
         stats: dict = {}
         for record in handover.from_log(kinds=set(SIDE_KINDS), stats=stats):
